@@ -1,0 +1,106 @@
+"""Rounding fp32 values onto narrower floating-point grids: nearest-even and stochastic.
+
+This is the package's single implementation of rounding to a format. Every place that
+needs a narrow float (the drift simulations, the residual-stream formats, the MX/NVFP4
+element types) calls `round_to` with a `FloatSpec`.
+
+Both roundings work on the fp32 bit pattern. A format with `m` stored mantissa bits keeps
+the top `m` of fp32's 23; the `23 - m` bits below the cut are either rounded half-to-even
+(`nearest`) or have uniform random bits added before they are truncated (`stochastic`,
+which rounds up with probability equal to the distance from the lower grid point, so the
+result is unbiased). Values below the format's smallest normal lie on the format's
+subnormal grid, a fixed spacing of 2**(min_exponent - m); they are rounded in float64
+arithmetic, where every step is exact. The result is always an fp32 tensor holding values
+of the target format (so it can be stored in the native dtype without further rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+ROUNDINGS = ("nearest", "stochastic")
+
+
+@dataclass(frozen=True)
+class FloatSpec:
+    """A binary floating-point format: stored mantissa bits, smallest normal exponent, range."""
+
+    name: str
+    mantissa_bits: int
+    min_exponent: int  # exponent of the smallest normal number
+    max_value: float  # largest finite magnitude
+    saturate: bool  # out-of-range values clamp to +-max_value (else they become inf)
+    dtype: torch.dtype | None = None  # native torch dtype, if one exists
+
+    @property
+    def smallest_subnormal(self) -> float:
+        return math.ldexp(1.0, self.min_exponent - self.mantissa_bits)
+
+
+# fp32's own grid is the identity for fp32 inputs.
+FP32 = FloatSpec("fp32", 23, -126, float(torch.finfo(torch.float32).max), False, torch.float32)
+BF16 = FloatSpec("bf16", 7, -126, float(torch.finfo(torch.bfloat16).max), False, torch.bfloat16)
+FP16 = FloatSpec("fp16", 10, -14, 65504.0, False, torch.float16)
+# OCP 8-bit formats. E4M3 has no infinities (max 448); MX and NVFP4 saturate on conversion.
+FP8_E4M3 = FloatSpec("fp8_e4m3", 3, -6, 448.0, True, torch.float8_e4m3fn)
+FP8_E5M2 = FloatSpec("fp8_e5m2", 2, -14, 57344.0, True, torch.float8_e5m2)
+# OCP MX FP4 element: E2M1, values {0, 0.5, 1, 1.5, 2, 3, 4, 6}, no inf/NaN encodings.
+FP4_E2M1 = FloatSpec("fp4_e2m1", 1, 0, 6.0, True, None)
+
+SPECS = {s.name: s for s in (FP32, BF16, FP16, FP8_E4M3, FP8_E5M2, FP4_E2M1)}
+
+
+def round_to(
+    x: torch.Tensor,
+    spec: FloatSpec,
+    rounding: str = "nearest",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Round `x` onto `spec`'s grid; returns fp32 (NaN stays NaN, +-inf stays +-inf)."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    x = x.float()
+    if spec.mantissa_bits == 23:
+        return x.clone()
+    drop = 23 - spec.mantissa_bits
+    bits = x.view(torch.int32)
+    low = (1 << drop) - 1
+    if rounding == "nearest":
+        # round half to even: add 0.5ulp - 1 plus the lowest kept bit, then truncate
+        add = (low >> 1) + ((bits >> drop) & 1)
+    else:
+        add = torch.randint(0, 1 << drop, x.shape, generator=generator, dtype=torch.int32, device=x.device)
+    out = ((bits + add) & ~low).view(torch.float32)
+
+    tiny = x.abs() < math.ldexp(1.0, spec.min_exponent)
+    if spec.min_exponent > -126 and bool(tiny.any()):
+        out = torch.where(tiny, _round_subnormal(x, spec, rounding, generator), out)
+    finite = torch.isfinite(x)
+    out = torch.where(finite, out, x)
+    big = out.abs() > spec.max_value
+    if bool(big.any()):
+        limit = spec.max_value if spec.saturate else math.inf
+        out = torch.where(big & finite, torch.copysign(torch.tensor(limit), out), out)
+    return out
+
+
+def _round_subnormal(x, spec, rounding, generator):
+    """Round onto the fixed subnormal spacing 2**(min_exponent - m), exactly, in float64."""
+    step = spec.smallest_subnormal
+    scaled = x.double().abs() / step
+    if rounding == "nearest":
+        q = torch.round(scaled)  # half to even
+    else:
+        u = torch.rand(x.shape, generator=generator, dtype=torch.float64, device=x.device)
+        q = torch.floor(scaled + u)
+    return torch.copysign(q * step, x.double()).float()
+
+
+def ulp(x: torch.Tensor, spec: FloatSpec) -> torch.Tensor:
+    """Spacing of `spec`'s grid at |x| (the gap to the next representable magnitude)."""
+    ax = x.double().abs()
+    exponent = torch.floor(torch.log2(ax.clamp_min(math.ldexp(1.0, spec.min_exponent))))
+    return torch.exp2(exponent - spec.mantissa_bits)
