@@ -75,15 +75,15 @@ def round_to(
         add = torch.randint(0, 1 << drop, x.shape, generator=generator, dtype=torch.int32, device=x.device)
     out = ((bits + add) & ~low).view(torch.float32)
 
-    tiny = x.abs() < math.ldexp(1.0, spec.min_exponent)
-    if spec.min_exponent > -126 and bool(tiny.any()):
+    # Branch-free (no data-dependent control flow), so it traces under torch.compile.
+    if spec.min_exponent > -126:  # fp32 subnormals already sit on bf16's subnormal grid
+        tiny = x.abs() < math.ldexp(1.0, spec.min_exponent)
         out = torch.where(tiny, _round_subnormal(x, spec, rounding, generator), out)
-    finite = torch.isfinite(x)
-    out = torch.where(finite, out, x)
-    big = out.abs() > spec.max_value
-    if bool(big.any()):
-        limit = spec.max_value if spec.saturate else math.inf
-        out = torch.where(big & finite, torch.copysign(torch.tensor(limit), out), out)
+    if spec.saturate:
+        out = out.clamp(-spec.max_value, spec.max_value)
+    else:
+        out = torch.where(out.abs() > spec.max_value, out * math.inf, out)
+    return torch.where(torch.isfinite(x), out, x)
     return out
 
 
