@@ -2,11 +2,19 @@
 
 import json
 import shlex
+import sys
 
-# Rules run `python -m streamback <stage>` with the repository on PYTHONPATH, so the same rule
-# works in the user's environment and in the per-family conda environments of envs/.
+from snakemake.settings.types import DeploymentMethod
+
+# Rules run `python -m streamback <stage>` with the repository on PYTHONPATH. With --use-conda
+# that is the python of the rule's environment (envs/); otherwise it is the interpreter running
+# Snakemake, so an un-activated venv (`.venv/bin/snakemake`) works as well as an activated one.
 shell.prefix(f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{PYTHONPATH:+:$PYTHONPATH}}; set -euo pipefail; ")
-STREAMBACK = "python -m streamback"
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    PYTHON = "python"
+else:
+    PYTHON = shlex.quote(sys.executable)
+STREAMBACK = f"{PYTHON} -m streamback"
 
 # Each rule file appends the final outputs of its stage; `rule all` asks for all of them.
 TARGETS = []
