@@ -1,0 +1,66 @@
+"""The config schema: both shipped configs validate; bad ones fail naming the key."""
+
+import copy
+
+import pytest
+import yaml
+
+from streamback.config import DEFAULT_CONFIG, ROOT, load_config, validate_config
+from streamback.errors import StreambackError
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml"])
+def test_shipped_configs_validate(name):
+    config = load_config(ROOT / "config" / name)
+    assert config["drift"]["coords"] == 4096
+
+
+def test_defaults_come_from_the_schema():
+    config = validate_config({"drift": {"steps": 7}})
+    assert config["drift"]["steps"] == 7
+    assert config["drift"]["start"] == 600.0
+    assert [s["mu"] for s in config["drift"]["settings"]] == [0.2, 0.2, 0.5]
+
+
+def _base():
+    return yaml.safe_load(DEFAULT_CONFIG.read_text())
+
+
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (lambda c: c.update(nonsense=1), ["nonsense", "unexpected"]),
+        (lambda c: c["drift"].update(stepz=10), ["stepz", "unexpected"]),
+        (lambda c: c["drift"].update(steps="many"), ["steps", "'many' is not of type 'integer'"]),
+        (lambda c: c["drift"].update(coords=0), ["coords", "minimum"]),
+        (lambda c: c["drift"].update(paths=["bf17"]), ["paths", "bf17"]),
+        (lambda c: c["drift"]["settings"].append({"mu": 0.1}), ["settings", "sigma"]),
+    ],
+)
+def test_bad_config_names_the_key(mutate, words):
+    config = _base()
+    mutate(config)
+    with pytest.raises(StreambackError) as err:
+        validate_config(config)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_validation_does_not_touch_the_input():
+    config = {"drift": {"steps": 3}}
+    before = copy.deepcopy(config)
+    validate_config(config)
+    assert config == before
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(StreambackError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("drift: [unclosed\n")
+    with pytest.raises(StreambackError, match="not valid YAML"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(StreambackError, match="mapping"):
+        load_config(scalar)

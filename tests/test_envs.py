@@ -1,0 +1,57 @@
+"""Conda environments in envs/ parse and pin versions that pyproject.toml allows."""
+
+import tomllib
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from conftest import ROOT
+
+ENVS = sorted((ROOT / "envs").glob("*.yaml"))
+
+
+def _project_requirements():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    for extra in project.get("optional-dependencies", {}).values():
+        reqs += [Requirement(r) for r in extra]
+    return {r.name.lower().replace("_", "-"): r for r in reqs}
+
+
+def _pip_pins(env):
+    pins = {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            for line in dep["pip"]:
+                req = Requirement(line)
+                (spec,) = req.specifier
+                assert spec.operator == "==", f"{line}: pin an exact version"
+                pins[req.name.lower().replace("_", "-")] = spec.version
+    return pins
+
+
+def test_there_is_one_env_per_rule_family():
+    assert {p.stem for p in ENVS} >= {"drift", "data", "train"}
+
+
+@pytest.mark.parametrize("path", ENVS, ids=lambda p: p.name)
+def test_env_parses_and_agrees_with_pyproject(path):
+    env = yaml.safe_load(path.read_text())
+    assert env["name"] == f"streamback-{path.stem}"
+    assert "python=3.11" in env["dependencies"]
+    pins = _pip_pins(env)
+    project = _project_requirements()
+    for name, version in pins.items():
+        assert name in project, f"{path.name}: {name} is not a dependency in pyproject.toml"
+        assert project[name].specifier.contains(version, prereleases=True), (
+            f"{path.name}: {name}=={version} is outside pyproject's {project[name].specifier}"
+        )
+
+
+def test_every_rule_names_an_existing_env():
+    for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
+        for line in smk.read_text().splitlines():
+            if line.strip().startswith("conda:"):
+                target = line.split(":", 1)[1].strip().strip('"').strip("'")
+                assert (smk.parent / target).resolve().exists(), f"{smk.name}: {target} missing"
