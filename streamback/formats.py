@@ -1,0 +1,272 @@
+"""Residual-stream formats: how the stream is stored between layers and how each addition is rounded.
+
+A `StreamFormat` names a number format (`FORMATS`) and a rounding (`nearest` or `stochastic`).
+The model calls `fmt.enter(x)` once after the embedding and `fmt.add(h, delta)` at every
+residual addition; both return a tensor of `fmt.container_dtype` whose values lie on the
+format's grid.
+
+- `fp32`, `bf16`, `fp16`: native dtypes. Nearest rounding is torch's own add in that dtype.
+- `fp8_e4m3`, `fp8_e5m2`: torch has float8 dtypes but no arithmetic on them, so the stream is
+  held in bf16 (every E4M3 value, 4 significant bits with exponents -9..8, and every E5M2 value,
+  3 significant bits with exponents -16..15, is exactly a bf16: 8 significant bits, exponents
+  down to -133) and each fp32 sum is rounded onto the fp8 grid. No scaling: out-of-range sums
+  saturate to +-448 / +-57344 (OCP "satfinite" conversion) and tiny ones flush to zero.
+- `mxfp8`: OCP Microscaling Formats (MX) Specification v1.0, MXFP8 (E4M3 elements, k = 32), see
+  `quantize_mx`. Held in fp32: the E8M0 scale (2^-127..2^127) times E4M3 elements spans values
+  down to 2^-136, below bf16's smallest subnormal (2^-133) but exact in fp32 (2^-149).
+- `nvfp4`: NVIDIA NVFP4 (E2M1 elements, k = 16, E4M3 block scale, fp32 tensor scale), see
+  `quantize_nvfp4`. Held in fp32: the product of an E2M1 element, an E4M3 block scale and the
+  tensor scale has 2 + 4 + 18 significant bits (the tensor scale is kept to 18 bits for this).
+
+Stochastic rounding (any format but fp32) adds in fp32 and rounds the sum with
+`streamback.rounding.round_to(..., "stochastic")`, the package's one SR implementation; for the
+block formats it rounds the elements, while the scales are always chosen deterministically (as
+in the MX spec and NVIDIA's recipe, where SR applies to element conversion only). `fp32` has no
+stochastic variant: its sum is already an fp32 rounding, and fp32 is the reference stream.
+
+Every quantisation passes the gradient straight through (`_StraightThrough`), so the backward
+pass sees the identity. The hot path (`enter`, `add`, `quantize_mx`, `quantize_nvfp4`) has no
+data-dependent Python control flow, so it traces under `torch.compile`. The block formats group
+the LAST (hidden) dimension; a hidden size that is not a multiple of the block (1512 = 47 x 32
++ 8) ends in one shorter block, exactly as if it were zero-padded to the block size (zeros do
+not change a block's amax), which is what the MX reference code does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from streamback.errors import StreambackError
+from streamback.rounding import (
+    BF16,
+    FP4_E2M1,
+    FP8_E4M3,
+    FP8_E5M2,
+    FP16,
+    FP32,
+    ROUNDINGS,
+    FloatSpec,
+    round_to,
+)
+
+FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
+
+# formats whose container dtype is the format itself (nearest add = torch's add)
+_NATIVE = ("fp32", "bf16", "fp16")
+_ELEMENT = {"fp32": FP32, "bf16": BF16, "fp16": FP16, "fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}
+_CONTAINER = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8_e4m3": torch.bfloat16,
+    "fp8_e5m2": torch.bfloat16,
+    "mxfp8": torch.float32,
+    "nvfp4": torch.float32,
+}
+
+MX_BLOCK = 32
+MX_ELEMENT_EMAX = 8  # exponent of E4M3's largest normal (448 = 1.75 * 2^8)
+E8M0_MIN_EXPONENT = -127  # E8M0 encodes 2^-127 .. 2^127 and NaN
+
+NVFP4_BLOCK = 16
+NVFP4_ELEMENT_MAX = 6.0  # E2M1
+NVFP4_SCALE_MAX = 448.0  # E4M3
+# The tensor scale is rounded to 18 significant bits (17 stored), so element x block scale x
+# tensor scale (2 + 4 + 18 bits) is exact in the fp32 container: the stream holds NVFP4 values
+# exactly and quantising them again gives them back. Changes the scale by < 2^-18 relative.
+_TENSOR_SCALE = FloatSpec("nvfp4_tensor_scale", 17, -126, FP32.max_value, False)
+_E2M1_POSITIVE = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _blocks(x: torch.Tensor, size: int) -> torch.Tensor:
+    """View [..., D] as [..., ceil(D / size), size], zero-padding the last block."""
+    pad = -x.shape[-1] % size
+    if pad:
+        x = F.pad(x, (0, pad))
+    return x.unflatten(-1, (-1, size))
+
+
+def _unblock(blocks: torch.Tensor, width: int) -> torch.Tensor:
+    return blocks.flatten(-2)[..., :width]
+
+
+def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """2.0**exponent (int32, -127..127) built from its fp32 bit pattern, so it is exact."""
+    normal = (exponent + 127).clamp(min=1) << 23
+    return torch.where(exponent >= -126, normal, 1 << 22).view(torch.float32)  # 2^-127: subnormal
+
+
+def quantize_mx(
+    x: torch.Tensor, rounding: str = "nearest", generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """MXFP8 (OCP MX v1.0, E4M3 elements, k = 32 along the last dim); dequantised fp32 values.
+
+    Per block: shared exponent = floor(log2(amax)) - emax_elem with emax_elem = 8, read exactly
+    from amax's fp32 exponent field (fp32 log2 rounds up just below a power of two), clamped
+    below at E8M0's -127 (as the MX reference code does: tiny blocks keep scale 2^-127 and their
+    elements flush on E4M3's subnormal grid). Elements = round_to(x / X, E4M3), saturating to
+    +-448 (amax / X lies in [256, 512), so the top of a block can clip to 448 X). A block whose
+    amax is NaN or Inf gets the NaN scale, so all its elements are NaN; an all-zero block is
+    zeros. `rounding` applies to the elements; the scale is always deterministic.
+    """
+    x = x.float()
+    blocks = _blocks(x, MX_BLOCK)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    exponent = ((amax.view(torch.int32) >> 23) & 0xFF) - 127  # zero/subnormal amax -> -127
+    shared = (exponent - MX_ELEMENT_EMAX).clamp(min=E8M0_MIN_EXPONENT)  # finite amax: <= 119
+    elements = round_to(blocks * _power_of_two(-shared), FP8_E4M3, rounding, generator)
+    out = elements * _power_of_two(shared)
+    out = torch.where(torch.isfinite(amax), out, torch.nan)
+    return _unblock(out, x.shape[-1])
+
+
+def quantize_nvfp4(
+    x: torch.Tensor, rounding: str = "nearest", generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """NVFP4 (E2M1 elements, k = 16 along the last dim); dequantised fp32 values.
+
+    Two-level scaling as in NVIDIA's recipe (Transformer Engine's NVFP4 quantiser; NVIDIA,
+    "Pretraining Large Language Models with NVFP4", arXiv:2509.25149, Sec. 2 and App. B):
+    tensor scale s = amax_tensor / (448 * 6) in fp32 (here rounded to 18 significant bits, see
+    `_TENSOR_SCALE`); block scale b = round_E4M3(amax_block / 6 / s), saturating at 448;
+    elements q = round_E2M1(x / (b * s)) saturating at +-6; value = q * b * s. Rounding of the
+    block scale to nearest can put the top of a block just above 6 (b * s < amax_block / 6), so
+    it clips to 6, as in the recipe. A block whose scale underflows E4M3 (amax_block below about
+    amax_tensor * 2^-10 / 448) is zeros. NaN/Inf elements are left out of the tensor amax and
+    make their own block all NaN (the MX rule). An all-zero tensor is zeros. `rounding` applies
+    to the elements; both scales are always rounded to nearest.
+    """
+    x = x.float()
+    blocks = _blocks(x, NVFP4_BLOCK)
+    finite = torch.isfinite(blocks)
+    magnitude = torch.where(finite, blocks.abs(), 0.0)
+    block_amax = magnitude.amax(dim=-1, keepdim=True)
+    tensor_amax = block_amax.amax()
+    tensor_scale = round_to(tensor_amax / (NVFP4_SCALE_MAX * NVFP4_ELEMENT_MAX), _TENSOR_SCALE)
+    tensor_scale = torch.where(tensor_amax > 0, tensor_scale, 1.0)
+    block_scale = round_to(block_amax / NVFP4_ELEMENT_MAX / tensor_scale, FP8_E4M3)
+    decode = block_scale * tensor_scale  # exact: 4 + 18 significant bits
+    safe = torch.where(decode > 0, decode, 1.0)
+    elements = round_to(blocks / safe, FP4_E2M1, rounding, generator)
+    out = torch.where(decode > 0, elements * decode, 0.0)
+    out = torch.where(finite.all(dim=-1, keepdim=True), out, torch.nan)
+    return _unblock(out, x.shape[-1])
+
+
+def _on_nvfp4_grid(x: torch.Tensor) -> torch.Tensor:
+    """Per block of 16: are all values one E2M1 vector times a common scale (or all NaN)?
+
+    The scale is unknown, but it cancels in ratios: some E2M1 value q_max makes x * q_max / amax
+    an E2M1 vector. Checked in float64, where those products and quotients are exact.
+    """
+    blocks = _blocks(x.float(), NVFP4_BLOCK).double()
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    ok = (amax == 0).squeeze(-1) | torch.isnan(blocks).all(dim=-1)
+    for q_max in _E2M1_POSITIVE:
+        ratio = blocks * q_max / amax
+        ok |= (round_to(ratio.float(), FP4_E2M1).double() == ratio).all(dim=-1)
+    return ok
+
+
+def _quantise(name: str, x: torch.Tensor, rounding: str) -> torch.Tensor:
+    if name == "mxfp8":
+        return quantize_mx(x, rounding)
+    if name == "nvfp4":
+        return quantize_nvfp4(x, rounding)
+    return round_to(x, _ELEMENT[name], rounding)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Quantise an fp32 tensor onto a format's grid; the gradient passes through unchanged."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, name: str, rounding: str) -> torch.Tensor:
+        return _quantise(name, x, rounding)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None, None
+
+
+@dataclass(frozen=True)
+class StreamFormat:
+    """A residual-stream format: number format `name` (one of FORMATS) and its rounding."""
+
+    name: str = "fp32"
+    rounding: str = "nearest"
+
+    def __post_init__(self):
+        if self.name not in FORMATS:
+            raise StreambackError(
+                f"unknown residual-stream format {self.name!r}: expected one of {', '.join(FORMATS)}"
+            )
+        if self.rounding not in ROUNDINGS:
+            raise StreambackError(
+                f"unknown rounding {self.rounding!r} for stream format {self.name!r}: "
+                f"expected one of {', '.join(ROUNDINGS)}"
+            )
+        if self.name == "fp32" and self.rounding == "stochastic":
+            raise StreambackError(
+                "stream format 'fp32' has no stochastic rounding: an fp32 sum is already rounded "
+                "to fp32 (use 'fp32', or stochastic rounding of a narrower format)"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> StreamFormat:
+        """'bf16', 'bf16_sr', 'bf16:stochastic', 'mxfp8:nearest', ... (also accepts `label`s)."""
+        spec = str(text).strip().lower()
+        name, sep, rounding = spec.partition(":")
+        if not sep:
+            rounding = "nearest"
+            if name.endswith("_sr"):
+                name, rounding = name[: -len("_sr")], "stochastic"
+        if name not in FORMATS or rounding not in ROUNDINGS:
+            raise StreambackError(
+                f"bad residual-stream format {text!r}: expected one of {', '.join(FORMATS)}, "
+                f"optionally with '_sr' or ':stochastic' / ':nearest' (e.g. 'bf16_sr', 'mxfp8:stochastic')"
+            )
+        return cls(name, rounding)
+
+    @property
+    def container_dtype(self) -> torch.dtype:
+        """dtype of the stream tensor between layers."""
+        return _CONTAINER[self.name]
+
+    @property
+    def label(self) -> str:
+        """Short run-name suffix: 'bf16', 'bf16_sr', 'mxfp8_sr', ..."""
+        return self.name + ("_sr" if self.rounding == "stochastic" else "")
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        """Bring a tensor (the embedding output) into the stream."""
+        if self.name in _NATIVE and self.rounding == "nearest":
+            return x.to(self.container_dtype)
+        return _StraightThrough.apply(x.float(), self.name, self.rounding).to(self.container_dtype)
+
+    def add(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """h + delta, the sum rounded to the format; the result has `container_dtype`."""
+        dtype = self.container_dtype
+        if self.name in _NATIVE and self.rounding == "nearest":
+            if h.dtype == dtype and delta.dtype == dtype:
+                return h + delta
+            return (h.float() + delta.float()).to(dtype)
+        total = h.float() + delta.float()
+        return _StraightThrough.apply(total, self.name, self.rounding).to(dtype)
+
+    def is_representable(self, h: torch.Tensor) -> bool:
+        """dtype is `container_dtype` and every value lies on the format's grid (NaN counts).
+
+        For tests and asserts only (it synchronises). For nvfp4 the check is per block: every
+        block of 16 is an E2M1 vector times one common scale.
+        """
+        if h.dtype != self.container_dtype:
+            return False
+        if self.name in _NATIVE:
+            return True
+        x = h.float()
+        if self.name == "nvfp4":
+            return bool(_on_nvfp4_grid(x).all())
+        return bool(((_quantise(self.name, x, "nearest") == x) | torch.isnan(x)).all())
