@@ -1,0 +1,427 @@
+"""Drift of a long running sum kept in a narrow float format (the second seed document).
+
+Every coordinate starts at `start` and, for `steps` steps, has `mu + sigma * N(0, 1)` added to
+it, the way a residual stream has each block's output added to it. Each *path* keeps that sum
+differently (`PATHS`): in fp32, in fp32 but with bf16-rounded updates, in bf16 rounded to
+nearest, in bf16 with stochastic rounding, in bf16 with a bf16 Kahan compensation term, in fp16
+and in the fp8 formats. All rounding goes through `streamback.rounding.round_to`.
+
+Within one seed every path and every (mu, sigma) setting sees the same fp32 noise draws (common
+random numbers), so the differences between paths are due to rounding alone. The simulation
+is vectorised: each path's state is one [seeds, settings, coords] tensor and the only Python
+loop is over steps. Stochastic rounding draws its random bits from one further generator,
+seeded from the whole seed list.
+
+A path whose format cannot hold the start value (fp8 e4m3 tops out at 448 < 600) is not
+simulated: its rows carry NaN drift and a note saying why, rather than a saturated result
+that would look like a finding.
+
+`streamback drift` writes, under --outdir: summary.csv, trajectories.parquet, spacing.csv,
+the figures drift_ratio / trajectories / spacing (.svg and .png each) and report.html.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from streamback.config import add_config_arguments, section_from_args
+from streamback.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatSpec, round_to, ulp
+
+HELP = "simulate the drift of a long running sum kept in fp32, bf16 (nearest, stochastic, Kahan), fp16 and fp8"
+
+
+@dataclass(frozen=True)
+class SumPath:
+    """One way of keeping the running sum."""
+
+    name: str
+    sum_format: FloatSpec  # grid the running sum lives on
+    rounding: str = "nearest"  # how each new sum is rounded onto that grid
+    update_format: FloatSpec = FP32  # grid each update is rounded onto before it is added
+    compensated: bool = False  # Kahan: carry each step's rounding error in a second sum_format value
+    about: str = ""
+
+
+PATHS = {
+    p.name: p
+    for p in (
+        SumPath("fp32", FP32, about="fp32 sum (the reference)"),
+        SumPath("fp32_bf16_updates", FP32, update_format=BF16, about="fp32 sum of bf16-rounded updates"),
+        SumPath("bf16", BF16, about="sum kept in bf16, round to nearest even"),
+        SumPath("bf16_sr", BF16, rounding="stochastic", about="sum kept in bf16, stochastic rounding"),
+        SumPath("fp16", FP16, about="sum kept in fp16, round to nearest even"),
+        SumPath("bf16_kahan", BF16, compensated=True, about="bf16 sum with a bf16 Kahan compensation term"),
+        SumPath("fp8_e4m3", FP8_E4M3, about="sum kept in fp8 e4m3 (saturating), round to nearest even"),
+        SumPath("fp8_e5m2", FP8_E5M2, about="sum kept in fp8 e5m2, round to nearest even"),
+    )
+}
+REFERENCE = "fp32"
+
+
+def _round(x: torch.Tensor, spec: FloatSpec, rounding: str, generator: torch.Generator | None) -> torch.Tensor:
+    return x if spec is FP32 else round_to(x, spec, rounding, generator)
+
+
+def advance(path: SumPath, total: torch.Tensor, comp: torch.Tensor | None, update: torch.Tensor,
+            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step of `path`: add `update` (fp32) to `total`; returns the new (total, compensation)."""
+    fmt, rounding = path.sum_format, path.rounding
+    update = _round(update, path.update_format, "nearest", None)
+    if not path.compensated:
+        return _round(total + update, fmt, rounding, generator), comp
+    y = _round(update - comp, fmt, rounding, generator)
+    new = _round(total + y, fmt, rounding, generator)
+    comp = _round(_round(new - total, fmt, rounding, generator) - y, fmt, rounding, generator)
+    return new, comp
+
+
+def skip_reason(path: SumPath, start: float) -> str:
+    """Why `path` cannot be simulated from `start` ("" if it can)."""
+    fmt = path.sum_format
+    if abs(start) > fmt.max_value:
+        return (f"not simulated: start {start:g} is beyond {fmt.name}'s largest finite value {fmt.max_value:g} "
+                f"({'it would saturate there' if fmt.saturate else 'it would overflow'} before the first step)")
+    return ""
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rounding_seed(seeds: list[int]) -> int:
+    """Seed of the generator of stochastic-rounding bits: derived from the whole seed list."""
+    return int.from_bytes(hashlib.sha256(repr(list(seeds)).encode()).digest()[:8], "little") >> 1
+
+
+@dataclass
+class Simulation:
+    """The outcome of `simulate`: final values and the recorded trajectory, per path."""
+
+    paths: list[str]  # simulated paths, in PATHS order
+    skipped: dict[str, str]  # path -> reason it was not simulated
+    initial: dict[str, float]  # path -> the start value as stored on its grid
+    final: dict[str, torch.Tensor]  # path -> [seeds, settings, coords]
+    steps_recorded: list[int]
+    traj_mean: torch.Tensor  # [records, paths, seeds, settings], mean over coordinates
+    traj_std: torch.Tensor  # same shape, standard deviation over coordinates
+
+
+def simulate(cfg: dict) -> Simulation:
+    """Run every path of the `drift` config section at once; a Python loop only over steps."""
+    seeds, settings = list(cfg["seeds"]), cfg["settings"]
+    n_seeds, n_settings, coords, steps = len(seeds), len(settings), cfg["coords"], cfg["steps"]
+    names = [n for n in PATHS if n == REFERENCE or n in cfg["paths"]]
+    skipped = {n: r for n in names if (r := skip_reason(PATHS[n], cfg["start"]))}
+    run = [PATHS[n] for n in names if n not in skipped]
+
+    mu = torch.tensor([s["mu"] for s in settings], dtype=torch.float32).view(1, n_settings, 1)
+    sigma = torch.tensor([s["sigma"] for s in settings], dtype=torch.float32).view(1, n_settings, 1)
+    noise_gens = [_generator(s) for s in seeds]
+    sr_gen = _generator(rounding_seed(seeds))
+    z = torch.empty(n_seeds, coords)
+    start = torch.tensor(float(cfg["start"]))
+    total = {p.name: _round(start, p.sum_format, "nearest", None).expand(n_seeds, n_settings, coords).clone() for p in run}
+    comp = {p.name: torch.zeros(n_seeds, n_settings, coords) if p.compensated else None for p in run}
+    initial = {p.name: float(total[p.name].flatten()[0]) for p in run}
+
+    every = cfg["trajectory_every"]
+    recorded, means, stds = [], [], []
+
+    def record(step):
+        stack = torch.stack([total[p.name] for p in run])
+        mean = stack.mean(dim=-1)
+        means.append(mean)
+        stds.append((stack - mean.unsqueeze(-1)).square().mean(dim=-1).sqrt())
+        recorded.append(step)
+
+    record(0)
+    for step in range(1, steps + 1):
+        for k, gen in enumerate(noise_gens):
+            torch.randn(coords, generator=gen, out=z[k])
+        update = mu + sigma * z.unsqueeze(1)
+        for p in run:
+            total[p.name], comp[p.name] = advance(p, total[p.name], comp[p.name], update, sr_gen)
+        if step % every == 0 or step == steps:
+            record(step)
+    return Simulation(
+        paths=[p.name for p in run], skipped=skipped, initial=initial, final=total, steps_recorded=recorded,
+        traj_mean=torch.stack(means), traj_std=torch.stack(stds),
+    )
+
+
+def check_config(cfg: dict) -> None:
+    """Problems the schema cannot express, reported before any work starts."""
+    from streamback.errors import StreambackError
+
+    pairs = [(s["mu"], s["sigma"]) for s in cfg["settings"]]
+    if len(set(pairs)) != len(pairs):
+        raise StreambackError(f"drift.settings: each (mu, sigma) pair must appear once, got {pairs}")
+    values = [cfg["start"]] + [v for pair in pairs for v in pair]
+    if not all(math.isfinite(v) for v in values):
+        raise StreambackError(f"drift.start and drift.settings must be finite numbers, got start={cfg['start']}, settings={pairs}")
+
+
+# --- tables -------------------------------------------------------------------------------
+
+
+def summary_table(cfg: dict, sim: Simulation) -> pd.DataFrame:
+    """One row per (mu, sigma, path, seed): the drift, its ratio to the fp32 drift, notes."""
+    rows = []
+    for j, setting in enumerate(cfg["settings"]):
+        for k, seed in enumerate(cfg["seeds"]):
+            for name in [n for n in PATHS if n in sim.paths or n in sim.skipped]:
+                row = dict(mu=setting["mu"], sigma=setting["sigma"], path=name, seed=seed, steps=cfg["steps"],
+                           coords=cfg["coords"], start=cfg["start"])
+                if name in sim.skipped:
+                    rows.append(row | dict(drift=math.nan, drift_std=math.nan, final_max=math.nan, note=sim.skipped[name]))
+                    continue
+                final = sim.final[name][k, j].double()
+                delta = final - sim.initial[name]
+                notes = []
+                if sim.initial[name] != cfg["start"]:
+                    notes.append(f"start stored as {sim.initial[name]:g} in {PATHS[name].sum_format.name}")
+                fmt = PATHS[name].sum_format
+                at_limit = int((final.abs() >= fmt.max_value).sum())
+                if at_limit:
+                    notes.append(f"{at_limit} of {final.numel()} coordinates end at or beyond {fmt.name}'s limit "
+                                 f"{fmt.max_value:g} ({'saturated' if fmt.saturate else 'overflowed'})")
+                rows.append(row | dict(drift=delta.mean().item(), drift_std=delta.std(correction=0).item(),
+                                       final_max=final.max().item(), note="; ".join(notes)))
+    table = pd.DataFrame(rows)
+    ref = table[table.path == REFERENCE].set_index(["mu", "sigma", "seed"])["drift"]
+    ref_drift = ref.reindex(pd.MultiIndex.from_frame(table[["mu", "sigma", "seed"]])).to_numpy()
+    table.insert(table.columns.get_loc("drift") + 1, "drift_ratio", table["drift"].to_numpy() / ref_drift)
+    return table
+
+
+def trajectory_table(cfg: dict, sim: Simulation) -> pd.DataFrame:
+    """Mean and spread (standard deviation) over coordinates of the running value, per recorded step."""
+    steps, paths, seeds = sim.steps_recorded, sim.paths, cfg["seeds"]
+    settings = cfg["settings"]
+    index = pd.MultiIndex.from_product(
+        [steps, paths, seeds, range(len(settings))], names=["step", "path", "seed", "setting"]).to_frame(index=False)
+    index.insert(0, "mu", [settings[i]["mu"] for i in index.setting])
+    index.insert(1, "sigma", [settings[i]["sigma"] for i in index.setting])
+    index["mean"] = sim.traj_mean.reshape(-1).numpy()
+    index["std"] = sim.traj_std.reshape(-1).numpy()
+    return index.drop(columns="setting")[["mu", "sigma", "path", "seed", "step", "mean", "std"]]
+
+
+SPACING_FORMATS = (BF16, FP16, FP8_E4M3, FP8_E5M2)
+# (format, value, update): the note's probes at 600, and the tie-to-even case one grid point up.
+PROBES = ((BF16, 600.0, 2.0), (BF16, 600.0, 2.1), (BF16, 604.0, 2.0), (FP16, 600.0, 0.2), (FP16, 600.0, 0.3))
+
+
+def _next_up(value: float, spec: FloatSpec) -> tuple[float, str]:
+    """The next representable value above `value` in `spec`'s native dtype, and how it was found."""
+    v = torch.tensor([value], dtype=spec.dtype)
+    if spec.dtype in (torch.bfloat16, torch.float16):
+        return float(torch.nextafter(v, torch.tensor([math.inf], dtype=spec.dtype))), "torch.nextafter"
+    # torch has no nextafter for fp8: decode all 256 codes and take the next finite value up.
+    codes = torch.arange(256, dtype=torch.uint8).view(spec.dtype).double()
+    above = codes[torch.isfinite(codes) & (codes > float(v))]
+    return float(above.min()), "decoding all 256 codes"
+
+
+def spacing_table() -> pd.DataFrame:
+    """The grids measured in torch's native dtypes: the gap in every power-of-two range, and probes."""
+    rows = []
+    for spec in SPACING_FORMATS:
+        top = math.floor(math.log2(spec.max_value))
+        for e in range(spec.min_exponent, top + 1):
+            value = math.ldexp(1.0, e)
+            up, how = _next_up(value, spec)
+            rows.append(dict(format=spec.name, kind="range", value=value, upper=min(2 * value, spec.max_value),
+                             gap=up - value, update=math.nan, result=math.nan, measured_by=how))
+    for spec, value, update in PROBES:
+        v = torch.tensor([value], dtype=spec.dtype)
+        up, how = _next_up(value, spec)
+        result = float(v + update)  # native arithmetic: computed in fp32, rounded to nearest even
+        rows.append(dict(format=spec.name, kind="probe", value=value, upper=math.nan, gap=up - value,
+                         update=update, result=result, measured_by=how))
+    return pd.DataFrame(rows)
+
+
+# --- figures and report ---------------------------------------------------------------------
+
+
+def _setting_label(table: pd.DataFrame) -> pd.Series:
+    return "mu=" + table["mu"].map("{:g}".format) + ", sigma=" + table["sigma"].map("{:g}".format)
+
+
+def ratio_chart(summary: pd.DataFrame):
+    """Drift as a fraction of the fp32 drift, per path and setting: one dot per seed, a bar for their mean."""
+    import altair as alt
+
+    data = summary.dropna(subset=["drift_ratio"]).assign(setting=_setting_label)[["setting", "path", "seed", "drift_ratio"]]
+    order = [p for p in PATHS if p in set(data.path)]
+    x = alt.X("path:N", sort=order, title=None, axis=alt.Axis(labelAngle=-40))
+    base = alt.Chart(data).encode(x=x)
+    bars = base.mark_bar(opacity=0.35).encode(y=alt.Y("mean(drift_ratio):Q", title="drift / fp32 drift"), color=alt.Color("path:N", sort=order, legend=None))
+    dots = base.mark_circle(size=30, color="black").encode(y="drift_ratio:Q", tooltip=["path", "seed", alt.Tooltip("drift_ratio:Q", format=".4f")])
+    labels = base.mark_text(dy=-8, fontSize=10).encode(y="mean(drift_ratio):Q", text=alt.Text("mean(drift_ratio):Q", format=".1%"))
+    return (bars + dots + labels).properties(width=260, height=220).facet(
+        column=alt.Column("setting:N", title=None)).properties(title="Drift kept by each path (dots: seeds; bars and labels: their mean)")
+
+
+def trajectory_chart(trajectories: pd.DataFrame, max_points: int = 200):
+    """The running value's mean over coordinates against step, per path (averaged over seeds), per setting."""
+    import altair as alt
+
+    steps = sorted(trajectories.step.unique())
+    keep = set(steps[:: max(1, math.ceil(len(steps) / max_points))]) | {steps[-1]}
+    data = (trajectories[trajectories.step.isin(keep)].assign(setting=_setting_label)
+            .groupby(["setting", "path", "step"], as_index=False)["mean"].mean())
+    order = [p for p in PATHS if p in set(data.path)]
+    lines = alt.Chart(data).mark_line().encode(
+        x=alt.X("step:Q", title="step"), y=alt.Y("mean:Q", title="mean running value", scale=alt.Scale(zero=False)),
+        color=alt.Color("path:N", sort=order), tooltip=["path", "step", alt.Tooltip("mean:Q", format=".1f")])
+    return lines.properties(width=260, height=220).facet(column=alt.Column("setting:N", title=None)).properties(
+        title="Mean running value per path (averaged over seeds)")
+
+
+def spacing_chart(spacing: pd.DataFrame):
+    """Gap between neighbouring values against magnitude, per format, from the measured power-of-two ranges."""
+    import altair as alt
+
+    data = spacing[(spacing.kind == "range") & spacing.value.between(2.0**-6, 2.0**16)][["format", "value", "gap"]]
+    probe = spacing[spacing.kind == "probe"].drop_duplicates(["format", "value"])[["format", "value", "gap"]]
+    log2, power = alt.Scale(type="log", base=2), alt.Axis(labelExpr="'2^' + round(log(datum.value) / LN2)")
+    x = alt.X("value:Q", scale=log2, axis=power, title="magnitude (start of each power-of-two range)")
+    y = alt.Y("gap:Q", scale=log2, axis=power, title="gap to the next value")
+    steps = alt.Chart(data).mark_line(interpolate="step-after").encode(x=x, y=y, color="format:N")
+    dots = alt.Chart(probe).mark_point(size=80, shape="diamond", filled=True).encode(
+        x=x, y=y, color="format:N", tooltip=["format", "value", "gap"])
+    return (steps + dots).properties(width=520, height=300, title="Grid spacing per format (diamonds: measured at the probes)")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def _span(ratios: list[float]) -> str:
+    low, high = _pct(min(ratios)), _pct(max(ratios))
+    return low if low == high else f"{low} to {high}"
+
+
+def reading(summary: pd.DataFrame) -> list[str]:
+    """Two sentences reading the table, computed from it (so they always agree with it)."""
+    means = summary.groupby(["mu", "sigma", "path"], sort=False)[["drift", "drift_ratio"]].mean()
+    settings = list(dict.fromkeys(zip(summary.mu, summary.sigma)))
+    paths = set(summary.path)
+    start = float(summary.start.iloc[0])
+
+    def ratios(name):
+        return [means.loc[(mu, sigma, name), "drift_ratio"] for mu, sigma in settings]
+
+    sentences = []
+    if "bf16" in paths:
+        where = _join([f"({mu:g}, {sigma:g})" for mu, sigma in settings])
+        sentence = (f"Kept in bf16 with round-to-nearest, the sum retains only part of the fp32 drift, for (mu, sigma) = "
+                    f"{where}: {_join([_pct(r) for r in ratios('bf16')])}")
+        for mu, sigma in settings:
+            end = start + means.loc[(mu, sigma, "bf16"), "drift"]
+            gap_start, gap_end = (float(ulp(torch.tensor([v]), BF16)) for v in (start, end))
+            if gap_end > gap_start:
+                sentence += f"; at ({mu:g}, {sigma:g}) its mean stops at {end:.0f}, where the bf16 gap is {gap_end:g}, not {gap_start:g}"
+        if "fp32_bf16_updates" in paths:
+            sentence += f"; rounding only the updates to bf16, into an fp32 sum, keeps {_span(ratios('fp32_bf16_updates'))}"
+        sentences.append(sentence + ".")
+    others = []
+    for name in ("bf16_sr", "bf16_kahan", "fp16", "fp8_e5m2", "fp8_e4m3"):
+        rows = summary[summary.path == name]
+        if rows.empty:
+            continue
+        if rows.drift.isna().all():
+            others.append(f"{name} was not simulated: {rows.note.iloc[0].removeprefix('not simulated: ')}")
+            continue
+        mu, sigma = settings[0]
+        drift, ref = means.loc[(mu, sigma, name), "drift"], means.loc[(mu, sigma, REFERENCE), "drift"]
+        others.append(f"{name} keeps {_span(ratios(name))} ({drift:.1f} vs {ref:.1f} at ({mu:g}, {sigma:g}))")
+    if others:
+        sentences.append("Of the fp32 drift, " + "; ".join(others) + ".")
+    return sentences
+
+
+def _join(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def overview_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary averaged over seeds, formatted for reading: per setting and path."""
+    groups = summary.groupby(["mu", "sigma", "path"], sort=False)
+    out = groups.agg(seeds=("seed", "size"), drift=("drift", "mean"), drift_sd=("drift", "std"),
+                     ratio=("drift_ratio", "mean"), ratio_lo=("drift_ratio", "min"), ratio_hi=("drift_ratio", "max"),
+                     note=("note", "first")).reset_index()
+    fmt = lambda v, spec: "" if pd.isna(v) else format(v, spec)  # noqa: E731
+    return pd.DataFrame({
+        "mu": out.mu, "sigma": out.sigma, "path": out.path, "seeds": out.seeds,
+        "drift (mean ± sd over seeds)": [f"{fmt(d, '.1f')} ± {fmt(s, '.1f')}" if pd.notna(d) else "" for d, s in zip(out.drift, out.drift_sd)],
+        "drift / fp32 drift": [fmt(r, ".2%") for r in out.ratio],
+        "range over seeds": [f"{fmt(lo, '.2%')} – {fmt(hi, '.2%')}" if pd.notna(lo) else "" for lo, hi in zip(out.ratio_lo, out.ratio_hi)],
+        "note": out.note,
+    })
+
+
+FILES = {"summary": "summary.csv", "trajectories": "trajectories.parquet", "spacing": "spacing.csv", "report": "report.html"}
+FIGURES = ("drift_ratio", "trajectories", "spacing")
+
+
+def write_outputs(cfg: dict, sim: Simulation, outdir: Path, seconds: float) -> None:
+    """Write the tables, the figures (SVG and PNG) and the HTML report under `outdir`."""
+    from streamback.charts import save_chart
+    from streamback.html_report import write_report
+    from streamback.io import atomic_path
+
+    summary, trajectories, spacing = summary_table(cfg, sim), trajectory_table(cfg, sim), spacing_table()
+    with atomic_path(outdir / FILES["summary"]) as tmp:
+        summary.to_csv(tmp, index=False)
+    with atomic_path(outdir / FILES["trajectories"]) as tmp:
+        trajectories.to_parquet(tmp, index=False)
+    with atomic_path(outdir / FILES["spacing"]) as tmp:
+        spacing.to_csv(tmp, index=False)
+    charts = dict(zip(FIGURES, (ratio_chart(summary), trajectory_chart(trajectories), spacing_chart(spacing))))
+    for name, chart in charts.items():
+        save_chart(chart, outdir / f"{name}.svg", outdir / f"{name}.png")
+
+    paths = "; ".join(f"{name}: {PATHS[name].about}" for name in PATHS if name in set(summary.path))
+    setup = (f"{cfg['coords']} coordinates start at {cfg['start']:g}; for {cfg['steps']} steps each gets mu + sigma * N(0, 1) "
+             f"added, the same fp32 noise for every path within a seed (seeds {', '.join(map(str, cfg['seeds']))}). "
+             f"Paths — {paths}. Drift is the mean over coordinates of the final minus the start value; "
+             f"the simulation took {seconds:.1f} s. This is the arithmetic of a long sum, not a model's training.")
+    probes = spacing[spacing.kind == "probe"][["format", "value", "gap", "update", "result", "measured_by"]]
+    write_report(outdir / FILES["report"], "Drift of a running sum kept in a narrow float format", [
+        ("", [setup, *reading(summary)]),
+        ("Drift per path, averaged over seeds (all rows: summary.csv)", [overview_table(summary)]),
+        ("Drift kept per path", [charts["drift_ratio"]]),
+        ("Trajectories", [charts["trajectories"]]),
+        ("Grid spacing (spacing.csv)", [probes.reset_index(drop=True), charts["spacing"]]),
+    ])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, "drift")
+    parser.add_argument("--outdir", type=Path, default=Path("results/drift"), help="directory for the outputs (default: results/drift)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    cfg = section_from_args(args, "drift")
+    check_config(cfg)
+    began = time.perf_counter()
+    sim = simulate(cfg)
+    seconds = time.perf_counter() - began
+    print(f"drift: {len(sim.paths)} paths x {len(cfg['settings'])} settings x {len(cfg['seeds'])} seeds x "
+          f"{cfg['coords']} coordinates x {cfg['steps']} steps in {seconds:.1f} s"
+          + "".join(f"\ndrift: {name} {reason}" for name, reason in sim.skipped.items()))
+    write_outputs(cfg, sim, args.outdir, seconds)
+    print(f"drift: wrote {', '.join(FILES.values())} and {len(FIGURES)} figures (.svg, .png) to {args.outdir}")
+    return 0

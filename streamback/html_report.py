@@ -1,0 +1,67 @@
+"""One self-contained HTML page of text, tables and Altair charts, viewable without a network.
+
+The Vega-Embed JavaScript bundle (from vl-convert, which ships it) is inlined once in the page
+and every chart's spec is inlined beside it, so the page loads nothing from anywhere.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from collections.abc import Sequence
+
+import altair as alt
+import pandas as pd
+import vl_convert as vlc
+
+from streamback.charts import VL_VERSION
+from streamback.io import write_text
+
+Block = str | pd.DataFrame | alt.TopLevelMixin
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 72rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
+h1 { font-size: 1.6rem; } h2 { font-size: 1.25rem; margin-top: 2rem; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
+th { background: #f4f4f4; }
+.chart { margin: 1rem 0; }
+"""
+
+
+def _block(block: Block, index: int) -> str:
+    if isinstance(block, str):
+        return f"<p>{html.escape(block)}</p>"
+    if isinstance(block, pd.DataFrame):
+        return block.to_html(index=False, border=0, na_rep="", escape=True)
+    if isinstance(block, alt.TopLevelMixin):
+        # "</" inside a <script> would end it; JSON allows the escaped form "<\/".
+        spec = json.dumps(block.to_dict()).replace("</", "<\\/")
+        return (f'<div class="chart" id="chart{index}"></div>\n<script type="text/javascript">'
+                f'vegaEmbed("#chart{index}", {spec}, {{"mode": "vega-lite", "actions": false}}).catch(console.error);'
+                "</script>")
+    raise TypeError(f"a report block must be text, a pandas DataFrame or an Altair chart, not {type(block).__name__}")
+
+
+def render_report(title: str, sections: Sequence[tuple[str, Sequence[Block]]]) -> str:
+    """The page as a string: `title`, then each (heading, blocks) section in order ("" = no heading)."""
+    body, index = [], 0
+    for heading, blocks in sections:
+        if heading:
+            body.append(f"<h2>{html.escape(heading)}</h2>")
+        for block in blocks:
+            body.append(_block(block, index))
+            index += 1
+    bundle = vlc.javascript_bundle(vl_version=VL_VERSION).replace("</script", "<\\/script")
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>", f"<style>{_STYLE}</style>",
+        f'<script type="text/javascript">\n{bundle}\n</script>', "</head>", "<body>",
+        f"<h1>{html.escape(title)}</h1>", *body, "</body>", "</html>", "",
+    ])
+
+
+def write_report(path: str | os.PathLike, title: str, sections: Sequence[tuple[str, Sequence[Block]]]) -> None:
+    """Write `render_report(title, sections)` to `path`, atomically."""
+    write_text(path, render_report(title, sections))
