@@ -9,7 +9,7 @@ from snakemake.settings.types import DeploymentMethod
 # Rules run `python -m streamback <stage>` with the repository on PYTHONPATH. With --use-conda
 # that is the python of the rule's environment (envs/); otherwise it is the interpreter running
 # Snakemake, so an un-activated venv (`.venv/bin/snakemake`) works as well as an activated one.
-shell.prefix(f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{PYTHONPATH:+:$PYTHONPATH}}; set -euo pipefail; ")
+shell.prefix(f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; set -euo pipefail; ")
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
     PYTHON = "python"
 else:
