@@ -1,0 +1,170 @@
+"""`streamback export-hf`: a trained checkpoint -> a Hugging Face Llama model directory.
+
+Input, the checkpoint format agreed with the trainer (`streamback train` writes its final model
+so): a `torch.save`d dict `{"model_args": dataclasses.asdict(ModelArgs), "model":
+Transformer.state_dict()}` (fp32 master weights under the model's own, TorchTitan's, names;
+no wrapper prefixes). Output, a directory that `transformers.AutoModelForCausalLM.from_pretrained`
+loads: `model.safetensors` (fp32) and `config.json`, written last (each file atomically), so a
+directory with a config.json is complete. transformers is not needed to export.
+
+Conversion (TorchTitan's Llama 3 state-dict adapter): names map one to one; wq and wk rows are
+permuted per head from the interleaved RoPE pairs of this model (and Meta's/TorchTitan's) to
+the rotate-half layout of transformers' Llama (the permutation of transformers'
+convert_llama_weights_to_hf.py); a tied output projection is written once.
+
+The architecture is `LlamaForCausalLM` whenever transformers' LlamaConfig accepts the shape.
+transformers 5 refuses a hidden size that is not n_heads * head_dim (the medium shape: 1512 =
+16 * 94 + 8), which its Llama modules themselves support; such shapes are written as
+`MistralForCausalLM` with no sliding window, transformers' same decoder (same norm, rotary,
+attention and MLP code) under a config that takes an explicit head_dim.
+
+transformers runs the residual stream in the dtype it loads the weights in, so the exported
+model is a plain Llama: loaded in fp32 it computes the StreamBack model's fp32 stream with fp32
+sublayers; in bf16 it is the baseline. `config.json` records the block and stream format under
+"streamback" for the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from streamback.errors import StreambackError
+from streamback.io import atomic_path, write_text
+from streamback.model import ModelArgs, Transformer, model_args_from_dict
+
+HELP = "export a trained checkpoint to a Hugging Face Llama directory (model.safetensors + config.json)"
+
+# this model's parameter names -> transformers' Llama names ("{}" is the layer number)
+NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "layers.{}.attention.wq.weight": "model.layers.{}.self_attn.q_proj.weight",
+    "layers.{}.attention.wk.weight": "model.layers.{}.self_attn.k_proj.weight",
+    "layers.{}.attention.wv.weight": "model.layers.{}.self_attn.v_proj.weight",
+    "layers.{}.attention.wo.weight": "model.layers.{}.self_attn.o_proj.weight",
+    "layers.{}.feed_forward.w1.weight": "model.layers.{}.mlp.gate_proj.weight",
+    "layers.{}.feed_forward.w3.weight": "model.layers.{}.mlp.up_proj.weight",
+    "layers.{}.feed_forward.w2.weight": "model.layers.{}.mlp.down_proj.weight",
+    "layers.{}.attention_norm.weight": "model.layers.{}.input_layernorm.weight",
+    "layers.{}.ffn_norm.weight": "model.layers.{}.post_attention_layernorm.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", type=Path, required=True, help="the trainer's final model (torch.save'd dict with model_args and model)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory (created; existing files in it are replaced)")
+
+
+def run(args: argparse.Namespace) -> int:
+    export(args.checkpoint, args.out)
+    print(f"wrote {args.out / 'model.safetensors'} and {args.out / 'config.json'}")
+    return 0
+
+
+def load_checkpoint(path: str | Path) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
+    """Read and check a checkpoint: its model_args must build a model whose state dict it matches."""
+    path = Path(path)
+    if not path.is_file():
+        raise StreambackError(f"checkpoint {path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a corrupt or foreign file
+        raise StreambackError(f"checkpoint {path} cannot be read by torch.load: {err}") from None
+    if not isinstance(checkpoint, dict) or not {"model_args", "model"} <= set(checkpoint):
+        raise StreambackError(f"checkpoint {path} must be a dict with keys 'model_args' and 'model'")
+    try:
+        args = model_args_from_dict(checkpoint["model_args"])
+    except (StreambackError, TypeError) as err:
+        raise StreambackError(f"checkpoint {path}: {err}") from None
+    state = checkpoint["model"]
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in Transformer(args).state_dict().items()}
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise StreambackError(f"checkpoint {path}: state dict is missing {missing[:5]} and has unexpected {unexpected[:5]}")
+    for key, shape in expected.items():
+        if state[key].shape != shape:
+            raise StreambackError(f"checkpoint {path}: {key} has shape {tuple(state[key].shape)}, model_args give {tuple(shape)}")
+    return args, state
+
+
+def hf_architecture(args: ModelArgs) -> str:
+    return "llama" if args.n_heads * args.head_dim == args.dim else "mistral"
+
+
+def hf_config(args: ModelArgs) -> dict:
+    """config.json for transformers (4.45+ and 5; rope given both ways, which both read)."""
+    arch = hf_architecture(args)
+    config = {
+        "architectures": ["LlamaForCausalLM" if arch == "llama" else "MistralForCausalLM"],
+        "model_type": arch,
+        "vocab_size": args.vocab_size,
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": args.max_seq_len,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
+        "tie_word_embeddings": args.tied_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "initializer_range": 0.02,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
+        "streamback": {"block": args.block, "stream": args.stream},
+    }
+    if arch == "mistral":
+        config["sliding_window"] = None
+    return config
+
+
+def _rotate_half_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder each head's output rows from interleaved pairs (0,1),(2,3).. to halves (0,D/2),.."""
+    rows, cols = w.shape
+    return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def hf_state_dict(args: ModelArgs, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        layer = parts[1] if parts[0] == "layers" else None
+        generic = ".".join(["layers", "{}", *parts[2:]]) if layer is not None else key
+        if generic == "output.weight" and args.tied_embeddings:
+            continue
+        if generic == "layers.{}.attention.wq.weight":
+            value = _rotate_half_rows(value, args.n_heads)
+        elif generic == "layers.{}.attention.wk.weight":
+            value = _rotate_half_rows(value, args.n_kv_heads)
+        out[NAMES[generic].format(layer)] = value.detach().to(torch.float32).contiguous()
+    return out
+
+
+def export(checkpoint: str | Path, out: str | Path) -> None:
+    from safetensors.torch import save_file
+
+    args, state = load_checkpoint(checkpoint)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(hf_state_dict(args, state), str(tmp), metadata={"format": "pt"})
+    write_text(out / "config.json", json.dumps(hf_config(args), indent=2) + "\n")
+
+
+def save_checkpoint(model: Transformer, path: str | Path) -> None:
+    """Write `model` in the checkpoint format above (atomically); what the exporter reads."""
+    with atomic_path(path) as tmp:
+        torch.save({"model_args": dataclasses.asdict(model.args), "model": model.state_dict()}, tmp)

@@ -1,0 +1,378 @@
+"""The Llama 3 decoder of the study, with the residual stream in a chosen format.
+
+TorchTitan's Llama 3 (the study's reference implementation): token embedding, `n_layers` blocks
+of RMSNorm -> grouped-query attention with RoPE -> residual add -> RMSNorm -> SwiGLU -> residual
+add, a final RMSNorm and an untied output projection; parameter names are TorchTitan's, so its
+state-dict conversions (e.g. to Hugging Face, `streamback.export_hf`) apply unchanged.
+
+Two blocks, one class. What differs is only the format of the residual stream `h`, the
+accumulator every sublayer adds its output to:
+- `baseline`: `h` has the compute dtype (bf16), as in TorchTitan under FSDP2's bf16 params.
+- `streamback`: `h` is held in `ModelArgs.stream` (a `streamback.formats.StreamFormat`, fp32 by
+  default) from right after the embedding to the final norm. Each sublayer reads its input
+  through its RMSNorm, whose output is cast to the compute dtype; its bf16 output (the "delta")
+  is added with `fmt.add(h, delta)`, which adds in fp32 and rounds the sum to the format.
+The baseline is the same code with `fmt` = the compute dtype (`fmt.add` is then plain `h + delta`
+in bf16), so a streamback model with a `bf16` stream computes exactly what the baseline does.
+
+Compute dtype. Master weights are fp32; every matmul, the attention and the norms' outputs run in
+`compute_dtype` (bf16 by default). The model casts each weight to the compute dtype where it
+uses it (`w.to(dtype)`): a no-op under FSDP2 with `param_dtype=bf16` (the weight already is
+bf16), and otherwise the same rounding FSDP2 would apply, with gradients flowing back to the
+fp32 master through the cast. So eager, `torch.compile` and FSDP2 runs compute the same thing,
+and nothing relies on autocast or on FSDP2 casting forward inputs (which would cast an fp32
+stream to bf16; `streamback.parallel.apply_fsdp` turns that cast off). RMSNorm computes in fp32
+whatever the stream's dtype (as torch's fused rms_norm does) and rounds once, to the compute
+dtype; RoPE is applied in fp32 (as TorchTitan does); logits are returned in fp32.
+
+Choices the study leaves open (also documented in config/config.yaml and the schema):
+- RoPE: theta 500000, no Llama 3.1 frequency scaling (TorchTitan's current flavours apply it;
+  it only rescales frequencies whose wavelength exceeds 8192 positions, i.e. less than a
+  quarter turn over a 2048-token context). Pairs are interleaved (TorchTitan's complex-number
+  convention, computed with real cos/sin); the HF export permutes wq/wk for HF's rotate_half.
+- head_dim = dim // n_heads, so for 1512 / 16 = 94 the query width is 16 * 94 = 1504 != dim.
+- SwiGLU hidden = multiple_of * ceil(int(ffn_dim_multiplier * int(2 * 4 * dim / 3)) / multiple_of).
+- Init: TorchTitan's `depth_init=True`: wq, wk, wv, w1 ~ trunc_normal(0.02); wo, w2, w3 ~
+  trunc_normal(0.02 / sqrt(2 * (layer_id + 1))) (truncated at +-2, i.e. not at all); embedding
+  ~ N(0, 1); output ~ trunc_normal(dim**-0.5, cut at 3 sigma); norm gains 1. With tied
+  embeddings (off by default; TorchTitan's Llama 3 has none) the shared matrix gets the output
+  projection's init.
+- Causal attention through F.scaled_dot_product_attention(is_causal=True), no dropout, no biases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from streamback.errors import StreambackError
+from streamback.formats import StreamFormat
+from streamback.reversible import ReversibleStream
+
+BLOCKS = ("baseline", "streamback")
+_DTYPE_FORMAT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass
+class ModelArgs:
+    """Everything that fixes the model's architecture (saved with every checkpoint)."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    max_seq_len: int = 2048
+    tied_embeddings: bool = False
+    block: str = "baseline"  # "baseline" | "streamback"
+    stream: str = "fp32"  # StreamFormat text for the streamback block; the baseline ignores it
+    reversible: bool = False  # streamback with an fp32 stream only (streamback.reversible)
+
+    def __post_init__(self):
+        for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "max_seq_len"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise StreambackError(f"model {key} must be a positive integer, got {getattr(self, key)!r}")
+        if self.block not in BLOCKS:
+            raise StreambackError(f"model block {self.block!r} is not one of {', '.join(BLOCKS)}")
+        if self.n_heads % self.n_kv_heads:
+            raise StreambackError(f"model n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise StreambackError(f"model head_dim = dim // n_heads = {self.head_dim} must be even (RoPE rotates pairs)")
+        fmt = StreamFormat.parse(self.stream)
+        if self.reversible and (self.block != "streamback" or fmt.name != "fp32"):
+            raise StreambackError(
+                "the reversible stream needs the streamback block with an fp32 stream "
+                f"(got block {self.block!r}, stream {self.stream!r}): narrower streams are no larger "
+                "than the bf16 deltas they would be rebuilt from, and their rounding is not invertible"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * math.ceil(hidden / self.multiple_of)
+
+    @classmethod
+    def from_config(
+        cls, model_cfg: dict, shape: str, vocab_size: int, block: str = "baseline", stream: str = "fp32", reversible: bool = False
+    ) -> ModelArgs:
+        """Arguments for the named `shape` of the validated `model` config section."""
+        shapes = model_cfg["shapes"]
+        if shape not in shapes:
+            raise StreambackError(f"unknown model shape {shape!r}: config model.shapes has {', '.join(shapes)}")
+        s = shapes[shape]
+        return cls(
+            dim=s["dim"],
+            n_layers=s["n_layers"],
+            n_heads=s["n_heads"],
+            n_kv_heads=s["n_kv_heads"],
+            vocab_size=vocab_size,
+            multiple_of=s.get("multiple_of", model_cfg["multiple_of"]),
+            ffn_dim_multiplier=model_cfg["ffn_dim_multiplier"],
+            norm_eps=model_cfg["norm_eps"],
+            rope_theta=float(model_cfg["rope_theta"]),
+            max_seq_len=model_cfg["max_seq_len"],
+            tied_embeddings=model_cfg["tied_embeddings"],
+            block=block,
+            stream=stream,
+            reversible=reversible,
+        )
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """y = x / rms(x) * w in fp32, rounded once to `dtype`. Saves only x, 1/rms and w.
+
+    Written out so that the one full-size tensor kept for the backward pass is the input x
+    itself, i.e. the residual stream (which the reversible stream can then drop and rebuild).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, dtype):
+        x32 = x.float()
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return (x32 * rstd * weight.float()).to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, rstd, weight = ctx.saved_tensors
+        xhat = x.float() * rstd
+        g = grad.float()
+        gw = g * weight.float()
+        grad_x = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        grad_w = (g * xhat).flatten(0, -2).sum(0)
+        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None, None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return _RMSNormFunction.apply(x, self.weight.to(dtype), self.eps, dtype)
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
+
+
+class Linear(nn.Linear):
+    """A bias-free linear layer computing in its input's dtype (the weight is cast to it)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype))
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * theta**(-2i / head_dim), fp32, [max_seq_len, head_dim // 2]."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len).float(), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, T, H, D] in fp32; returns x's dtype."""
+    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.wq = Linear(args.dim, args.n_heads * self.head_dim)
+        self.wk = Linear(args.dim, args.n_kv_heads * self.head_dim)
+        self.wv = Linear(args.dim, args.n_kv_heads * self.head_dim)
+        self.wo = Linear(args.n_heads * self.head_dim, args.dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = apply_rope(self.wq(x).view(B, T, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        rep = self.n_heads // self.n_kv_heads  # grouped-query attention: share each kv head
+        k = k.unsqueeze(3).expand(B, T, self.n_kv_heads, rep, self.head_dim).reshape(B, T, self.n_heads, self.head_dim)
+        v = v.unsqueeze(3).expand(B, T, self.n_kv_heads, rep, self.head_dim).reshape(B, T, self.n_heads, self.head_dim)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+    def init_weights(self, out_std: float, generator):
+        for linear in (self.wq, self.wk, self.wv):
+            nn.init.trunc_normal_(linear.weight, std=0.02, generator=generator)
+        nn.init.trunc_normal_(self.wo.weight, std=out_std, generator=generator)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = Linear(args.dim, args.ffn_hidden_dim)
+        self.w2 = Linear(args.ffn_hidden_dim, args.dim)
+        self.w3 = Linear(args.dim, args.ffn_hidden_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, out_std: float, generator):
+        nn.init.trunc_normal_(self.w1.weight, std=0.02, generator=generator)
+        for linear in (self.w2, self.w3):
+            nn.init.trunc_normal_(linear.weight, std=out_std, generator=generator)
+
+
+class TransformerBlock(nn.Module):
+    """h -> h + attention(norm(h)) -> + feed_forward(norm(.)), both adds rounded to `fmt`.
+
+    `activation_checkpoint` (set by `streamback.parallel.apply_activation_checkpointing`)
+    recomputes the block on the backward pass (torch.utils.checkpoint, non-reentrant).
+    With `parts=True` the block also returns what the reversible stream needs: the residual
+    between its two sublayers and the two deltas.
+    """
+
+    def __init__(self, layer_id: int, args: ModelArgs, fmt: StreamFormat, compute_dtype: torch.dtype):
+        super().__init__()
+        self.fmt, self.compute_dtype = fmt, compute_dtype
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args)
+        self.init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5  # TorchTitan's depth_init
+        self.activation_checkpoint = False
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, parts: bool = False):
+        if self.activation_checkpoint:
+            return torch.utils.checkpoint.checkpoint(self._forward, h, cos, sin, parts, use_reentrant=False)
+        return self._forward(h, cos, sin, parts)
+
+    def _forward(self, h, cos, sin, parts):
+        delta0 = self.attention(self.attention_norm(h, self.compute_dtype), cos, sin)
+        mid = self.fmt.add(h, delta0)
+        delta1 = self.feed_forward(self.ffn_norm(mid, self.compute_dtype))
+        out = self.fmt.add(mid, delta1)
+        return (out, mid, delta0, delta1) if parts else out
+
+    def init_weights(self, generator):
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(self.init_std, generator)
+        self.feed_forward.init_weights(self.init_std, generator)
+
+
+class Transformer(nn.Module):
+    """Llama 3 decoder: tokens [B, T] -> fp32 logits [B, T, vocab_size].
+
+    `stream_format` is the stream's format (the compute dtype's for the baseline). With
+    `record_stream = True`, each forward stores `stream_absmax`, max |h| at the n_layers + 1
+    layer boundaries (after the embedding, after each block; detached). After a forward with
+    the reversible stream (and grad enabled), `reversible_stats` holds its byte counts.
+    """
+
+    def __init__(self, args: ModelArgs, compute_dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        if compute_dtype not in _DTYPE_FORMAT:
+            raise StreambackError(f"compute dtype must be one of {list(_DTYPE_FORMAT)}, got {compute_dtype}")
+        self.args, self.compute_dtype = args, compute_dtype
+        self.stream_format = StreamFormat.parse(args.stream if args.block == "streamback" else _DTYPE_FORMAT[compute_dtype])
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(i, args, self.stream_format, compute_dtype) for i in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = Linear(args.dim, args.vocab_size)
+        if args.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.record_stream = False
+        self.stream_absmax: torch.Tensor | None = None
+        self.reversible_stats: dict[str, int] | None = None
+        self.init_weights()
+
+    def init_weights(self, seed: int | None = None):
+        """TorchTitan's init (see the module docstring); `seed` makes it independent of global RNG.
+
+        Also recomputes the RoPE tables, so a model built on the meta device and moved with
+        `to_empty` is complete after this call. Call it before `apply_fsdp`.
+        """
+        device = self.tok_embeddings.weight.device
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+        with torch.no_grad():
+            nn.init.normal_(self.tok_embeddings.weight, generator=generator)
+            for layer in self.layers:
+                layer.init_weights(generator)
+            self.norm.reset_parameters()
+            std = self.args.dim**-0.5
+            nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std, generator=generator)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        T = tokens.shape[1]
+        if T > self.args.max_seq_len:
+            raise StreambackError(f"sequence length {T} exceeds the model's max_seq_len {self.args.max_seq_len}")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        stream = ReversibleStream() if self.args.reversible and torch.is_grad_enabled() else None
+        absmax = []
+        with stream if stream is not None else contextlib.nullcontext():
+            h = self.stream_format.enter(F.embedding(tokens, self.tok_embeddings.weight.to(self.compute_dtype)))
+            for layer in self.layers:
+                if self.record_stream:
+                    absmax.append(h.detach().abs().amax().float())
+                h = stream.step(layer, h, cos, sin) if stream is not None else layer(h, cos, sin)
+            if self.record_stream:
+                absmax.append(h.detach().abs().amax().float())
+                self.stream_absmax = torch.stack(absmax)
+            logits = self.output(self.norm(h, self.compute_dtype)).float()
+        if stream is not None:
+            self.reversible_stats = stream.stats
+        return logits
+
+
+def norm_gain_absmax(model: nn.Module) -> dict[str, float]:
+    """max |gain| of every RMSNorm, by module name (a collective under FSDP2: call on all ranks)."""
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, RMSNorm):
+            weight = module.weight.detach()
+            if hasattr(weight, "full_tensor"):  # an FSDP2-sharded DTensor
+                weight = weight.full_tensor()
+            out[name] = float(weight.abs().max())
+    return out
+
+
+def count_params(model: nn.Module, exclude_embeddings: bool = False) -> int:
+    """Number of parameters (a tied matrix counted once); optionally without the token embedding.
+
+    The output projection is always counted: it is a matmul on every token (as in TorchTitan's
+    FLOP count, which leaves out only the embedding lookup).
+    """
+    embedding = model.tok_embeddings.weight
+    return sum(
+        p.numel() for p in model.parameters() if not (exclude_embeddings and p is embedding)
+    )
+
+
+def model_args_from_dict(data: dict) -> ModelArgs:
+    """ModelArgs from `dataclasses.asdict(args)` (as saved in checkpoints); names bad keys."""
+    names = {f.name for f in dataclasses.fields(ModelArgs)}
+    unknown, missing = set(data) - names, {f.name for f in dataclasses.fields(ModelArgs) if f.default is dataclasses.MISSING} - set(data)
+    if unknown or missing:
+        raise StreambackError(f"model_args: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    return ModelArgs(**data)

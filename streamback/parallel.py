@@ -1,0 +1,52 @@
+"""How a `streamback.model.Transformer` is laid on hardware: checkpointing, compile, FSDP2.
+
+Kept apart from the model as in TorchTitan; apply in TorchTitan's order, after
+`model.init_weights(seed)`: `apply_activation_checkpointing` (optional), `apply_compile`
+(optional), `apply_fsdp` (one process or many: under torchrun, or on CPU with gloo).
+
+FSDP2's mixed-precision policy casts the floating-point forward inputs of every sharded module
+to `param_dtype` by default (`cast_forward_inputs=True`). Each block's input is the residual
+stream, so that default would turn an fp32 StreamBack stream into a bf16 one at every block
+boundary, silently making it a baseline model (Megatron-LM's fp32 residual was broken this way).
+`apply_fsdp` turns the cast off; the model casts what it computes with itself (see
+`streamback.model`), so the stream keeps its format and the compute is the same as without FSDP.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from streamback.errors import StreambackError
+
+
+def apply_activation_checkpointing(model) -> None:
+    """Recompute every block on the backward pass (torch.utils.checkpoint, non-reentrant)."""
+    for layer in model.layers:
+        layer.activation_checkpoint = True
+
+
+def apply_compile(model, **compile_kwargs) -> None:
+    """torch.compile each block in place (TorchTitan's per-block compile; names unchanged)."""
+    for layer in model.layers:
+        layer.compile(**compile_kwargs)
+
+
+def apply_fsdp(model, mesh=None, param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32):
+    """fully_shard each block, then the root, with fp32 gradient reduction and no input casts.
+
+    `param_dtype` must be the model's compute dtype (the dtype it casts weights to anyway).
+    Needs an initialised process group; `mesh` defaults to all ranks on the current device type.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if param_dtype != model.compute_dtype:
+        raise StreambackError(
+            f"FSDP param_dtype {param_dtype} differs from the model's compute dtype {model.compute_dtype}"
+        )
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
+    last = len(model.layers) - 1
+    for i, layer in enumerate(model.layers):
+        # the last block's parameters are needed again first on the backward pass: keep them
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model

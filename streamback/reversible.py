@@ -1,0 +1,140 @@
+"""The reversible residual stream: drop the saved fp32 residuals, rebuild them on the way back.
+
+A StreamBack layer only adds to its fp32 stream: mid_i = h_i + delta0_i, h_{i+1} = mid_i +
+delta1_i, with bf16 deltas (the attention and feed-forward outputs). The residuals h_i and mid_i
+that autograd saves for the backward pass (the RMSNorms' inputs) can therefore be thrown away
+on the forward pass and rebuilt from the top one, h_L, by subtraction: mid_i = h_{i+1} -
+delta1_i, h_i = mid_i - delta0_i, at the cost of keeping the deltas. Per layer that keeps two
+bf16 tensors instead of two fp32 ones: half of the stream's share of the saved activations.
+
+How (the first seed document's scheme, made robust): the model's forward runs inside
+`ReversibleStream`, a `torch.autograd.graph.saved_tensors_hooks` context. Every tensor autograd
+saves is wrapped in a `_Saved`. After each block (`step`), the wrappers holding that block's
+two residuals (matched by storage, offset, shape, stride and dtype, so a view or a copy is never
+mistaken for one) let go of their tensor and keep a slot number instead. On the backward pass
+the unpack hook rebuilds a slot by walking down from the lowest slot rebuilt so far, popping one
+delta per step, so at most three rebuilt residuals and the deltas not yet consumed are alive.
+
+Rebuilding is not exact: fp32 subtraction does not undo fp32 addition bit for bit, so each
+rebuilt residual carries rounding errors of about one fp32 ulp per step down from the top (see
+benchmarks/reversible_error.py for the measured errors and the verdict on an exact variant).
+
+Scope and limits:
+- One backward per forward (a rebuilt slot is consumed; `retain_graph` double use raises).
+- With activation checkpointing (`TransformerBlock.activation_checkpoint`) autograd saves only
+  each block's input (torch.utils.checkpoint's input saver runs under these hooks), which is
+  dropped and rebuilt before the block is recomputed; the mid residual is recomputed.
+- Under torch.compile of each block, the compiled block's saved tensors pass through these
+  hooks like eager ones; whatever the compiler saves that is one of the residuals is dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class _Saved:
+    """What autograd stores for one saved tensor: the tensor, or the slot it is rebuilt from."""
+
+    __slots__ = ("tensor", "slot")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor, self.slot = tensor, None
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.device == b.device
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    )
+
+
+def step_back(residual: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """The residual before `delta` was added: the inverse of `fp32 + delta`, up to rounding."""
+    return residual - delta.to(residual.dtype)
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors`."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+class ReversibleStream(torch.autograd.graph.saved_tensors_hooks):
+    """Saved-tensor hooks for one forward pass; `step(block, h, cos, sin)` runs one block.
+
+    Slots number the stream's residuals in forward order: h_0, mid_0, h_1, mid_1, ..., h_L.
+    After the forward pass, `stats` gives bytes kept for the backward pass as saved tensors
+    (`kept_bytes`), as cached deltas (`delta_bytes`), and the residual bytes dropped
+    (`dropped_bytes`), each counting distinct storages.
+    """
+
+    def __init__(self):
+        super().__init__(self._pack, self._unpack)
+        self._saved: list[_Saved] = []  # every tensor packed during the forward pass
+        self._pending = 0  # self._saved[self._pending:] are not yet matched against residuals
+        self._dropped: dict[int, int] = {}  # slot -> bytes of the residual dropped
+        self._deltas: list[torch.Tensor] = []  # slot k + 1 = slot k + self._deltas[k]
+        self._known: dict[int, torch.Tensor] = {}  # slot -> value, for the top and rebuilt slots
+        self.stats: dict[str, int] | None = None
+
+    def step(self, block, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        out, mid, delta0, delta1 = block(h, cos, sin, parts=True)
+        slot = len(self._deltas)
+        self._drop({slot: h, slot + 1: mid})
+        self._deltas += [delta0.detach(), delta1.detach()]
+        self._known = {slot + 2: out.detach()}
+        return out
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self._drop({})
+        kept = [s.tensor for s in self._saved if s.tensor is not None]
+        self.stats = {
+            "kept_bytes": _storage_bytes(kept),
+            "delta_bytes": _storage_bytes(self._deltas),
+            "dropped_bytes": sum(self._dropped.values()),
+        }
+        self._saved = []  # hold nothing past the forward pass that autograd does not hold
+
+    def _pack(self, x: torch.Tensor) -> _Saved:
+        saved = _Saved(x.detach())
+        self._saved.append(saved)
+        return saved
+
+    def _unpack(self, saved: _Saved) -> torch.Tensor:
+        return saved.tensor if saved.slot is None else self._rebuild(saved.slot)
+
+    def _drop(self, residuals: dict[int, torch.Tensor]):
+        """Replace the pending saved tensors that are one of `residuals` by their slot."""
+        for saved in self._saved[self._pending :]:
+            for slot, residual in residuals.items():
+                if _same_tensor(saved.tensor, residual):
+                    saved.tensor, saved.slot = None, slot
+                    self._dropped[slot] = residual.untyped_storage().nbytes()
+                    break
+        self._pending = len(self._saved)
+
+    @torch.no_grad()
+    def _rebuild(self, slot: int) -> torch.Tensor:
+        """The residual of `slot`, walking down from the lowest one known.
+
+        The two slots above the one asked for stay known: a compiled block unpacks its saved
+        tensors in forward order (h_i, then mid_i), eager autograd in backward order.
+        """
+        if slot not in self._known:
+            lowest = min(self._known)
+            if slot > lowest:
+                raise RuntimeError(
+                    f"reversible stream: residual {slot} is needed after residual {lowest} below it "
+                    "was rebuilt; it supports one backward pass per forward (no retain_graph)"
+                )
+            while lowest > slot:
+                self._known[lowest - 1] = step_back(self._known[lowest], self._deltas.pop())
+                lowest -= 1
+            self._known = {k: v for k, v in self._known.items() if k <= slot + 2}
+        return self._known[slot]
