@@ -1,0 +1,163 @@
+"""streamback.drift: the measured grids, hand-derived drifts, and the vectorised grid against a
+plain loop in torch's native narrow dtypes."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from streamback import cli
+from streamback.drift import PATHS, simulate, spacing_table, summary_table
+from streamback.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16
+
+ALL_PATHS = list(PATHS)
+
+
+def config(**changes):
+    cfg = dict(coords=64, start=600.0, steps=200, settings=[{"mu": 0.2, "sigma": 0.5}], seeds=[0],
+               paths=ALL_PATHS, trajectory_every=10)
+    return cfg | changes
+
+
+def finals(cfg):
+    sim = simulate(cfg)
+    return sim, {name: sim.final[name][0, :, 0].tolist() for name in sim.paths}
+
+
+# --- spacing -------------------------------------------------------------------------------
+
+
+def test_spacing_probes_at_600():
+    probes = spacing_table().query("kind == 'probe'").set_index(["format", "value", "update"])
+    assert probes.loc[("bf16", 600.0, 2.0)].gap == 4.0
+    assert probes.loc[("bf16", 600.0, 2.0)].result == 600.0  # +2.0 is lost (a tie, to the even 600)
+    assert probes.loc[("bf16", 600.0, 2.1)].result == 604.0  # +2.1 jumps by a whole gap
+    assert probes.loc[("bf16", 604.0, 2.0)].result == 608.0  # the same tie from an odd grid point goes up
+    assert probes.loc[("fp16", 600.0, 0.2)].gap == 0.5 and probes.loc[("fp16", 600.0, 0.3)].result == 600.5
+
+
+def test_spacing_per_power_of_two_range():
+    ranges = spacing_table().query("kind == 'range'")
+    hand = {("bf16", 512.0): 4.0, ("bf16", 1024.0): 8.0, ("bf16", 1.0): 2**-7, ("fp16", 512.0): 0.5,
+            ("fp16", 1024.0): 1.0, ("fp8_e4m3", 256.0): 32.0, ("fp8_e4m3", 1.0): 0.125, ("fp8_e5m2", 512.0): 128.0}
+    measured = ranges.set_index(["format", "value"]).gap
+    for key, gap in hand.items():
+        assert measured[key] == gap, key
+    for spec in (BF16, FP16, FP8_E4M3, FP8_E5M2):
+        rows = ranges[ranges.format == spec.name]
+        exponents = [math.frexp(v)[1] - 1 for v in rows.value]
+        assert exponents == list(range(spec.min_exponent, math.floor(math.log2(spec.max_value)) + 1))
+        # a format with m stored mantissa bits has 2**m values in each power-of-two range
+        assert all(gap == math.ldexp(1.0, e - spec.mantissa_bits) for gap, e in zip(rows.gap, exponents))
+
+
+# --- drift with known outcomes --------------------------------------------------------------
+
+
+def test_constant_updates_hand_derived():
+    cfg = config(settings=[{"mu": 1.0, "sigma": 0.0}, {"mu": 2.0, "sigma": 0.0}, {"mu": 2.1, "sigma": 0.0}])
+    sim, end = finals(cfg)
+    assert end["fp32"][:2] == [800.0, 1000.0] and end["fp32_bf16_updates"][:2] == [800.0, 1000.0]
+    assert end["fp16"][:2] == [800.0, 1000.0]
+    # bf16 (gap 4): +1 is always lost, +2 is a tie that goes back to the even 600, and +2.1 climbs 4 a
+    # step until 1024, where the gap doubles to 8 and +2.1 is lost again: it freezes at 1024.
+    assert end["bf16"] == [600.0, 600.0, 1024.0]
+    # Kahan's compensation term carries what each rounding lost, so the sum is exact
+    assert end["bf16_kahan"][:2] == [800.0, 1000.0]
+    # 600 is not an fp8 e5m2 value: it is stored as 640 (gap 128 there), and nothing below 64 moves it
+    assert sim.initial["fp8_e5m2"] == 640.0 and end["fp8_e5m2"] == [640.0] * 3
+
+    _, end = finals(config(start=604.0, settings=[{"mu": 2.0, "sigma": 0.0}]))
+    assert end["bf16"] == [608.0]  # 606 ties up to the even 608, and 610 ties back down to it
+
+
+def test_stochastic_rounding_keeps_constant_updates_on_average():
+    """+1 at 600 in bf16 rounds up to 604 with probability 1/4; after 100 steps the mean drift is 100."""
+    sim = simulate(config(coords=4096, steps=100, settings=[{"mu": 1.0, "sigma": 0.0}], paths=["bf16_sr"]))
+    drift = sim.final["bf16_sr"].double() - 600.0
+    standard_error = math.sqrt(100 * 16 * 0.25 * 0.75 / drift.numel())
+    assert abs(drift.mean().item() - 100.0) < 5 * standard_error
+
+
+def _native_loop(path, cfg, mu, sigma, seed):
+    """One (setting, seed) of `path` step by step in torch's native bf16 / fp16 / fp8 arithmetic."""
+    g = torch.Generator().manual_seed(seed)
+    mu, sigma = torch.tensor(mu), torch.tensor(sigma)
+    dtype = {"fp32": torch.float32, "fp32_bf16_updates": torch.float32, "bf16": torch.bfloat16,
+             "bf16_kahan": torch.bfloat16, "fp16": torch.float16, "fp8_e5m2": torch.float8_e5m2}[path]
+    total = torch.full((cfg["coords"],), cfg["start"]).to(dtype)
+    comp = torch.zeros(cfg["coords"], dtype=dtype)
+    for _ in range(cfg["steps"]):
+        update = mu + sigma * torch.randn(cfg["coords"], generator=g)
+        if path == "fp32_bf16_updates":
+            total = total + update.bfloat16().float()
+        elif path == "bf16_kahan":
+            y = (update - comp.float()).bfloat16()
+            new = total + y  # bf16 + bf16: computed in fp32, rounded to bf16
+            comp = (new - total) - y
+            total = new
+        else:
+            total = (total.float() + update).to(dtype)
+    return total.float()
+
+
+def test_vectorised_grid_matches_native_dtype_loop():
+    settings = [{"mu": 0.2, "sigma": 0.5}, {"mu": 0.5, "sigma": 1.0}]
+    cfg = config(steps=300, settings=settings, seeds=[0, 5])
+    sim = simulate(cfg)
+    summary = summary_table(cfg, sim).set_index(["mu", "sigma", "path", "seed"])
+    for path in ["fp32", "fp32_bf16_updates", "bf16", "bf16_kahan", "fp16", "fp8_e5m2"]:
+        for j, s in enumerate(settings):
+            for k, seed in enumerate(cfg["seeds"]):
+                expected = _native_loop(path, cfg, s["mu"], s["sigma"], seed)
+                assert torch.equal(sim.final[path][k, j], expected), (path, s, seed)
+                drift = (expected.double() - sim.initial[path]).mean().item()
+                assert summary.loc[(s["mu"], s["sigma"], path, seed), "drift"] == pytest.approx(drift, abs=1e-9)
+    # the recorded trajectory ends at the final values
+    final_means = torch.stack([sim.final[p].mean(-1) for p in sim.paths])
+    assert sim.steps_recorded[-1] == 300 and torch.allclose(sim.traj_mean[-1], final_means)
+
+
+def test_summary_rows_ratios_and_the_skipped_e4m3():
+    cfg = config(settings=[{"mu": 0.2, "sigma": 1.0}, {"mu": 0.5, "sigma": 1.0}], seeds=[3, 4])
+    summary = summary_table(cfg, simulate(cfg))
+    assert list(summary.columns[:9]) == ["mu", "sigma", "path", "seed", "steps", "coords", "start", "drift", "drift_ratio"]
+    assert len(summary) == 2 * 2 * len(PATHS)
+    assert (summary[summary.path == "fp32"].drift_ratio == 1.0).all()
+    e4m3 = summary[summary.path == "fp8_e4m3"]
+    assert e4m3.drift.isna().all() and e4m3.note.str.contains("448").all()
+    # from a start e4m3 can hold, it is simulated
+    small = summary_table(config(start=100.0), simulate(config(start=100.0)))
+    assert small.set_index("path").drift.notna()["fp8_e4m3"]
+
+
+def test_cli_rejects_duplicate_settings_before_writing(tmp_path, capsys):
+    params = '{"settings": [{"mu": 0.2, "sigma": 0.5}, {"mu": 0.2, "sigma": 0.5}]}'
+    assert cli.main(["drift", "--params", params, "--outdir", str(tmp_path / "out")]) == 2
+    assert "drift.settings" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# --- the note's findings (used by the workflow test on the pipeline's own output) ----------
+
+# bf16 (round to nearest) keeps this fraction of the fp32 drift in the note: (low, high) bands
+# around 0.3%, 43% and 21% wide enough for 256 coordinates x 2 seeds (seed noise is far smaller).
+NOTE_BF16_RATIO = {(0.2, 0.5): (0.002, 0.0045), (0.2, 1.0): (0.40, 0.47), (0.5, 1.0): (0.195, 0.23)}
+
+
+def assert_note_findings(summary: pd.DataFrame) -> None:
+    """The second seed document's findings, within seed noise, on a drift summary table."""
+    mean = summary.groupby(["mu", "sigma", "path"]).mean(numeric_only=True)
+    n = summary.coords.iloc[0] * summary.seed.nunique()
+    start = summary.start.iloc[0]
+    for (mu, sigma), (low, high) in NOTE_BF16_RATIO.items():
+        assert low < mean.loc[(mu, sigma, "bf16"), "drift_ratio"] < high, (mu, sigma)
+        # bf16-rounded updates into an fp32 sum cost almost nothing
+        assert abs(mean.loc[(mu, sigma, "fp32_bf16_updates"), "drift_ratio"] - 1) < 1e-3
+        # stochastic rounding recovers the fp32 drift, within its own added noise
+        sr, ref = mean.loc[(mu, sigma, "bf16_sr")], mean.loc[(mu, sigma, "fp32")]
+        standard_error = math.sqrt(max(sr.drift_std**2 - ref.drift_std**2, 0.0) / n)
+        assert abs(sr.drift - ref.drift) < 5 * standard_error, (mu, sigma, sr.drift, ref.drift)
+    # at (0.5, 1.0) the bf16 sum freezes just past 1024, where the gap doubles to 8
+    assert 1024 <= start + mean.loc[(0.5, 1.0, "bf16"), "drift"] < 1040

@@ -1,0 +1,111 @@
+"""streamback.rounding: nearest-even against torch's own casts, hand values, stochastic rounding's bias."""
+
+import math
+
+import pytest
+import torch
+
+from streamback.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, SPECS, round_to, ulp
+
+NATIVE = [BF16, FP16, FP8_E4M3, FP8_E5M2]
+
+
+def _values(spec, n=200_000, seed=0):
+    """Random fp32 values of both signs spread log-uniformly over `spec`'s range, subnormals included."""
+    g = torch.Generator().manual_seed(seed)
+    low = spec.min_exponent - spec.mantissa_bits - 2
+    high = math.log2(spec.max_value)
+    exponent = low + (high - low) * torch.rand(n, generator=g, dtype=torch.float64)
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    x = (sign * torch.exp2(exponent)).float()
+    return x[x.abs() <= spec.max_value]
+
+
+@pytest.mark.parametrize("spec", NATIVE, ids=lambda s: s.name)
+def test_nearest_matches_torch_casts(spec):
+    x = _values(spec)
+    ours = round_to(x, spec)
+    theirs = x.to(spec.dtype).float()
+    assert torch.equal(ours, theirs), (x[ours != theirs][:5], ours[ours != theirs][:5], theirs[ours != theirs][:5])
+
+
+def test_nearest_matches_bf16_cast_on_every_kind_of_bit_pattern():
+    """Random 32-bit patterns: normals, fp32 subnormals, huge values that overflow to inf, NaNs."""
+    bits = torch.randint(-(2**31), 2**31 - 1, (500_000,), generator=torch.Generator().manual_seed(1), dtype=torch.int64)
+    x = bits.to(torch.int32).view(torch.float32)
+    ours, theirs = round_to(x, BF16), x.to(torch.bfloat16).float()
+    nan = torch.isnan(x)
+    assert nan.any() and torch.isnan(ours[nan]).all()
+    assert torch.equal(ours[~nan], theirs[~nan])
+
+
+def test_hand_values_bf16():
+    # At 600 the bf16 gap is 4: 602 is a tie and goes to the even 600; 602.1 goes up to 604.
+    x = torch.tensor([600.0 + 2.0, 600.0 + 2.1, 604.0 + 2.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 1024.0 + 3.9, 1024 + 4.0])
+    expected = torch.tensor([600.0, 604.0, 608.0, 1.0, 1.0 + 2**-6, 1024.0, 1024.0])
+    assert torch.equal(round_to(x, BF16), expected)
+    assert torch.equal(ulp(torch.tensor([600.0, 1024.0, 1.0]), BF16), torch.tensor([4.0, 8.0, 2**-7], dtype=torch.float64))
+
+
+def test_hand_values_e2m1_grid():
+    # E2M1 holds 0, 0.5, 1, 1.5, 2, 3, 4, 6 (and negatives); ties go to the even mantissa; it saturates at 6.
+    x = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 100.0, -0.3, -2.9, 0.24])
+    expected = torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0, -0.5, -3.0, 0.0])
+    assert torch.equal(round_to(x, FP4_E2M1), expected)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    assert torch.equal(round_to(grid, FP4_E2M1), grid) and torch.equal(round_to(-grid, FP4_E2M1), -grid)
+
+
+def test_subnormals_fp16_and_bf16():
+    step = 2.0**-24  # fp16's smallest subnormal
+    x = torch.tensor([0.5, 1.5, 2.5, 2.6, 1023.5, 1024.49]) * step
+    expected = torch.tensor([0.0, 2.0, 2.0, 3.0, 1024.0, 1024.0]) * step
+    assert torch.equal(round_to(x, FP16), expected)
+    tiny = torch.tensor([2.0**-133 * 0.5, 2.0**-133 * 1.5, 2.0**-140])  # bf16 subnormal step is 2**-133
+    assert torch.equal(round_to(tiny, BF16), torch.tensor([0.0, 2.0**-132, 0.0]))
+
+
+def test_nan_inf_and_range():
+    special = torch.tensor([math.nan, math.inf, -math.inf])
+    for spec in SPECS.values():
+        for rounding in ("nearest", "stochastic"):
+            out = round_to(special, spec, rounding)
+            assert torch.isnan(out[0]) and out[1] == math.inf and out[2] == -math.inf, (spec.name, rounding)
+    # a NaN whose payload lies wholly below the cut must not be truncated into an infinity
+    quiet_low = torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)
+    assert torch.isnan(round_to(quiet_low, BF16)).all()
+    assert torch.isnan(round_to(quiet_low, BF16, "stochastic")).all()
+    # overflow: non-saturating formats go to inf, saturating ones clamp
+    assert round_to(torch.tensor([65520.0]), FP16) == math.inf and round_to(torch.tensor([65519.0]), FP16) == 65504
+    assert round_to(torch.tensor([3.4e38]), BF16) == math.inf
+    assert round_to(torch.tensor([1000.0, -1e9]), FP8_E4M3).tolist() == [448.0, -448.0]
+    assert round_to(torch.tensor([1e6]), FP8_E5M2).item() == 57344.0
+
+
+@pytest.mark.parametrize("spec", [BF16, FP16, FP8_E4M3, FP8_E5M2, FP4_E2M1], ids=lambda s: s.name)
+def test_stochastic_rounding_is_unbiased_and_within_one_ulp(spec):
+    """Values strictly between two grid points (subnormal range included): over many draws the mean
+    error of each is within 5 standard errors of zero, and no draw moves it by a gap or more."""
+    g = torch.Generator().manual_seed(2)
+    grid = round_to(_values(spec, n=4000, seed=3), spec)
+    grid = grid[(grid != 0) & (grid.abs() < spec.max_value / 2)][:64]
+    fraction = 0.05 + 0.9 * torch.rand(grid.shape, generator=g, dtype=torch.float64)
+    gap = ulp(grid, spec)  # gap above |grid|
+    values = (grid.double().sign() * (grid.double().abs() + fraction * gap)).float()
+    draws = 20_000
+    x = values.repeat(draws, 1)
+    out = round_to(x, spec, "stochastic", generator=g)
+
+    assert torch.equal(round_to(out, spec), out)  # every result lies on the grid ...
+    assert ((out - x).abs() < gap.float()).all()  # ... less than a gap away: one of the two neighbours
+    error = (out - x).double()
+    z = error.mean(0) / (error.std(0) / math.sqrt(draws))
+    assert z.abs().max() < 5, z.abs().max()
+
+
+def test_stochastic_rounding_mean_at_600_in_bf16():
+    """600 + 1 in bf16 (gap 4) rounds up to 604 one time in four."""
+    out = round_to(torch.full((400_000,), 601.0), BF16, "stochastic", torch.Generator().manual_seed(4))
+    assert set(out.unique().tolist()) == {600.0, 604.0}
+    up = (out == 604.0).double().mean().item()
+    assert abs(up - 0.25) < 5 * math.sqrt(0.25 * 0.75 / out.numel())
