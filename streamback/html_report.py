@@ -36,8 +36,8 @@ def _block(block: Block, index: int) -> str:
     if isinstance(block, pd.DataFrame):
         return block.to_html(index=False, border=0, na_rep="", escape=True)
     if isinstance(block, alt.TopLevelMixin):
-        # "</" inside a <script> would end it; JSON allows the escaped form "<\/".
-        spec = json.dumps(block.to_dict()).replace("</", "<\\/")
+        # a "<" in the data could close the <script> early; JSON's "\u003c" means the same to the parser
+        spec = json.dumps(block.to_dict()).replace("<", "\\u003c")
         return (f'<div class="chart" id="chart{index}"></div>\n<script type="text/javascript">'
                 f'vegaEmbed("#chart{index}", {spec}, {{"mode": "vega-lite", "actions": false}}).catch(console.error);'
                 "</script>")

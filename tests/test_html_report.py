@@ -1,0 +1,47 @@
+"""streamback.charts and streamback.html_report: offline SVG/PNG export and a self-contained page."""
+
+import re
+
+import altair as alt
+import pandas as pd
+import pytest
+
+from streamback.charts import save_chart
+from streamback.html_report import render_report, write_report
+
+
+def _chart(label="a"):
+    data = pd.DataFrame({"x": [1, 2, 3], "y": [2.0, 1.0, 3.0], "label": [label] * 3})
+    return alt.Chart(data).mark_line().encode(x="x:Q", y="y:Q", tooltip=["label"])
+
+
+def test_save_chart_svg_and_png(tmp_path):
+    save_chart(_chart(), tmp_path / "c.svg", tmp_path / "sub" / "c.png")
+    svg = (tmp_path / "c.svg").read_text()
+    assert svg.lstrip().startswith("<svg") and "</svg>" in svg
+    assert (tmp_path / "sub" / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="suffix"):
+        save_chart(_chart(), tmp_path / "c.pdf")
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["c.png", "c.svg"]  # no temporary left
+
+
+def test_report_is_self_contained_and_escaped(tmp_path):
+    hostile = "</script><script>alert(1)</script>"
+    table = pd.DataFrame({"path": ["bf16", "<b>fp32</b>"], "ratio": [0.0031, 1.0]})
+    write_report(tmp_path / "r.html", "Drift & co", [
+        ("", ["Two < three."]),
+        ("Tables", [table]),
+        ("Charts", [_chart(), _chart(hostile)]),
+    ])
+    page = (tmp_path / "r.html").read_text()
+    assert "<title>Drift &amp; co</title>" in page and "<p>Two &lt; three.</p>" in page
+    assert "&lt;b&gt;fp32&lt;/b&gt;" in page and "<h2>Tables</h2>" in page
+    assert "https://cdn" not in page and not re.search(r"<script[^>]*\bsrc=", page)
+    assert page.count('vegaEmbed("#chart') == 2
+    # the hostile label stays inside its JSON string: three scripts (bundle, two charts), each closed once
+    assert page.count("</script>") == 3 and "alert(1)" in page
+
+
+def test_report_rejects_unknown_blocks():
+    with pytest.raises(TypeError, match="DataFrame"):
+        render_report("t", [("", [42])])
