@@ -18,15 +18,17 @@ pytestmark = [
 
 
 def test_profile_submits_jobs_to_slurm(run_snakemake, tmp_path):
+    small = tmp_path / "small.yaml"
+    small.write_text("drift: {steps: 200, coords: 256, seeds: [0]}\n")
     subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start-cluster.sh")], check=True, timeout=120)
     result = run_snakemake(
-        "--profile", ROOT / "slurm",
+        "results/drift/summary.csv",
+        "--profile", "slurm",  # resolved from the working directory, the repository root
         # site settings a real cluster would put in the profile: this one has no accounting
         "--slurm-no-account", "--slurm-status-command", "squeue",
         "--slurm-init-seconds-before-status-checks", "1",
         "--directory", tmp_path,
-        "--config", 'drift={"steps": 200, "coords": 256, "seeds": [0]}',
-        "results/drift/summary.csv",
+        "--configfile", small,  # merged over config/config.yaml
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
