@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 
 from streamback.config import add_config_arguments, section_from_args
+from streamback.errors import StreambackError
 from streamback.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatSpec, round_to, ulp
 
 HELP = "simulate the drift of a long running sum kept in fp32, bf16 (nearest, stochastic, Kahan), fp16 and fp8"
@@ -91,6 +92,11 @@ def skip_reason(path: SumPath, start: float) -> str:
     return ""
 
 
+def start_value(path: SumPath, start: float) -> float:
+    """`start` as stored in the path's format (rounded to nearest)."""
+    return float(_round(torch.tensor([float(start)]), path.sum_format, "nearest", None))
+
+
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -113,8 +119,19 @@ class Simulation:
     traj_std: torch.Tensor  # same shape, standard deviation over coordinates
 
 
+def check_config(cfg: dict) -> None:
+    """Problems the schema cannot express, reported before any work starts."""
+    pairs = [(s["mu"], s["sigma"]) for s in cfg["settings"]]
+    if len(set(pairs)) != len(pairs):
+        raise StreambackError(f"drift.settings: each (mu, sigma) pair must appear once, got {pairs}")
+    values = [cfg["start"]] + [v for pair in pairs for v in pair]
+    if not all(math.isfinite(v) for v in values):
+        raise StreambackError(f"drift.start and drift.settings must be finite numbers, got start={cfg['start']}, settings={pairs}")
+
+
 def simulate(cfg: dict) -> Simulation:
     """Run every path of the `drift` config section at once; a Python loop only over steps."""
+    check_config(cfg)
     seeds, settings = list(cfg["seeds"]), cfg["settings"]
     n_seeds, n_settings, coords, steps = len(seeds), len(settings), cfg["coords"], cfg["steps"]
     names = [n for n in PATHS if n == REFERENCE or n in cfg["paths"]]
@@ -126,10 +143,9 @@ def simulate(cfg: dict) -> Simulation:
     noise_gens = [_generator(s) for s in seeds]
     sr_gen = _generator(rounding_seed(seeds))
     z = torch.empty(n_seeds, coords)
-    start = torch.tensor(float(cfg["start"]))
-    total = {p.name: _round(start, p.sum_format, "nearest", None).expand(n_seeds, n_settings, coords).clone() for p in run}
+    initial = {p.name: start_value(p, cfg["start"]) for p in run}
+    total = {p.name: torch.full((n_seeds, n_settings, coords), initial[p.name]) for p in run}
     comp = {p.name: torch.zeros(n_seeds, n_settings, coords) if p.compensated else None for p in run}
-    initial = {p.name: float(total[p.name].flatten()[0]) for p in run}
 
     every = cfg["trajectory_every"]
     recorded, means, stds = [], [], []
@@ -154,18 +170,6 @@ def simulate(cfg: dict) -> Simulation:
         paths=[p.name for p in run], skipped=skipped, initial=initial, final=total, steps_recorded=recorded,
         traj_mean=torch.stack(means), traj_std=torch.stack(stds),
     )
-
-
-def check_config(cfg: dict) -> None:
-    """Problems the schema cannot express, reported before any work starts."""
-    from streamback.errors import StreambackError
-
-    pairs = [(s["mu"], s["sigma"]) for s in cfg["settings"]]
-    if len(set(pairs)) != len(pairs):
-        raise StreambackError(f"drift.settings: each (mu, sigma) pair must appear once, got {pairs}")
-    values = [cfg["start"]] + [v for pair in pairs for v in pair]
-    if not all(math.isfinite(v) for v in values):
-        raise StreambackError(f"drift.start and drift.settings must be finite numbers, got start={cfg['start']}, settings={pairs}")
 
 
 # --- tables -------------------------------------------------------------------------------
@@ -271,7 +275,7 @@ def ratio_chart(summary: pd.DataFrame):
         column=alt.Column("setting:N", title=None)).properties(title="Drift kept by each path (dots: seeds; bars and labels: their mean)")
 
 
-def trajectory_chart(trajectories: pd.DataFrame, max_points: int = 200):
+def trajectory_chart(trajectories: pd.DataFrame, start: float, max_points: int = 200):
     """The running value's mean over coordinates against step, per path (averaged over seeds), per setting."""
     import altair as alt
 
@@ -280,11 +284,16 @@ def trajectory_chart(trajectories: pd.DataFrame, max_points: int = 200):
     data = (trajectories[trajectories.step.isin(keep)].assign(setting=_setting_label)
             .groupby(["setting", "path", "step"], as_index=False)["mean"].mean())
     order = [p for p in PATHS if p in set(data.path)]
-    lines = alt.Chart(data).mark_line().encode(
+    lines = alt.Chart().mark_line().encode(
         x=alt.X("step:Q", title="step"), y=alt.Y("mean:Q", title="mean running value", scale=alt.Scale(zero=False)),
         color=alt.Color("path:N", sort=order), tooltip=["path", "step", alt.Tooltip("mean:Q", format=".1f")])
-    return lines.properties(width=260, height=220).facet(column=alt.Column("setting:N", title=None)).properties(
-        title="Mean running value per path (averaged over seeds)")
+    layers, title = [lines], "Mean running value per path (averaged over seeds)"
+    if start > 0:  # the next power of two up, where every format's gap doubles
+        data["edge"] = 2.0 ** (math.floor(math.log2(start)) + 1)
+        layers.append(alt.Chart().mark_rule(strokeDash=[4, 4], color="gray").encode(y="mean(edge):Q"))
+        title += f"; dashed: {data.edge.iloc[0]:g}, where the gap doubles"
+    return alt.layer(*layers, data=data).properties(width=260, height=220).facet(
+        column=alt.Column("setting:N", title=None)).properties(title=title)
 
 
 def spacing_chart(spacing: pd.DataFrame):
@@ -387,7 +396,7 @@ def write_outputs(cfg: dict, sim: Simulation, outdir: Path, seconds: float) -> N
         trajectories.to_parquet(tmp, index=False)
     with atomic_path(outdir / FILES["spacing"]) as tmp:
         spacing.to_csv(tmp, index=False)
-    charts = dict(zip(FIGURES, (ratio_chart(summary), trajectory_chart(trajectories), spacing_chart(spacing))))
+    charts = dict(zip(FIGURES, (ratio_chart(summary), trajectory_chart(trajectories, cfg["start"]), spacing_chart(spacing))))
     for name, chart in charts.items():
         save_chart(chart, outdir / f"{name}.svg", outdir / f"{name}.png")
 
@@ -415,7 +424,6 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     cfg = section_from_args(args, "drift")
-    check_config(cfg)
     began = time.perf_counter()
     sim = simulate(cfg)
     seconds = time.perf_counter() - began
