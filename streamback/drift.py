@@ -127,6 +127,8 @@ def check_config(cfg: dict) -> None:
     values = [cfg["start"]] + [v for pair in pairs for v in pair]
     if not all(math.isfinite(v) for v in values):
         raise StreambackError(f"drift.start and drift.settings must be finite numbers, got start={cfg['start']}, settings={pairs}")
+    if reason := skip_reason(PATHS[REFERENCE], cfg["start"]):
+        raise StreambackError(f"drift.start: the fp32 reference path cannot run ({reason})")
 
 
 def simulate(cfg: dict) -> Simulation:
@@ -372,7 +374,7 @@ def overview_table(summary: pd.DataFrame) -> pd.DataFrame:
     fmt = lambda v, spec: "" if pd.isna(v) else format(v, spec)  # noqa: E731
     return pd.DataFrame({
         "mu": out.mu, "sigma": out.sigma, "path": out.path, "seeds": out.seeds,
-        "drift (mean ± sd over seeds)": [f"{fmt(d, '.1f')} ± {fmt(s, '.1f')}" if pd.notna(d) else "" for d, s in zip(out.drift, out.drift_sd)],
+        "drift (mean ± sd over seeds)": [fmt(d, ".1f") + (f" ± {s:.1f}" if pd.notna(s) else "") for d, s in zip(out.drift, out.drift_sd)],
         "drift / fp32 drift": [fmt(r, ".2%") for r in out.ratio],
         "range over seeds": [f"{fmt(lo, '.2%')} – {fmt(hi, '.2%')}" if pd.notna(lo) else "" for lo, hi in zip(out.ratio_lo, out.ratio_hi)],
         "note": out.note,
