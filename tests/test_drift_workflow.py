@@ -45,6 +45,7 @@ def test_drift_rule_end_to_end(run_snakemake, tmp_path):
     assert f"{100 * bf16:.2f}%" in page  # the reading is computed from the table
 
     # the outputs marked report() and their captions make a Snakemake report
-    result = run_snakemake("--directory", tmp_path, "--configfile", tmp_path / "small.yaml", "--report", tmp_path / "snakemake.html")
+    result = run_snakemake("drift", "--directory", tmp_path, "--configfile", tmp_path / "small.yaml",
+                           "--report", tmp_path / "snakemake.html")
     assert result.returncode == 0, result.stderr + result.stdout
     assert "drift_ratio.svg" in (tmp_path / "snakemake.html").read_text()
