@@ -28,8 +28,8 @@ Every quantisation passes the gradient straight through (`_StraightThrough`), so
 pass sees the identity. The hot path (`enter`, `add`, `quantize_mx`, `quantize_nvfp4`) has no
 data-dependent Python control flow, so it traces under `torch.compile`. The block formats group
 the LAST (hidden) dimension; a hidden size that is not a multiple of the block (1512 = 47 x 32
-+ 8) ends in one shorter block, exactly as if it were zero-padded to the block size (zeros do
-not change a block's amax), which is what the MX reference code does.
++ 8) ends in one shorter block, which quantises exactly as if it were zero-padded to the block
+size (zeros do not change a block's amax), as the MX reference code does.
 """
 
 from __future__ import annotations
@@ -81,16 +81,24 @@ _TENSOR_SCALE = FloatSpec("nvfp4_tensor_scale", 17, -126, FP32.max_value, False)
 _E2M1_POSITIVE = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def _blocks(x: torch.Tensor, size: int) -> torch.Tensor:
-    """View [..., D] as [..., ceil(D / size), size], zero-padding the last block."""
-    pad = -x.shape[-1] % size
-    if pad:
-        x = F.pad(x, (0, pad))
-    return x.unflatten(-1, (-1, size))
+def _blocks(x: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Split [..., D] into [..., D // size, size] full blocks and, if D % size, one [..., 1, D % size] short block.
+
+    The short block is sliced off rather than zero-padded: Inductor (torch 2.13, CPU) miscompiles
+    pad -> per-block amax -> divide -> slice when the result feeds another op (garbage in the
+    padded block's columns), while slicing compiles correctly.
+    """
+    width = x.shape[-1]
+    full = width - width % size
+    parts = [x[..., :full].unflatten(-1, (-1, size))] if full else []
+    if full < width:
+        parts.append(x[..., full:].unsqueeze(-2))
+    return parts
 
 
-def _unblock(blocks: torch.Tensor, width: int) -> torch.Tensor:
-    return blocks.flatten(-2)[..., :width]
+def _unblock(parts: list[torch.Tensor]) -> torch.Tensor:
+    flat = [p.flatten(-2) for p in parts]
+    return flat[0] if len(flat) == 1 else torch.cat(flat, dim=-1)
 
 
 def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
@@ -112,15 +120,16 @@ def quantize_mx(
     amax is NaN or Inf gets the NaN scale, so all its elements are NaN; an all-zero block is
     zeros. `rounding` applies to the elements; the scale is always deterministic.
     """
-    x = x.float()
-    blocks = _blocks(x, MX_BLOCK)
+    return _unblock([_mx_blocks(b, rounding, generator) for b in _blocks(x.float(), MX_BLOCK)])
+
+
+def _mx_blocks(blocks: torch.Tensor, rounding: str, generator: torch.Generator | None) -> torch.Tensor:
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     exponent = ((amax.view(torch.int32) >> 23) & 0xFF) - 127  # zero/subnormal amax -> -127
     shared = (exponent - MX_ELEMENT_EMAX).clamp(min=E8M0_MIN_EXPONENT)  # finite amax: <= 119
     elements = round_to(blocks * _power_of_two(-shared), FP8_E4M3, rounding, generator)
     out = elements * _power_of_two(shared)
-    out = torch.where(torch.isfinite(amax), out, torch.nan)
-    return _unblock(out, x.shape[-1])
+    return torch.where(torch.isfinite(amax), out, torch.nan)
 
 
 def quantize_nvfp4(
@@ -140,29 +149,34 @@ def quantize_nvfp4(
     to the elements; both scales are always rounded to nearest.
     """
     x = x.float()
-    blocks = _blocks(x, NVFP4_BLOCK)
-    finite = torch.isfinite(blocks)
-    magnitude = torch.where(finite, blocks.abs(), 0.0)
-    block_amax = magnitude.amax(dim=-1, keepdim=True)
-    tensor_amax = block_amax.amax()
+    tensor_amax = torch.where(torch.isfinite(x), x.abs(), 0.0).amax()
     tensor_scale = round_to(tensor_amax / (NVFP4_SCALE_MAX * NVFP4_ELEMENT_MAX), _TENSOR_SCALE)
     tensor_scale = torch.where(tensor_amax > 0, tensor_scale, 1.0)
+    return _unblock([_nvfp4_blocks(b, tensor_scale, rounding, generator) for b in _blocks(x, NVFP4_BLOCK)])
+
+
+def _nvfp4_blocks(
+    blocks: torch.Tensor, tensor_scale: torch.Tensor, rounding: str, generator: torch.Generator | None
+) -> torch.Tensor:
+    finite = torch.isfinite(blocks)
+    block_amax = torch.where(finite, blocks.abs(), 0.0).amax(dim=-1, keepdim=True)
     block_scale = round_to(block_amax / NVFP4_ELEMENT_MAX / tensor_scale, FP8_E4M3)
     decode = block_scale * tensor_scale  # exact: 4 + 18 significant bits
-    safe = torch.where(decode > 0, decode, 1.0)
-    elements = round_to(blocks / safe, FP4_E2M1, rounding, generator)
+    elements = round_to(blocks / torch.where(decode > 0, decode, 1.0), FP4_E2M1, rounding, generator)
     out = torch.where(decode > 0, elements * decode, 0.0)
-    out = torch.where(finite.all(dim=-1, keepdim=True), out, torch.nan)
-    return _unblock(out, x.shape[-1])
+    return torch.where(finite.all(dim=-1, keepdim=True), out, torch.nan)
 
 
-def _on_nvfp4_grid(x: torch.Tensor) -> torch.Tensor:
+def _on_nvfp4_grid(x: torch.Tensor) -> bool:
     """Per block of 16: are all values one E2M1 vector times a common scale (or all NaN)?
 
     The scale is unknown, but it cancels in ratios: some E2M1 value q_max makes x * q_max / amax
     an E2M1 vector. Checked in float64, where those products and quotients are exact.
     """
-    blocks = _blocks(x.float(), NVFP4_BLOCK).double()
+    return all(bool(_e2m1_times_scale(b.double()).all()) for b in _blocks(x.float(), NVFP4_BLOCK))
+
+
+def _e2m1_times_scale(blocks: torch.Tensor) -> torch.Tensor:
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     ok = (amax == 0).squeeze(-1) | torch.isnan(blocks).all(dim=-1)
     for q_max in _E2M1_POSITIVE:
@@ -242,19 +256,32 @@ class StreamFormat:
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         """Bring a tensor (the embedding output) into the stream."""
-        if self.name in _NATIVE and self.rounding == "nearest":
+        if self.name == "fp32":
+            return x.float()
+        if self._native_nearest_eager():
             return x.to(self.container_dtype)
         return _StraightThrough.apply(x.float(), self.name, self.rounding).to(self.container_dtype)
 
     def add(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """h + delta, the sum rounded to the format; the result has `container_dtype`."""
         dtype = self.container_dtype
-        if self.name in _NATIVE and self.rounding == "nearest":
+        if self._native_nearest_eager():
             if h.dtype == dtype and delta.dtype == dtype:
                 return h + delta
             return (h.float() + delta.float()).to(dtype)
         total = h.float() + delta.float()
+        if self.name == "fp32":
+            return total
         return _StraightThrough.apply(total, self.name, self.rounding).to(dtype)
+
+    def _native_nearest_eager(self) -> bool:
+        """Use torch's own bf16/fp16 arithmetic? Only eagerly: Inductor (with its default
+        `emulate_precision_casts=False`) keeps a fused chain of bf16 adds in fp32 registers and
+        skips the rounding of the intermediate sums, `.to(bf16)` included, so a compiled bf16
+        stream would silently carry fp32 precision inside each fused kernel. Under compile the
+        sum is rounded by `round_to` on its bit pattern instead, which no fusion can elide and
+        which gives the same bits as the eager add (RNE of the fp32 sum)."""
+        return self.name in _NATIVE and self.rounding == "nearest" and not torch.compiler.is_compiling()
 
     def is_representable(self, h: torch.Tensor) -> bool:
         """dtype is `container_dtype` and every value lies on the format's grid (NaN counts).
@@ -268,5 +295,5 @@ class StreamFormat:
             return True
         x = h.float()
         if self.name == "nvfp4":
-            return bool(_on_nvfp4_grid(x).all())
+            return _on_nvfp4_grid(x)
         return bool(((_quantise(self.name, x, "nearest") == x) | torch.isnan(x)).all())

@@ -1,0 +1,346 @@
+"""Residual-stream formats: hand-computed MX/NVFP4 values, peer references, SR bias, dtypes, gradients."""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from streamback.errors import StreambackError
+from streamback.formats import FORMATS, StreamFormat, quantize_mx, quantize_nvfp4
+from streamback.rounding import FP8_E4M3, FP8_E5M2, round_to
+
+ALL = [StreamFormat(n, r) for n in FORMATS for r in ("nearest", "stochastic") if (n, r) != ("fp32", "stochastic")]
+STOCHASTIC = [f for f in ALL if f.rounding == "stochastic"]
+IDS = [f.label for f in ALL]
+NAN = float("nan")
+
+
+def _block(values, size):
+    """One block of `size` holding `values` then zeros."""
+    x = torch.zeros(size)
+    x[: len(values)] = torch.tensor(values, dtype=torch.float32)
+    return x
+
+
+# ---------------------------------------------------------------- parsing
+
+@pytest.mark.parametrize(
+    "text, name, rounding",
+    [
+        ("bf16", "bf16", "nearest"),
+        ("BF16_SR", "bf16", "stochastic"),
+        (" mxfp8:stochastic ", "mxfp8", "stochastic"),
+        ("nvfp4:nearest", "nvfp4", "nearest"),
+        ("fp8_e4m3_sr", "fp8_e4m3", "stochastic"),
+        ("fp8_e5m2", "fp8_e5m2", "nearest"),
+    ],
+)
+def test_parse(text, name, rounding):
+    assert StreamFormat.parse(text) == StreamFormat(name, rounding)
+
+
+def test_parse_round_trips_labels():
+    assert [StreamFormat.parse(f.label) for f in ALL] == ALL
+    assert len({f.label for f in ALL}) == len(ALL)
+
+
+@pytest.mark.parametrize("text", ["bf17", "bf16:floor", "mxfp8_rne", "", "fp16:"])
+def test_parse_error_names_the_value(text):
+    with pytest.raises(StreambackError, match=repr(text).replace("[", r"\[")):
+        StreamFormat.parse(text)
+
+
+def test_fp32_has_no_stochastic_variant():
+    for text in ("fp32_sr", "fp32:stochastic"):
+        with pytest.raises(StreambackError, match="'fp32' has no stochastic"):
+            StreamFormat.parse(text)
+
+
+def test_constructor_errors_name_the_value():
+    with pytest.raises(StreambackError, match="'mxfp9'"):
+        StreamFormat("mxfp9")
+    with pytest.raises(StreambackError, match="'sr'"):
+        StreamFormat("bf16", "sr")
+
+
+# ---------------------------------------------------------------- MXFP8 hand values (OCP MX v1.0)
+
+def test_mx_hand_values_shared_exponent_and_ties():
+    # amax = 100: floor(log2 100) = 6, shared exponent 6 - emax_elem(8) = -2, X = 0.25.
+    #   1.0 / X = 4 -> E4M3 4 -> 1.0
+    #   0.3 / X = 1.2 -> [1, 2) has step 1/8: 1.125 | 1.25 -> 1.25 -> 0.3125
+    #  -2.5 / X = -10 -> exact -> -2.5
+    #   100 / X = 400 -> [256, 512) has step 32: 384 | 416, a tie -> even mantissa (384 = 1.100b * 2^8) -> 96
+    out = quantize_mx(_block([1.0, 0.3, -2.5, 100.0], 32))
+    assert out[:4].tolist() == [1.0, 0.3125, -2.5, 96.0]
+    assert out[4:].eq(0).all()
+
+
+def test_mx_hand_values_saturation_and_subnormal_elements():
+    # amax = 500: floor(log2 500) = 8, X = 2^0 = 1.
+    #   +-500 -> above 448 (E4M3's max normal) -> saturates to +-448
+    #   470 -> nearest 3-bit-mantissa neighbour is 480, which E4M3 lacks -> 448
+    #   0.01 -> E4M3 subnormal grid 2^-9: 0.01 / 2^-9 = 5.12 -> 5 * 2^-9 = 0.009765625
+    #   0.0009 -> 0.46 * 2^-9 -> 0
+    out = quantize_mx(_block([500.0, -500.0, 470.0, 0.01, 0.0009], 32))
+    assert out[:5].tolist() == [448.0, -448.0, 448.0, 5 * 2.0**-9, 0.0]
+
+
+def test_mx_shared_exponent_is_exact_below_a_power_of_two():
+    # amax = 32 - ulp: floor(log2) = 4 (fp32 log2 would round to 5), X = 2^-4;
+    # amax / X = 512 - 2^-5 -> saturates to 448 -> 28. With X = 2^-3 it would be 32.
+    below_32 = float(np.nextafter(np.float32(32), np.float32(0)))
+    assert quantize_mx(_block([below_32], 32))[0].item() == 28.0
+
+
+def test_mx_e8m0_range():
+    # amax = 2^-120: shared exponent -128 is below E8M0's -127, so X = 2^-127.
+    #   2^-120 / X = 128 -> 2^-120; 3 * 2^-137 / X = 1.5 * 2^-9 (E4M3 subnormal) -> tie -> 2 * 2^-9 -> 2^-135
+    #   (with the unclamped X = 2^-128 the second would have stayed 3 * 2^-137)
+    out = quantize_mx(_block([2.0**-120, 3 * 2.0**-137], 32))
+    assert out[:2].tolist() == [2.0**-120, 2.0**-135]
+    # amax = 3e38: floor(log2) = 127, X = 2^119 (largest reachable scale); 3e38 / X = 451.4 -> 448;
+    # 1.0 / X = 2^-119 -> flushes to 0
+    out = quantize_mx(_block([3e38, 1.0], 32))
+    assert out[:2].tolist() == [448 * 2.0**119, 0.0]
+
+
+def test_mx_zeros_nan_and_inf_blocks():
+    x = torch.cat([_block([], 32), _block([NAN, 1.0], 32), _block([float("inf"), 1.0], 32), _block([-6.0, 0.75], 32)])
+    out = quantize_mx(x)
+    assert out[:32].eq(0).all() and not out[:32].isnan().any()  # all-zero block
+    assert out[32:96].isnan().all()  # NaN / Inf amax -> NaN scale -> every element NaN
+    assert out[96:98].tolist() == [-6.0, 0.75]  # blocks are independent
+
+
+def _mx_reference(x):
+    """Peer MX: frexp for the exponent, torch's native float8_e4m3fn cast for the elements."""
+    width = x.shape[-1]
+    blocks = torch.nn.functional.pad(x, (0, -width % 32)).double().unflatten(-1, (-1, 32))
+    amax = blocks.abs().amax(-1, keepdim=True)
+    _, exponent = torch.frexp(amax)  # amax = m * 2^e with m in [0.5, 1): floor(log2 amax) = e - 1
+    scale = torch.ldexp(torch.ones_like(amax), (exponent - 1 - 8).clamp(min=-127))
+    elements = (blocks / scale).clamp(-448, 448).float().to(torch.float8_e4m3fn).double()
+    out = torch.where(amax.isfinite(), elements * scale, NAN)
+    return out.flatten(-2)[..., :width].float()
+
+
+def test_mx_matches_peer_reference_over_magnitudes():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 72, generator=gen) * torch.exp2(torch.randint(-130, 120, (64, 1), generator=gen).float())
+    x[3, 5] = NAN
+    ours = quantize_mx(x)
+    torch.testing.assert_close(ours, _mx_reference(x), rtol=0, atol=0, equal_nan=True)
+    # the short last block (72 = 2 x 32 + 8) is quantised as a block of its own
+    torch.testing.assert_close(ours[:, 64:], quantize_mx(x[:, 64:].contiguous()), rtol=0, atol=0, equal_nan=True)
+
+
+# ---------------------------------------------------------------- NVFP4 hand values
+
+def test_nvfp4_hand_values_unit_tensor_scale():
+    # tensor amax 2688 -> tensor scale 2688 / (448 * 6) = 1 (exact in 18 bits).
+    # block 0: amax 2688 -> block scale E4M3(2688 / 6) = 448; 2688 / 448 = 6 -> 2688.
+    # block 1: amax 30 -> block scale E4M3(5) = 5.   30/5 = 6 -> 30;  7/5 = 1.4 -> 1.5 -> 7.5;
+    #          -12/5 = -2.4 -> -2 -> -10;  2.5/5 = 0.5 -> 2.5;  1.2/5 = 0.24 -> 0 (below 0.25)
+    # block 2: amax 100 -> 100/6 = 16.67 -> E4M3 step 2 in [16, 32) -> 16 (rounded down);
+    #          100/16 = 6.25 -> clips to 6 -> 96;  20/16 = 1.25, tie 1 | 1.5 -> even 1 -> 16
+    # block 3: amax 1e-4 -> 1e-4/6 = 1.7e-5 < half E4M3's smallest subnormal 2^-9 -> scale 0 -> zeros
+    x = torch.cat([_block([2688.0], 16), _block([30, 7, -12, 2.5, 1.2], 16), _block([100, 20], 16), _block([1e-4], 16)])
+    out = quantize_nvfp4(x)
+    assert out[0].item() == 2688.0 and out[1:16].eq(0).all()
+    assert out[16:21].tolist() == [30.0, 7.5, -10.0, 2.5, 0.0]
+    assert out[32:34].tolist() == [96.0, 16.0]
+    assert out[48:].eq(0).all()
+
+
+def test_nvfp4_hand_values_fractional_tensor_scale():
+    # tensor amax 6 -> tensor scale 6 / 2688 = 2^-9 * 8/7, kept to 18 significant bits:
+    # s = round(8/7 * 2^17) * 2^-26 = 149797 * 2^-26.
+    s = Fraction(149797, 2**26)
+    # block 0: amax 6 -> E4M3(6 / 6 / s) = E4M3(447.99..) = 448; 6 / (448 s) = 5.99998 -> 6 -> 2688 s;
+    #          1 / (448 s) = 0.99999 -> 1 -> 448 s
+    # block 1: amax 0.9 -> 0.9 / 6 / s = 67.2 -> E4M3 step 8 in [64, 128) -> 64;
+    #          0.9 / (64 s) = 6.3 -> 6 -> 384 s;  -0.3 / (64 s) = -2.1 -> -2 -> -128 s
+    x = torch.cat([_block([6.0, 1.0], 16), _block([0.9, -0.3], 16)])
+    out = quantize_nvfp4(x)
+    assert out[:2].tolist() == [float(2688 * s), float(448 * s)]
+    assert out[16:18].tolist() == [float(384 * s), float(-128 * s)]
+
+
+def test_nvfp4_zeros_nan_and_tiny_blocks():
+    assert quantize_nvfp4(torch.zeros(3, 32)).eq(0).all()
+    # NaN / Inf blocks become NaN and stay out of the tensor amax (3 here: scale 3/2688 etc.)
+    x = torch.cat([_block([NAN, 1.0], 16), _block([0.5, float("inf")], 16), _block([3.0, -1.5], 16)])
+    out = quantize_nvfp4(x)
+    assert out[:32].isnan().all()
+    torch.testing.assert_close(out[32:34], torch.tensor([3.0, -1.5]), rtol=2.0**-17, atol=0)
+
+
+def _e4m3(t):
+    return t.float().clamp(-448, 448).to(torch.float8_e4m3fn).double()
+
+
+def _e2m1(t):
+    """Nearest E2M1 value, ties to the even mantissa, saturating at 6 (float64 search)."""
+    grid = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)
+    odd = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1], dtype=torch.float64)
+    distance = (t.abs().clamp(max=6).unsqueeze(-1) - grid).abs() + odd * 1e-12
+    return torch.copysign(grid[distance.argmin(-1)], t)
+
+
+def _nvfp4_reference(x):
+    """Peer NVFP4 in float64 with torch's native E4M3 cast for the block scales."""
+    width = x.shape[-1]
+    blocks = torch.nn.functional.pad(x, (0, -width % 16)).double().unflatten(-1, (-1, 16))
+    mantissa, exponent = math.frexp((x.abs().max() / 2688.0).item())  # fp32 division, as in the recipe
+    tensor_scale = math.ldexp(round(mantissa * 2**18), exponent - 18)
+    block_scale = _e4m3(blocks.abs().amax(-1, keepdim=True) / 6 / tensor_scale)
+    decode = block_scale * tensor_scale
+    out = _e2m1(blocks / torch.where(decode > 0, decode, 1.0)) * decode
+    return out.flatten(-2)[..., :width].float()
+
+
+def test_nvfp4_matches_peer_reference():
+    gen = torch.Generator().manual_seed(2)
+    # per-row magnitudes over 2^-12 .. 2^12 so some blocks hit E4M3-subnormal and zero scales;
+    # width 40 = 2 x 16 + a short block of 8
+    x = torch.randn(64, 40, generator=gen) * torch.exp2(torch.randint(-12, 12, (64, 1), generator=gen).float())
+    torch.testing.assert_close(quantize_nvfp4(x), _nvfp4_reference(x), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- stochastic rounding
+
+def _sr_rows(fmt):
+    """A row whose exact values lie between grid points; the first element fixes the block scales."""
+    if fmt.name == "mxfp8":  # X = 1 (amax 256): E4M3 grid at scale 1
+        return [256.0, 1.3, -7.77, 0.0123, 100.5, -300.0, 0.6]
+    if fmt.name == "nvfp4":  # tensor amax 10.5: scale 2^-8; block scales 448 and 256 -> steps of 1.75 and 1
+        return [10.5, 1.3, -0.7, 2.6, 5.1, 0.2, -4.4] + [0] * 9 + [6.0, 3.3, -0.3, 0.2]
+    return [1.3, -7.77, 0.0123, 100.5, -300.0, 0.6, 1.0 + 2.0**-10]
+
+
+@pytest.mark.parametrize("fmt", STOCHASTIC, ids=[f.label for f in STOCHASTIC])
+def test_stochastic_rounding_is_unbiased(fmt):
+    torch.manual_seed(3)
+    n = 4000
+    width = 32 if fmt.name == "mxfp8" else 16 * 2
+    exact = _block(_sr_rows(fmt), width).expand(n, width)
+    h = fmt.enter(torch.zeros(n, width))
+    draws = fmt.add(h, exact).double()
+    low, high = draws.min(0).values, draws.max(0).values
+    mean = draws.mean(0)
+    target = exact[0].double()
+    assert (low <= target).all() and (target <= high).all()
+    # both neighbours drawn wherever the value is off the grid
+    off_grid = fmt.add(fmt.enter(torch.zeros(1, width)), exact[:1])[0].double() != target
+    assert (high > low)[off_grid].all()
+    # a Bernoulli choice between neighbours `gap` apart has sd <= gap / 2
+    tolerance = 5 * (high - low) / 2 / math.sqrt(n)
+    assert ((mean - target).abs() <= tolerance).all(), (mean - target, tolerance)
+
+
+def test_nearest_is_deterministic():
+    x = torch.randn(4, 64)
+    for fmt in ALL:
+        if fmt.rounding == "nearest":
+            assert torch.equal(fmt.enter(x), fmt.enter(x))
+
+
+# ---------------------------------------------------------------- dtype and grid invariants
+
+@pytest.mark.parametrize("fmt", ALL, ids=IDS)
+def test_add_dtype_and_grid_eager(fmt):
+    torch.manual_seed(4)
+    h = fmt.enter(torch.randn(2, 3, 72) * 4)  # 72: MX and NVFP4 end in a short block
+    assert h.dtype == fmt.container_dtype and fmt.is_representable(h)
+    for step in range(4):
+        delta = torch.randn(2, 3, 72) * 0.3
+        h = fmt.add(h, delta.bfloat16() if step % 2 else delta)  # bf16 (baseline) or fp32 (StreamBack) deltas
+        assert h.dtype == fmt.container_dtype and fmt.is_representable(h)
+    # a stream tensor of the wrong dtype is brought back to the container
+    assert fmt.add(h.double(), delta).dtype == fmt.container_dtype
+
+
+@pytest.mark.parametrize("fmt", [f for f in ALL if f.name not in ("fp32", "bf16", "fp16")], ids=lambda f: f.label)
+def test_is_representable_dtype_rejects_off_grid_values(fmt):
+    x = torch.randn(4, 64)
+    assert not fmt.is_representable(x.to(fmt.container_dtype))
+    assert not fmt.is_representable(fmt.enter(x).double())
+    assert fmt.is_representable(torch.full((4, 64), NAN, dtype=fmt.container_dtype))
+
+
+def test_is_representable_dtype_native():
+    for fmt in ALL:
+        if fmt.name in ("fp32", "bf16", "fp16"):
+            assert fmt.is_representable(torch.randn(8).to(fmt.container_dtype))
+            other = torch.float64
+            assert not fmt.is_representable(torch.randn(8, dtype=other))
+
+
+def test_container_dtype_choice():
+    # bf16 holds every fp8 value exactly (subnormals included) ...
+    x = torch.randn(64, 64) * torch.exp2(torch.randint(-20, 20, (64, 1)).float())
+    for spec in (FP8_E4M3, FP8_E5M2):
+        on_grid = round_to(x, spec)
+        assert torch.equal(on_grid.bfloat16().float(), on_grid)
+    # ... but not every MXFP8 value (scale 2^-127 puts elements down to 2^-136, below bf16's 2^-133)
+    mx = quantize_mx(_block([2.0**-120, 2.0**-136], 32))
+    assert mx[1].item() == 2.0**-136 and not torch.equal(mx.bfloat16().float(), mx)
+    # ... nor NVFP4's (element x block scale x an 18-bit tensor scale)
+    nv = quantize_nvfp4(torch.randn(4, 64))
+    assert not torch.equal(nv.bfloat16().float(), nv)
+
+
+def _two_steps(fmt, x, d, d16):
+    # d16 is a graph input: Inductor would fold an in-graph d.bfloat16() into the fused add
+    return fmt.add(fmt.add(fmt.enter(x), d), d16)
+
+
+@pytest.mark.slow
+def test_add_dtype_traced_fullgraph_with_backward():
+    """Dynamo traces enter/add of every format in one graph (no graph breaks, the compile-time
+    code path), forward and backward; Inductor itself is exercised per code path below."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 40, requires_grad=True)
+    d = torch.randn(2, 40, requires_grad=True)
+    d16 = torch.randn(2, 40, dtype=torch.bfloat16, requires_grad=True)
+    step = torch.compile(lambda x, d, d16: [_two_steps(f, x, d, d16) for f in ALL], backend="eager", fullgraph=True)
+    outs = step(x, d, d16)
+    for fmt, out in zip(ALL, outs):
+        assert out.dtype == fmt.container_dtype and fmt.is_representable(out), fmt.label
+    sum(o.float().sum() for o in outs).backward()
+    for grad in (x.grad, d.grad, d16.grad):
+        assert torch.equal(grad.float(), torch.full(grad.shape, float(len(ALL))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["bf16", "fp8_e4m3_sr", "mxfp8", "nvfp4"])
+def test_add_dtype_compiled_inductor(label):
+    """Inductor keeps the container dtype and the grid (one format per code path), and a compiled
+    nearest stream equals the eager one bit for bit: every intermediate sum is rounded."""
+    fmt = StreamFormat.parse(label)
+    torch._dynamo.reset()
+    x, d = torch.randn(2, 3, 40) * 4, torch.randn(2, 3, 40)
+    d16 = torch.randn(2, 3, 40).bfloat16()
+    out = torch.compile(lambda *a: _two_steps(fmt, *a), fullgraph=True)(x, d, d16)
+    assert out.dtype == fmt.container_dtype and fmt.is_representable(out)
+    if fmt.rounding == "nearest":
+        assert torch.equal(out, _two_steps(fmt, x, d, d16))
+
+
+# ---------------------------------------------------------------- straight-through gradient
+
+@pytest.mark.parametrize("fmt", ALL, ids=IDS)
+def test_gradient_passes_straight_through(fmt):
+    x = (torch.randn(3, 40) * 4).requires_grad_()
+    h = fmt.enter(x)
+    h.float().sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+
+    h = fmt.enter(torch.randn(3, 40)).detach().requires_grad_()
+    d = torch.randn(3, 40).requires_grad_()
+    fmt.add(h, d).float().sum().backward()
+    assert h.grad.dtype == fmt.container_dtype and torch.equal(h.grad.float(), torch.ones(3, 40))
+    assert torch.equal(d.grad, torch.ones_like(d))
