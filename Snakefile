@@ -16,6 +16,7 @@ validate(config, "config/schema/config.schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/drift.smk"
+include: "workflow/rules/data.smk"
 
 
 rule all:

@@ -15,6 +15,8 @@ from streamback.errors import StreambackError
 
 COMMANDS = {
     "drift": "streamback.drift",
+    "corpus": "streamback.data.generate",
+    "tokenize": "streamback.data.tokenize",
 }
 
 

@@ -1,0 +1,187 @@
+"""Documents in: a hub dataset (FineWeb) or local parquet / jsonl / text files (the synthetic
+corpus is local parquet), all read with `datasets.load_dataset(..., streaming=True)`.
+
+A source yields documents in one fixed order as batches; a document's position in that order is
+its stream index (resuming counts on it). Its split is a pure function of its id: validation if
+the first 8 bytes of sha256(id) read as a fraction of 2**64 fall below `val_fraction`, so a
+document can never be in both splits, whatever the order or the budget. Without an id column
+the id is the text itself (duplicates then always land in the same split).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamback.data import layout
+from streamback.data.shards import file_sha256
+from streamback.errors import StreambackError
+
+FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text", ".md": "text"}
+
+
+def is_validation(key: str, fraction: float) -> bool:
+    """Whether the document with id (or, lacking one, text) `key` belongs to the validation split."""
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2.0**64
+
+
+@dataclass
+class Batch:
+    """Consecutive documents: `texts[i]` has stream index `start + i`; `ids[i]` may be None."""
+
+    start: int
+    texts: list[str]
+    ids: list[str | None]
+
+
+def _columns(batch: dict, text_column: str, id_column: str | None, where: str) -> tuple[list[str], list[str | None]]:
+    if text_column not in batch:
+        raise StreambackError(f"{where} has no column {text_column!r} (columns: {', '.join(batch) or 'none'}); "
+                              "set data.text_column")
+    texts = batch[text_column]
+    bad = next((t for t in texts if not isinstance(t, str) and t is not None), None)
+    if bad is not None:
+        raise StreambackError(f"{where}: column {text_column!r} holds {type(bad).__name__} values, not text")
+    texts = [t or "" for t in texts]
+    ids = batch.get(id_column) if id_column else None
+    return texts, [str(i) if i is not None else None for i in ids] if ids is not None else [None] * len(texts)
+
+
+def _iter_dataset(dataset, text_column: str, id_column: str | None, batch_size: int, where: str, start: int) -> Iterator[Batch]:
+    try:
+        for raw in dataset.iter(batch_size=batch_size):
+            texts, ids = _columns(raw, text_column, id_column, where)
+            yield Batch(start, texts, ids)
+            start += len(texts)
+    except UnicodeDecodeError as err:
+        raise StreambackError(f"{where} is not valid UTF-8 text ({err.reason}: byte {err.object[err.start:err.start + 1]!r} at offset {err.start} of a block)") from None
+    except StreambackError:
+        raise
+    except Exception as err:  # datasets/pyarrow raise many types for unreadable data
+        raise StreambackError(f"{where} cannot be read: {type(err).__name__}: {err}") from None
+
+
+class FileSource:
+    """Local files read one after another (so an error names its file), each through
+    `datasets.load_dataset(<parquet|json|text>, data_files=[file], streaming=True)`."""
+
+    def __init__(self, data: dict, files: list[Path], kind: str):
+        self.text_column, self.id_column = data["text_column"], data["id_column"]
+        self.text_unit = data["local"]["text_unit"]
+        fmt = data["local"]["format"] if kind == "local" else "parquet"
+        if not files:
+            what = "data.local.files matched no files" if kind == "local" else "the synthetic corpus has no files"
+            raise StreambackError(f"empty corpus: {what}")
+        self.files: list[tuple[Path, str]] = []
+        for path in files:
+            if not path.is_file():
+                hint = " (run `streamback corpus` or the rule corpus first)" if kind == "synthetic" else ""
+                raise StreambackError(f"corpus file {path} does not exist{hint}")
+            file_format = fmt if fmt != "auto" else FORMATS.get(path.suffix.lower())
+            if file_format is None:
+                raise StreambackError(f"corpus file {path}: unknown format {path.suffix!r}; "
+                                      f"name it {', '.join(FORMATS)} or set data.local.format")
+            self.files.append((path, file_format))
+        self.rows = {path: self._preflight(path, f) for path, f in self.files}
+        if all(rows == 0 for rows in self.rows.values()):
+            raise StreambackError(f"empty corpus: {', '.join(str(p) for p, _ in self.files)} hold no documents")
+        self.description = {
+            "kind": kind,
+            "format": fmt,
+            "files": [{"path": str(p), "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p, _ in self.files],
+        }
+        if kind == "synthetic":
+            self.description["generator"] = dict(data["synthetic"])
+
+    def _preflight(self, path: Path, file_format: str) -> int | None:
+        """Rows in the file if its format tells cheaply (parquet; 0 for an empty file), else None;
+        a parquet file without the text column fails here, before any work."""
+        if path.stat().st_size == 0:
+            return 0
+        if file_format != "parquet":
+            return None
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.read_metadata(path)
+        except Exception as err:
+            raise StreambackError(f"corpus file {path} is not a readable parquet file: {err}") from None
+        names = meta.schema.to_arrow_schema().names
+        if self.text_column not in names:
+            raise StreambackError(f"corpus file {path} has no column {self.text_column!r} (columns: {', '.join(names)}); "
+                                  "set data.text_column")
+        return meta.num_rows
+
+    def batches(self, batch_size: int) -> Iterator[Batch]:
+        import datasets
+
+        datasets.disable_progress_bars()
+        start = 0
+        for path, file_format in self.files:
+            if self.rows[path] == 0:
+                continue
+            extra = {"sample_by": self.text_unit} if file_format == "text" else {}
+            where = f"corpus file {path}"
+            try:
+                dataset = datasets.load_dataset(file_format, data_files=[str(path)], split="train", streaming=True, **extra)
+            except Exception as err:
+                raise StreambackError(f"{where} cannot be opened as {file_format}: {err}") from None
+            id_column = self.id_column if file_format != "text" else None
+            for batch in _iter_dataset(dataset, self.text_column if file_format != "text" else "text",
+                                       id_column, batch_size, where, start):
+                start += len(batch.texts)
+                yield batch
+
+
+class HubSource:
+    """A dataset on the Hugging Face hub (or a local copy of its repository), streamed.
+
+    The manifest records the commit the revision resolved to; a gated or private dataset needs
+    HF_TOKEN in the environment."""
+
+    def __init__(self, data: dict):
+        hub = data["hub"]
+        self.text_column, self.id_column = data["text_column"], data["id_column"]
+        self.dataset, self.name, self.split, self.revision = hub["dataset"], hub["name"], hub["split"], hub["revision"]
+        self.description = {"kind": "hub", "dataset": self.dataset, "name": self.name, "split": self.split,
+                            "revision": self.revision}
+        local = Path(self.dataset)
+        if local.is_dir():  # a mirror of the repository: record its files instead of a commit
+            self.description["local_copy"] = [
+                {"path": str(p.relative_to(local)), "bytes": p.stat().st_size}
+                for p in sorted(local.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+        else:
+            self.description["commit"] = self._resolve()
+
+    def _resolve(self) -> str:
+        from huggingface_hub import HfApi
+
+        try:
+            return HfApi().dataset_info(self.dataset, revision=self.revision).sha
+        except Exception as err:
+            raise StreambackError(f"cannot reach hub dataset {self.dataset} (revision {self.revision}): {err}. "
+                                  "A gated or private dataset needs HF_TOKEN; offline, use a local copy "
+                                  "(data.hub.dataset: <directory>) or data.source: local") from None
+
+    def batches(self, batch_size: int) -> Iterator[Batch]:
+        import datasets
+
+        datasets.disable_progress_bars()
+        where = f"hub dataset {self.dataset} ({self.name}, split {self.split})"
+        revision = self.description.get("commit", self.revision)
+        try:
+            dataset = datasets.load_dataset(self.dataset, name=self.name, split=self.split, streaming=True, revision=revision)
+        except Exception as err:
+            raise StreambackError(f"{where} cannot be opened: {err}") from None
+        yield from _iter_dataset(dataset, self.text_column, self.id_column, batch_size, where, 0)
+
+
+def open_source(data: dict, inputs: list[Path] | None = None) -> FileSource | HubSource:
+    """The configured source; `inputs` overrides the files of a local or synthetic source."""
+    if data["source"] == "hub":
+        return HubSource(data)
+    files = [Path(p) for p in inputs] if inputs else layout.input_files(data)
+    return FileSource(data, files, data["source"])

@@ -1,0 +1,294 @@
+"""The tokenize stage: shards and manifest against independent references (the corpus texts,
+hashlib, the tokenizer's own encode), determinism, resume, budgets, bad input, the FineWeb path."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import ROOT
+from streamback.config import validate_config
+from streamback.data import tokenize as tokenize_module
+from streamback.data.corpus import corpus_table, write_part
+from streamback.data.shards import (HEADER_BYTES, TokenDataset, encode_header, read_header, read_manifest,
+                                    token_dtype, write_shard)
+from streamback.data.tokenize import tokenize
+from streamback.errors import StreambackError
+
+SHARD = 4096  # small shards, so every split spans several
+
+
+def config(**overrides) -> dict:
+    data = {"shard_tokens": SHARD, "val_fraction": 0.2, "processes": 1, "batch_documents": 64,
+            "tokenizer": {"vocab_size": 600}, **overrides}
+    return validate_config({"data": data})["data"]
+
+
+def is_val(key: str, fraction: float) -> bool:
+    """The split rule, restated: first 8 bytes of sha256(id), big-endian, as a fraction of 2**64."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:16], 16) / 2**64 < fraction
+
+
+def split_documents(data_dir, split) -> list[list[int]]:
+    """A split's tokens cut at the end-of-document token."""
+    ds = TokenDataset(data_dir, split, verify=True)
+    tokens = ds.read(0, ds.num_tokens)
+    ends = np.flatnonzero(tokens == ds.eos_id)
+    return [t.tolist() for t in np.split(tokens, ends + 1)[:-1]] + ([tokens[ends[-1] + 1:].tolist()] if ends[-1] + 1 < tokens.size else [])
+
+
+def shard_bytes(data_dir) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(data_dir.glob("*.bin"))}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A 300-document synthetic corpus in two parquet files, and its full tokenization."""
+    root = tmp_path_factory.mktemp("corpus")
+    files = [root / "part-00000-of-00002.parquet", root / "part-00001-of-00002.parquet"]
+    write_part(3, 0, 150, files[0])
+    write_part(3, 150, 300, files[1])
+    table = pa.concat_tables([pq.read_table(f) for f in files])
+    out = root / "tokens"
+    manifest = tokenize(config(), out, inputs=files, progress=False)
+    return {"files": files, "texts": table.column("text").to_pylist(), "ids": table.column("id").to_pylist(),
+            "out": out, "manifest": manifest}
+
+
+def test_shards_hold_every_document_once_in_its_split(corpus):
+    manifest, out = corpus["manifest"], corpus["out"]
+    tokenizer = Tokenizer.from_file(str(out / manifest["tokenizer"]["file"]))
+    assert manifest["vocab_size"] == tokenizer.get_vocab_size() <= 600
+    assert manifest["eos_id"] == tokenizer.token_to_id("<|endoftext|>")
+    assert manifest["dtype"] == "uint16"
+    assert manifest["tokenizer"]["sha256"] == hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()
+    assert [f["sha256"] for f in manifest["source"]["files"]] == [hashlib.sha256(f.read_bytes()).hexdigest() for f in corpus["files"]]
+    for split in ("train", "val"):
+        expected = [text for text, doc_id in zip(corpus["texts"], corpus["ids"]) if is_val(doc_id, 0.2) == (split == "val")]
+        docs = split_documents(out, split)
+        assert [tokenizer.decode(d[:-1]) for d in docs] == expected
+        assert all(d[-1] == manifest["eos_id"] for d in docs)
+        assert docs[0][:-1] == tokenizer.encode(expected[0], add_special_tokens=False).ids
+        entry = manifest["splits"][split]
+        assert entry["documents"] == len(expected)
+        assert entry["tokens"] == sum(s["tokens"] for s in entry["shards"]) == sum(map(len, docs))
+    assert len(manifest["splits"]["train"]["shards"]) > 2
+    assert 0.1 < manifest["splits"]["val"]["documents"] / len(corpus["texts"]) < 0.3
+
+
+def test_read_crosses_shard_boundaries(corpus):
+    ds = TokenDataset(corpus["out"], "train")
+    raw = np.concatenate([np.fromfile(p, dtype="<u2", offset=HEADER_BYTES) for p in ds.paths]).astype(np.int64)
+    assert ds.num_tokens == raw.size and ds.vocab_size == corpus["manifest"]["vocab_size"]
+    for offset, length in [(0, 10), (SHARD - 3, 7), (SHARD - 1, 2 * SHARD + 5), (raw.size - 4, 4), (17, 0)]:
+        window = ds.read(offset, length)
+        assert window.dtype == np.int64
+        np.testing.assert_array_equal(window, raw[offset:offset + length])
+    with pytest.raises(ValueError):
+        ds.read(raw.size - 2, 3)
+
+
+def test_deterministic_and_independent_of_processes(corpus, tmp_path):
+    """Same seed -> same shards byte for byte: a regenerated corpus, tokenized by 2 processes."""
+    files = [tmp_path / f.name for f in corpus["files"]]
+    write_part(3, 0, 150, files[0])
+    write_part(3, 150, 300, files[1])
+    tokenize(config(processes=2, batch_documents=16), tmp_path / "tokens", inputs=files, progress=False)
+    assert shard_bytes(tmp_path / "tokens") == shard_bytes(corpus["out"])
+    assert (tmp_path / "tokens" / "tokenizer.json").read_bytes() == (corpus["out"] / "tokenizer.json").read_bytes()
+
+
+def test_resume_after_an_interrupted_run(corpus, tmp_path, monkeypatch):
+    out = tmp_path / "tokens"
+    real_write, calls, encoded = tokenize_module.write_shard, [], []
+
+    def crash_after_first_val_shard(path, tokens, meta):
+        calls.append(path.name)
+        if calls[-2:-1] == ["val-00000.bin"]:
+            raise KeyboardInterrupt("killed")
+        return real_write(path, tokens, meta)
+
+    monkeypatch.setattr(tokenize_module, "write_shard", crash_after_first_val_shard)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize(config(), out, inputs=corpus["files"], progress=False)
+    assert sorted(p.name for p in out.glob("*.bin")) == sorted(calls[:-1]) and not (out / "manifest.json").exists()
+    assert not list(out.glob(".*"))  # the shard being written was not left behind
+    (out / ".train-00007.bin.999.tmp").write_bytes(b"left by a SIGKILL")
+    monkeypatch.setattr(tokenize_module, "write_shard", real_write)
+    real_encode = tokenize_module._encode
+    monkeypatch.setattr(tokenize_module, "_encode", lambda task: encoded.append(len(task[1])) or real_encode(task))
+    manifest = tokenize(config(), out, inputs=corpus["files"], progress=False)
+    assert shard_bytes(out) == shard_bytes(corpus["out"])
+    assert manifest["splits"] == corpus["manifest"]["splits"]
+    assert not list(out.glob(".*"))
+    assert sum(encoded) < 300  # documents before the resume point were not encoded again
+
+    # a damaged shard (right name, wrong size) is not taken as complete: it and later ones are redone
+    victim = out / "train-00001.bin"
+    victim.write_bytes(victim.read_bytes()[:-10])
+    (out / "manifest.json").unlink()
+    tokenize(config(), out, inputs=corpus["files"], progress=False)
+    assert shard_bytes(out) == shard_bytes(corpus["out"])
+
+
+def test_rerun_with_a_complete_manifest_does_nothing(corpus, tmp_path):
+    out = tmp_path / "tokens"
+    tokenize(config(), out, inputs=corpus["files"], progress=False)
+    stamp = {p.name: p.stat().st_mtime_ns for p in out.glob("*.bin")}
+    tokenize(config(), out, inputs=corpus["files"], progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.bin")} == stamp
+    # a different config does not reuse them
+    tokenize(config(val_fraction=0.3), out, inputs=corpus["files"], progress=False)
+    assert read_manifest(out)["splits"]["val"]["documents"] != corpus["manifest"]["splits"]["val"]["documents"]
+
+
+def test_token_budgets_cut_exactly(corpus, tmp_path):
+    manifest = tokenize(config(train_tokens=10_000, val_tokens=3_000), tmp_path, inputs=corpus["files"], progress=False)
+    assert manifest["splits"]["train"]["tokens"] == 10_000 and manifest["splits"]["val"]["tokens"] == 3_000
+    for split, n in (("train", 10_000), ("val", 3_000)):
+        ds = TokenDataset(tmp_path, split)
+        full = TokenDataset(corpus["out"], split)
+        np.testing.assert_array_equal(ds.read(0, n), full.read(0, n))
+
+
+def test_budget_larger_than_the_data(corpus, tmp_path):
+    have = corpus["manifest"]["splits"]["train"]["tokens"]
+    with pytest.raises(StreambackError, match=rf"ran out after {have} train tokens.*train_tokens asks for {have + 1}"):
+        tokenize(config(train_tokens=have + 1), tmp_path, inputs=corpus["files"], progress=False)
+    assert not (tmp_path / "manifest.json").exists() and not list(tmp_path.glob(".*"))
+    assert all(read_header(p)["tokens"] == SHARD for p in tmp_path.glob("train-*.bin"))  # only complete shards
+
+
+def test_fineweb_path_offline(corpus, tmp_path):
+    """A local copy of a FineWeb-shaped hub repository, read as data.source: hub."""
+    repo = tmp_path / "fineweb"
+    (repo / "sample" / "100BT").mkdir(parents=True)
+    pq.write_table(corpus_table(3, 0, 300, "s3://fake/CC-MAIN.warc.gz"), repo / "sample" / "100BT" / "000_00000.parquet")
+    (repo / "README.md").write_text("---\nconfigs:\n- config_name: sample-100BT\n  data_files:\n"
+                                    "  - split: train\n    path: sample/100BT/*\n---\n")
+    data = config(source="hub", hub={"dataset": str(repo), "name": "sample-100BT"},
+                  tokenizer={"kind": "file", "file": str(corpus["out"] / "tokenizer.json")})
+    manifest = tokenize(data, tmp_path / "tokens", progress=False)
+    assert manifest["source"]["kind"] == "hub" and manifest["source"]["name"] == "sample-100BT"
+    assert {"path": "sample/100BT/000_00000.parquet"}.items() <= manifest["source"]["local_copy"][1].items()
+    for split in ("train", "val"):
+        a, b = TokenDataset(tmp_path / "tokens", split), TokenDataset(corpus["out"], split)
+        np.testing.assert_array_equal(a.read(0, a.num_tokens), b.read(0, b.num_tokens))
+
+
+def test_local_jsonl_and_text_files(tmp_path):
+    docs = [f"Document number {i} says hello {'again ' * (i % 5)}." for i in range(60)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:56]))
+    for i, text in enumerate(docs[56:]):
+        (tmp_path / f"t{i:02d}.txt").write_text(text)
+    data = config(source="local", local={"files": [str(tmp_path / "a.jsonl"), str(tmp_path / "t*.txt")]}, val_fraction=0.25)
+    manifest = tokenize(data, tmp_path / "tokens", progress=False)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokens" / "tokenizer.json"))
+    assert len(manifest["source"]["files"]) == 5
+    for split in ("train", "val"):  # no id column: the text decides the split
+        expected = [t for t in docs if is_val(t, 0.25) == (split == "val")]
+        assert [tokenizer.decode(d[:-1]) for d in split_documents(tmp_path / "tokens", split)] == expected
+
+
+def test_uint32_shards_and_header_round_trip(tmp_path):
+    assert token_dtype(65536) == "uint16" and token_dtype(65537) == "uint32"
+    tokens = np.array([0, 70000, 128255, 5], np.uint32)
+    digest = write_shard(tmp_path / "s.bin", tokens, {"dtype": "uint32", "split": "train", "index": 0})
+    assert digest == hashlib.sha256(tokens.astype("<u4").tobytes()).hexdigest()
+    header = read_header(tmp_path / "s.bin")
+    assert header == {"dtype": "uint32", "split": "train", "index": 0, "tokens": 4, "sha256": digest}
+    assert (tmp_path / "s.bin").stat().st_size == HEADER_BYTES + 16
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "s.bin", "<u4", offset=HEADER_BYTES), tokens)
+    with pytest.raises(ValueError, match="exceeds"):
+        encode_header({"x": "y" * 2000})
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+def write(path, content: bytes):
+    path.write_bytes(content)
+    return str(path)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("empty.parquet", None, r"empty corpus: .*empty\.parquet hold no documents"),
+    ("empty.txt", b"", r"empty corpus: .*empty\.txt hold no documents"),
+    ("blank.jsonl", b'{"text": ""}\n{"text": "  "}\n', r"empty corpus: .*blank\.jsonl holds no document with text"),
+    ("nocol.parquet", "content", r"nocol\.parquet has no column 'text' \(columns: content\)"),
+    ("nocol.jsonl", b'{"body": "hello"}\n', r"nocol\.jsonl has no column 'text' \(columns: body\)"),
+    ("latin1.txt", "café".encode("latin-1"), r"latin1\.txt is not valid UTF-8"),
+    ("latin1.jsonl", b'{"text": "caf\xe9"}\n', r"latin1\.jsonl is not valid UTF-8"),
+    ("missing.parquet", "absent", r"corpus file .*missing\.parquet does not exist"),
+])
+def test_bad_corpus_files(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is None:
+        pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
+    elif content == "content":
+        pq.write_table(pa.table({"content": ["hello"]}), path)
+    elif content != "absent":
+        path.write_bytes(content)
+    with pytest.raises(StreambackError, match=message):
+        tokenize(config(source="local", local={"files": [str(path)]}), tmp_path / "tokens", progress=False)
+    assert not list(tmp_path.glob("tokens/*.bin"))
+
+
+@pytest.mark.parametrize("tokenizer, message", [
+    ({"kind": "file", "file": "/nonexistent/tokenizer.json"}, r"tokenizer file /nonexistent/tokenizer\.json does not exist"),
+    ({"kind": "file", "file": "GARBAGE"}, r"tokenizer file .*garbage\.json cannot be loaded"),
+    ({"kind": "file", "file": "BPE", "eos_token": "<|eot|>"}, r"has no token '<\|eot\|>'"),
+])
+def test_tokenizer_that_cannot_be_loaded(corpus, tmp_path, tokenizer, message):
+    if tokenizer["file"] == "GARBAGE":
+        tokenizer["file"] = write(tmp_path / "garbage.json", b'{"model": ')
+    elif tokenizer["file"] == "BPE":
+        tokenizer["file"] = str(corpus["out"] / "tokenizer.json")
+    with pytest.raises(StreambackError, match=message):
+        tokenize(config(tokenizer=tokenizer), tmp_path / "tokens", inputs=corpus["files"], progress=False)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "train-00001.bin").unlink(), r"shard .*train-00001\.bin listed in .*manifest\.json is missing"),
+    (lambda d: (d / "val-00000.bin").write_bytes((d / "val-00000.bin").read_bytes()[:-2]), r"val-00000\.bin is \d+ bytes, its header promises"),
+    (lambda d: (d / "train-00000.bin").write_bytes(b"not a shard"), r"train-00000\.bin has no streamback header"),
+    (lambda d: (d / "train-00002.bin").write_bytes((lambda b: b[:-1] + bytes([b[-1] ^ 1]))((d / "train-00002.bin").read_bytes())), r"train-00002\.bin: the sha256 of its tokens differs"),
+    (lambda d: (d / "train-00000.bin").write_bytes((d / "train-00001.bin").read_bytes()), r"train-00000\.bin: header says .*expected"),
+])
+def test_shards_that_do_not_match_their_manifest(corpus, tmp_path, damage, message):
+    out = tmp_path / "tokens"
+    out.mkdir()
+    for path in corpus["out"].iterdir():
+        (out / path.name).write_bytes(path.read_bytes())
+    damage(out)
+    with pytest.raises(StreambackError, match=message):
+        TokenDataset(out, "val" if "val" in message else "train", verify=True)
+
+
+def test_cli_reports_bad_input(tmp_path):
+    params = json.dumps({"source": "local", "local": {"files": [str(tmp_path / "none*.parquet")]}})
+    result = subprocess.run([sys.executable, "-m", "streamback", "tokenize", "--params", params, "--out", str(tmp_path)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2
+    assert "streamback tokenize: error: empty corpus: data.local.files matched no files" in result.stderr
+
+
+@pytest.mark.slow
+def test_snakemake_rules_corpus_and_tokenize(run_snakemake, tmp_path):
+    data = {"synthetic": {"documents": 300, "files": 2}, "shard_tokens": SHARD, "tokenizer": {"vocab_size": 600}}
+    (tmp_path / "tiny.yaml").write_text(json.dumps({"data": data}))  # JSON is YAML
+    result = run_snakemake("results/tokens/synthetic/manifest.json", "--cores", "2", "--directory", tmp_path,
+                           "--configfile", tmp_path / "tiny.yaml")
+    assert result.returncode == 0, result.stderr + result.stdout
+    manifest = read_manifest(tmp_path / "results/tokens/synthetic")
+    assert [f["path"] for f in manifest["source"]["files"]] == [
+        f"results/corpus/synthetic/part-0000{k}-of-00002.parquet" for k in range(2)]
+    assert TokenDataset(tmp_path / "results/tokens/synthetic", "train", verify=True).num_tokens > 2 * SHARD
+    log = (tmp_path / "logs/tokenize/synthetic.log").read_text()
+    assert "300 documents" in log and "tokens/s" in log
+    assert "wrote 300 documents to 2 files" in (tmp_path / "logs/corpus/synthetic.log").read_text()
