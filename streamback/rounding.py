@@ -70,10 +70,10 @@ def round_to(
     low = (1 << drop) - 1
     if rounding == "nearest":
         # round half to even: add 0.5ulp - 1 plus the lowest kept bit, then truncate
-        add = (low >> 1) + ((bits >> drop) & 1)
+        add = (bits >> drop).bitwise_and_(1).add_(low >> 1)
     else:
         add = torch.randint(0, 1 << drop, x.shape, generator=generator, dtype=torch.int32, device=x.device)
-    out = ((bits + add) & ~low).view(torch.float32)
+    out = add.add_(bits).bitwise_and_(~low).view(torch.float32)
 
     # Branch-free (no data-dependent control flow), so it traces under torch.compile.
     if spec.min_exponent > -126:  # fp32 subnormals already sit on bf16's subnormal grid
@@ -81,22 +81,18 @@ def round_to(
         out = torch.where(tiny, _round_subnormal(x, spec, rounding, generator), out)
     if spec.saturate:
         out = out.clamp(-spec.max_value, spec.max_value)
-    else:
+    elif spec.min_exponent > -126:  # bf16 shares fp32's exponent range: overflow carries into inf
         out = torch.where(out.abs() > spec.max_value, out * math.inf, out)
     return torch.where(torch.isfinite(x), out, x)
-    return out
 
 
 def _round_subnormal(x, spec, rounding, generator):
-    """Round onto the fixed subnormal spacing 2**(min_exponent - m), exactly, in float64."""
+    """Round onto the fixed subnormal spacing 2**(min_exponent - m), exactly (stochastic: in float64)."""
     step = spec.smallest_subnormal
-    scaled = x.double().abs() / step
-    if rounding == "nearest":
-        q = torch.round(scaled)  # half to even
-    else:
-        u = torch.rand(x.shape, generator=generator, dtype=torch.float64, device=x.device)
-        q = torch.floor(scaled + u)
-    return torch.copysign(q * step, x.double()).float()
+    if rounding == "nearest":  # scaling by a power of two is exact; torch.round is half-to-even
+        return torch.round(x / step) * step
+    u = torch.rand(x.shape, generator=generator, dtype=torch.float64, device=x.device)
+    return torch.copysign(torch.floor(x.double().abs() / step + u) * step, x.double()).float()
 
 
 def ulp(x: torch.Tensor, spec: FloatSpec) -> torch.Tensor:
