@@ -5,7 +5,8 @@ The model calls `fmt.enter(x)` once after the embedding and `fmt.add(h, delta)` 
 residual addition; both return a tensor of `fmt.container_dtype` whose values lie on the
 format's grid.
 
-- `fp32`, `bf16`, `fp16`: native dtypes. Nearest rounding is torch's own add in that dtype.
+- `fp32`, `bf16`, `fp16`: native dtypes. Nearest rounding is torch's own add in that dtype
+  (under torch.compile, the same rounding done on the bit pattern; see `_native_nearest_eager`).
 - `fp8_e4m3`, `fp8_e5m2`: torch has float8 dtypes but no arithmetic on them, so the stream is
   held in bf16 (every E4M3 value, 4 significant bits with exponents -9..8, and every E5M2 value,
   3 significant bits with exponents -16..15, is exactly a bf16: 8 significant bits, exponents
@@ -17,6 +18,7 @@ format's grid.
 - `nvfp4`: NVIDIA NVFP4 (E2M1 elements, k = 16, E4M3 block scale, fp32 tensor scale), see
   `quantize_nvfp4`. Held in fp32: the product of an E2M1 element, an E4M3 block scale and the
   tensor scale has 2 + 4 + 18 significant bits (the tensor scale is kept to 18 bits for this).
+  The tensor scale is per stream tensor, so it is shared by every token of the micro-batch.
 
 Stochastic rounding (any format but fp32) adds in fp32 and rounds the sum with
 `streamback.rounding.round_to(..., "stochastic")`, the package's one SR implementation; for the
@@ -37,7 +39,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from streamback.errors import StreambackError
 from streamback.rounding import (
@@ -137,11 +138,12 @@ def quantize_nvfp4(
 ) -> torch.Tensor:
     """NVFP4 (E2M1 elements, k = 16 along the last dim); dequantised fp32 values.
 
-    Two-level scaling as in NVIDIA's recipe (Transformer Engine's NVFP4 quantiser; NVIDIA,
-    "Pretraining Large Language Models with NVFP4", arXiv:2509.25149, Sec. 2 and App. B):
-    tensor scale s = amax_tensor / (448 * 6) in fp32 (here rounded to 18 significant bits, see
-    `_TENSOR_SCALE`); block scale b = round_E4M3(amax_block / 6 / s), saturating at 448;
-    elements q = round_E2M1(x / (b * s)) saturating at +-6; value = q * b * s. Rounding of the
+    Two-level scaling as in NVIDIA's recipe (NVIDIA, "Pretraining Large Language Models with
+    NVFP4", arXiv:2509.25149, and Transformer Engine's NVFP4 reference quantiser, which encodes
+    with 2688 / amax_tensor): tensor scale s = amax_tensor / (448 * 6) in fp32 (here rounded to
+    18 significant bits, see `_TENSOR_SCALE`); block scale b = round_E4M3(amax_block / 6 / s),
+    saturating at 448; elements q = round_E2M1(x / (b * s)) saturating at +-6; value = q * b * s.
+    The same arithmetic as TE's up to the last fp32 bits of the scales. Rounding of the
     block scale to nearest can put the top of a block just above 6 (b * s < amax_block / 6), so
     it clips to 6, as in the recipe. A block whose scale underflows E4M3 (amax_block below about
     amax_tensor * 2^-10 / 448) is zeros. NaN/Inf elements are left out of the tensor amax and
