@@ -58,7 +58,7 @@ def main() -> None:
 
     modes = ["eager"] + (["compiled"] if args.compile else [])
     reference = {}
-    print(f"{'format':<14}{'delta':<14}" + "".join(f"{m + ' ms':>14}{m + ' x fp32':>14}" for m in modes))
+    print(f"{'format':<14}{'delta':<14}" + "".join(f"{m + ' ms':>16}{m + ' x fp32':>16}" for m in modes))
     for fmt, kind in cases:
         h = fmt.enter(x)
         d = delta.to(fmt.container_dtype) if kind == "native delta" else delta
@@ -70,7 +70,7 @@ def main() -> None:
                 add = torch.compile(fmt.add, fullgraph=True)
             ms = _median_ms(lambda: add(h, d), args.repeat, args.device)
             reference.setdefault(mode, ms)
-            row += f"{ms:>14.2f}{ms / reference[mode]:>14.2f}"
+            row += f"{ms:>16.2f}{ms / reference[mode]:>16.2f}"
         print(row, flush=True)
 
 
