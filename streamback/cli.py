@@ -17,6 +17,8 @@ COMMANDS = {
     "drift": "streamback.drift",
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
+    "export-hf": "streamback.export_hf",
+    "bench": "streamback.bench",
 }
 
 

@@ -135,7 +135,7 @@ class ModelArgs:
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """y = x / rms(x) * w in fp32, rounded once to `dtype`. Saves only x, 1/rms and w.
+    """y = x / rms(x) * w computed in fp32, rounded once to `dtype`. Saves only x, 1/rms and w.
 
     Written out so that the one full-size tensor kept for the backward pass is the input x
     itself, i.e. the residual stream (which the reversible stream can then drop and rebuild).
@@ -143,17 +143,18 @@ class _RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, dtype):
-        x32 = x.float()
-        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        acc = torch.promote_types(x.dtype, torch.float32)  # fp32 (fp64 for fp64 inputs)
+        xa = x.to(acc)
+        rstd = torch.rsqrt(xa.pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, rstd, weight)
-        return (x32 * rstd * weight.float()).to(dtype)
+        return (xa * rstd * weight.to(acc)).to(dtype)
 
     @staticmethod
     def backward(ctx, grad):
         x, rstd, weight = ctx.saved_tensors
-        xhat = x.float() * rstd
-        g = grad.float()
-        gw = g * weight.float()
+        xhat = x.to(rstd.dtype) * rstd
+        g = grad.to(rstd.dtype)
+        gw = g * weight.to(rstd.dtype)
         grad_x = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
         grad_w = (g * xhat).flatten(0, -2).sum(0)
         return grad_x.to(x.dtype), grad_w.to(weight.dtype), None, None
@@ -371,8 +372,9 @@ def count_params(model: nn.Module, exclude_embeddings: bool = False) -> int:
 
 def model_args_from_dict(data: dict) -> ModelArgs:
     """ModelArgs from `dataclasses.asdict(args)` (as saved in checkpoints); names bad keys."""
-    names = {f.name for f in dataclasses.fields(ModelArgs)}
-    unknown, missing = set(data) - names, {f.name for f in dataclasses.fields(ModelArgs) if f.default is dataclasses.MISSING} - set(data)
+    fields = dataclasses.fields(ModelArgs)
+    unknown = sorted(set(data) - {f.name for f in fields})
+    missing = sorted({f.name for f in fields if f.default is dataclasses.MISSING} - set(data))
     if unknown or missing:
-        raise StreambackError(f"model_args: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+        raise StreambackError(f"model_args: unknown keys {unknown}, missing keys {missing}")
     return ModelArgs(**data)

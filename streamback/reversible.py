@@ -138,3 +138,21 @@ class ReversibleStream(torch.autograd.graph.saved_tensors_hooks):
                 lowest -= 1
             self._known = {k: v for k, v in self._known.items() if k <= slot + 2}
         return self._known[slot]
+
+
+class SavedTensorBytes(torch.autograd.graph.saved_tensors_hooks):
+    """Counts what autograd keeps for the backward pass inside the context: `nbytes`, over
+    distinct storages (a measure of activation memory that needs no GPU). Nested hooks replace
+    these, so for a reversible model read `Transformer.reversible_stats` instead."""
+
+    def __init__(self):
+        self._storages: dict[int, int] = {}
+        super().__init__(self._pack, lambda x: x)
+
+    def _pack(self, x: torch.Tensor) -> torch.Tensor:
+        self._storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        return x.detach()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._storages.values())

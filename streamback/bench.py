@@ -1,0 +1,241 @@
+"""`streamback bench`: training-step throughput, MFU and memory of the model variants.
+
+For each shape x variant (`baseline`, `streamback`, `streamback-reversible`) x mode (`eager`,
+`compiled` = `streamback.parallel.apply_compile`, TorchTitan's per-block torch.compile), one
+process times forward + backward (bf16 compute, fp32 master weights, cross-entropy on random
+tokens; no optimizer step) at micro-batch `--batch` x `--seq-len`, after `--warmup` untimed
+steps (compilation happens there), and reports:
+- tokens/s, and its ratio to the baseline of the same shape and mode;
+- MFU: model FLOPs per second over the bf16 matmul rate measured on the same device (TorchTitan's
+  FLOP count: 6 x parameters except the token embedding + 12 x layers x heads x head_dim x
+  seq_len per token, attention counted as if not causal);
+- peak memory: torch.cuda.max_memory_allocated on a GPU (n/a on the CPU);
+- saved activations: bytes autograd keeps for the backward pass (distinct storages, counted with
+  saved-tensor hooks on one extra step; for the reversible stream, its own count of what it
+  keeps plus its cached deltas), which needs no GPU.
+Writes `--out` (JSON) and a Markdown table beside it (same name, .md), both atomically, and
+prints the table. A configuration that fails (out of memory, a compiler error) is reported as
+such and the others still run. Runs unchanged on a CUDA machine with torch alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from streamback.config import DEFAULT_CONFIG, load_config
+from streamback.errors import StreambackError
+from streamback.io import write_json, write_text
+
+HELP = "time a training step of every shape x block x eager/compiled; tokens/s, MFU, memory"
+
+VARIANTS = {  # name -> (block, reversible)
+    "baseline": ("baseline", False),
+    "streamback": ("streamback", False),
+    "streamback-reversible": ("streamback", True),
+}
+MODES = ("eager", "compiled")
+GPU_SHAPES = "skinny-tall,medium,fat-short"
+CPU_SHAPES = "tiny-skinny-tall,tiny-medium,tiny-fat-short"
+
+
+def _names(text: str, allowed, what: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise StreambackError(f"--{what}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config file whose model section names the shapes")
+    parser.add_argument("--shapes", default=None, help=f"comma-separated shape names (default: {GPU_SHAPES} on a GPU, {CPU_SHAPES} on the CPU)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from eager, compiled")
+    parser.add_argument("--batch", type=int, default=4, help="micro-batch size in sequences")
+    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
+    parser.add_argument("--vocab-size", type=int, default=128256, help="vocabulary (default: the Llama 3 tokenizer's)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--out", type=Path, default=Path("results/bench/bench.json"), help="JSON output; the table goes beside it as .md")
+
+
+def run(args: argparse.Namespace) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise StreambackError("--device cuda: no CUDA device is available")
+    for key in ("batch", "seq_len", "vocab_size", "steps"):
+        if getattr(args, key) < 1:
+            raise StreambackError(f"--{key.replace('_', '-')} must be at least 1")
+    model_cfg = load_config(args.config)["model"]
+    shapes = _names(args.shapes or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES), model_cfg["shapes"], "shapes")
+    variants = _names(args.variants, VARIANTS, "variants")
+    modes = _names(args.modes, MODES, "modes")
+    if args.seq_len > model_cfg["max_seq_len"]:
+        raise StreambackError(f"--seq-len {args.seq_len} exceeds model.max_seq_len {model_cfg['max_seq_len']} of {args.config}")
+
+    matmul = matmul_flops(device)
+    print(f"bf16 matmul on {device_name(device)}: {matmul / 1e12:.2f} TFLOP/s")
+    rows = []
+    for shape in shapes:
+        for mode in modes:
+            for variant in variants:
+                row = {"shape": shape, "variant": variant, "mode": mode}
+                row.update(bench_one(model_cfg, shape, variant, mode, args, device, matmul))
+                rows.append(row)
+                print(_format_row(row, rows), flush=True)
+    result = {
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "matmul_tflops": matmul / 1e12,
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "vocab_size": args.vocab_size,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "rows": rows,
+    }
+    table = markdown_table(result)
+    write_json(args.out, result)
+    write_text(args.out.with_suffix(".md"), table)
+    print(table)
+    return 0
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_flops(device: torch.device) -> float:
+    """Measured bf16 matmul rate (FLOP/s) of square matrices: the MFU denominator."""
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    reps = 20 if device.type == "cuda" else 3
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def flops_per_token(model, seq_len: int) -> int:
+    from streamback.model import count_params
+
+    a = model.args
+    return 6 * count_params(model, exclude_embeddings=True) + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
+
+
+def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
+    from streamback.model import ModelArgs, Transformer
+    from streamback.parallel import apply_compile
+    from streamback.reversible import SavedTensorBytes
+
+    block, reversible = VARIANTS[variant]
+    margs = ModelArgs.from_config(model_cfg, shape, args.vocab_size, block=block, reversible=reversible)
+    generator = torch.Generator(device=device).manual_seed(0)
+    tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + 1), device=device, generator=generator)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    model = None
+    try:
+        with torch.device(device):
+            model = Transformer(margs)
+        model.init_weights(0)
+        if mode == "compiled":
+            apply_compile(model)
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+            loss.backward()
+
+        for _ in range(args.warmup):
+            step()
+        _sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        _sync(device)
+        seconds = (time.perf_counter() - start) / args.steps
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        model.zero_grad(set_to_none=True)
+        counter = SavedTensorBytes()
+        with counter:
+            logits = model(inputs)
+        saved = sum(model.reversible_stats[k] for k in ("kept_bytes", "delta_bytes")) if reversible else counter.nbytes
+        del logits
+        tokens_per_s = args.batch * args.seq_len / seconds
+        return {
+            "tokens_per_s": tokens_per_s,
+            "step_s": seconds,
+            "mfu": flops_per_token(model, args.seq_len) * tokens_per_s / matmul,
+            "peak_mem_gib": peak,
+            "saved_activation_bytes": saved,
+            "error": None,
+        }
+    except Exception as err:  # report this configuration's failure (OOM, compiler) and go on
+        return {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
+    finally:
+        del model
+        gc.collect()
+        if mode == "compiled":
+            torch._dynamo.reset()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _baseline_ratio(row, rows):
+    base = next((r for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"] and r["variant"] == "baseline"), None)
+    if base is None or base.get("error") or row.get("error"):
+        return None
+    return row["tokens_per_s"] / base["tokens_per_s"]
+
+
+COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "MFU", "peak GiB", "saved MiB")
+
+
+def _cells(row, rows):
+    if row.get("error"):
+        return [row["shape"], row["variant"], row["mode"], row["error"], "", "", "", ""]
+    ratio = _baseline_ratio(row, rows)
+    return [
+        row["shape"],
+        row["variant"],
+        row["mode"],
+        f"{row['tokens_per_s']:,.0f}",
+        "" if ratio is None else f"{ratio:.3f}",
+        f"{100 * row['mfu']:.1f}%",
+        "n/a" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}",
+        f"{row['saved_activation_bytes'] / 2**20:,.1f}",
+    ]
+
+
+def _format_row(row, rows) -> str:
+    return "  ".join(_cells(row, rows))
+
+
+def markdown_table(result: dict) -> str:
+    head = (
+        f"Training step (forward + backward, bf16 compute), micro-batch {result['batch']} x {result['seq_len']}, "
+        f"vocabulary {result['vocab_size']}, on {result['device']} (torch {result['torch']}); "
+        f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s.\n\n"
+    )
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cells(row, result["rows"])) + " |" for row in result["rows"]]
+    return head + "\n".join(lines) + "\n"

@@ -1,0 +1,308 @@
+"""The Llama 3 model: shapes and parameter counts, building blocks against references, init,
+the residual stream's dtype at every layer boundary (eager, compiled, FSDP2) for every format,
+and the bench command."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from streamback.cli import main as cli_main
+from streamback.config import DEFAULT_CONFIG, ROOT, load_config
+from streamback.errors import StreambackError
+from streamback.formats import FORMATS, StreamFormat
+from streamback.model import (
+    ModelArgs,
+    Transformer,
+    _RMSNormFunction,
+    apply_rope,
+    count_params,
+    norm_gain_absmax,
+    rope_tables,
+)
+from streamback.parallel import apply_compile
+
+# every stream format, with each rounding it has (fp32 has no stochastic variant)
+STREAMS = [f for f in FORMATS] + [f + "_sr" for f in FORMATS if f != "fp32"]
+
+
+def tiny(**kw) -> ModelArgs:
+    base = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, vocab_size=97, multiple_of=32, max_seq_len=64)
+    return ModelArgs(**{**base, **kw})
+
+
+def tokens(args, batch=2, seq=16, seed=0):
+    return torch.randint(0, args.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+# --- shapes -----------------------------------------------------------------------------------
+
+
+def test_paper_shapes_parameter_counts():
+    """Counted by hand (vocabulary 128256, untied): per layer q,o: dim x 16*head_dim each; k,v:
+    dim x 4*head_dim each; SwiGLU 3 x dim x hidden; two norms 2 x dim."""
+    cfg = load_config(ROOT / "config" / "paper.yaml")["model"]
+    expected = {
+        # 80 x (2*1024*1024 + 2*1024*256 + 3*1024*2816 + 2*1024) + 2*128256*1024 + 1024
+        "skinny-tall": (64, 2816, 80 * 11_274_240 + 262_668_288 + 1024),
+        # 40 x (2*1512*1504 + 2*1512*376 + 3*1512*4096 + 2*1512) + 2*128256*1512 + 1512
+        "medium": (94, 4096, 40 * 24_267_600 + 387_846_144 + 1512),
+        # 20 x (2*2048*2048 + 2*2048*512 + 3*2048*5632 + 2*2048) + 2*128256*2048 + 2048
+        "fat-short": (128, 5632, 20 * 45_092_864 + 525_336_576 + 2048),
+    }
+    for shape, (head_dim, hidden, total) in expected.items():
+        args = ModelArgs.from_config(cfg, shape, 128256)
+        with torch.device("meta"):
+            model = Transformer(args)
+        assert (args.head_dim, args.ffn_hidden_dim, count_params(model)) == (head_dim, hidden, total)
+        assert count_params(model, exclude_embeddings=True) == total - 128256 * args.dim
+
+
+def test_tiny_shapes_keep_the_trade_off():
+    cfg = load_config(DEFAULT_CONFIG)["model"]
+    blocks = {}
+    for shape in ("tiny-skinny-tall", "tiny-medium", "tiny-fat-short"):
+        args = ModelArgs.from_config(cfg, shape, 512)
+        with torch.device("meta"):
+            model = Transformer(args)
+        blocks[shape] = (args.n_layers, args.dim, count_params(model) - 2 * 512 * args.dim - args.dim)
+    layers, dims, params = zip(*blocks.values())
+    assert layers == (8, 4, 2) and list(dims) == sorted(dims)
+    assert all(3e5 < p < 5e5 for p in params) and max(params) / min(params) < 1.2
+
+
+def test_ffn_hidden_matches_llama3_8b():
+    # Llama 3 8B: dim 4096, ffn_dim_multiplier 1.3, multiple_of 1024 -> intermediate size 14336
+    assert ModelArgs(4096, 1, 32, 8, 10, multiple_of=1024, ffn_dim_multiplier=1.3).ffn_hidden_dim == 14336
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(block="resnet"), "block"),
+        (dict(n_heads=3, n_kv_heads=2), "multiple of n_kv_heads"),
+        (dict(dim=60, n_heads=4), "even"),
+        (dict(block="streamback", stream="fp12"), "fp12"),
+        (dict(block="streamback", stream="bf16", reversible=True), "fp32"),
+        (dict(block="baseline", reversible=True), "streamback"),
+        (dict(dim=0), "dim"),
+    ],
+)
+def test_bad_model_args_are_named(kw, words):
+    with pytest.raises(StreambackError, match=words):
+        tiny(**kw)
+
+
+def test_unknown_shape_is_named():
+    with pytest.raises(StreambackError, match="huge.*tiny-medium"):
+        ModelArgs.from_config(load_config(DEFAULT_CONFIG)["model"], "huge", 10)
+
+
+def test_sequence_longer_than_max_seq_len_is_refused():
+    model = Transformer(tiny(max_seq_len=8))
+    with pytest.raises(StreambackError, match="max_seq_len"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+# --- building blocks against references -------------------------------------------------------
+
+
+def test_rmsnorm_forward_and_gradient():
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    out = _RMSNormFunction.apply(x, w, 1e-5, torch.float64)
+    torch.testing.assert_close(out, F.rms_norm(x, (16,), w, 1e-5))
+    assert torch.autograd.gradcheck(lambda x, w: _RMSNormFunction.apply(x, w, 1e-5, torch.float64), (x, w))
+
+
+def test_rope_matches_complex_rotation():
+    """TorchTitan's formulation: view (x[2i], x[2i+1]) as complex, multiply by e^{i pos theta_i}."""
+    x = torch.randn(2, 10, 3, 94)
+    cos, sin = rope_tables(94, 10, 500000.0)
+    freqs = 1.0 / 500000.0 ** (torch.arange(0, 94, 2).double() / 94)
+    cis = torch.polar(torch.ones(10, 47, dtype=torch.float64), torch.outer(torch.arange(10).double(), freqs))
+    reference = torch.view_as_real(torch.view_as_complex(x.double().unflatten(-1, (-1, 2))) * cis[:, None, :]).flatten(-2)
+    torch.testing.assert_close(apply_rope(x, cos, sin).double(), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_depth_scaled_init_and_seed():
+    args = tiny(dim=256, n_heads=4, n_kv_heads=1, n_layers=4, multiple_of=256)
+    model = Transformer(args, torch.float32)
+    model.init_weights(seed=3)
+    for i, layer in enumerate(model.layers):
+        # TorchTitan depth_init: wo, w2, w3 ~ N(0, 0.02 / sqrt(2 (i + 1))); wq, wk, wv, w1 ~ N(0, 0.02)
+        assert layer.attention.wo.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * (i + 1)), rel=0.02)
+        assert layer.feed_forward.w3.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * (i + 1)), rel=0.02)
+        assert layer.attention.wq.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    assert model.tok_embeddings.weight.std().item() == pytest.approx(1.0, rel=0.02)
+    out = model.output.weight
+    assert out.abs().max().item() <= 3 * 256**-0.5 and out.std().item() == pytest.approx(256**-0.5 * 0.986, rel=0.03)
+    assert norm_gain_absmax(model) == {**{f"layers.{i}.{n}": 1.0 for i in range(4) for n in ("attention_norm", "ffn_norm")}, "norm": 1.0}
+    again = Transformer(args, torch.float32)
+    again.init_weights(seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    again.init_weights(seed=4)
+    assert not torch.equal(model.layers[0].attention.wq.weight, again.layers[0].attention.wq.weight)
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = Transformer(tiny(tied_embeddings=True))
+    assert model.output.weight is model.tok_embeddings.weight
+    assert count_params(model) == count_params(Transformer(tiny())) - 97 * 64
+
+
+# --- the two blocks ---------------------------------------------------------------------------
+
+
+def test_baseline_is_streamback_with_a_bf16_stream():
+    """The baseline block is exactly a bf16 stream (logits and gradients, bit for bit)."""
+    base = Transformer(tiny())
+    bf16 = Transformer(tiny(block="streamback", stream="bf16"))
+    bf16.load_state_dict(base.state_dict())
+    tok = tokens(base.args)
+    for model in (base, bf16):
+        model(tok).logsumexp(-1).mean().backward()
+    torch.testing.assert_close(base(tok), bf16(tok), rtol=0, atol=0)
+    for p, q in zip(base.parameters(), bf16.parameters()):
+        assert torch.equal(p.grad, q.grad)
+
+
+def test_fp32_stream_is_closer_to_fp32_compute_than_bf16_stream():
+    """With bf16 sublayers, only the stream differs: the fp32 stream stays nearer an all-fp32 model."""
+    args = tiny(n_layers=6)
+    reference = Transformer(args, torch.float32)
+    tok = tokens(args, seq=32)
+    errors = {}
+    for block in ("baseline", "streamback"):
+        model = Transformer(tiny(n_layers=6, block=block))
+        model.load_state_dict(reference.state_dict())
+        model.record_stream = True
+        reference.record_stream = True
+        errors[block] = (model(tok) - reference(tok)).abs().max().item()
+        assert model.stream_absmax.shape == (7,)
+    assert errors["streamback"] < errors["baseline"]
+
+
+# --- the stream's dtype at every layer boundary -----------------------------------------------
+
+
+def boundary_tensors(model):
+    """Hooks recording every block's input and output (the stream at each layer boundary)."""
+    seen = []
+    for layer in model.layers:
+        layer.register_forward_hook(lambda mod, inp, out: seen.extend([inp[0], out[0] if isinstance(out, tuple) else out]))
+    return seen
+
+
+def assert_stream(seen, fmt, n_layers):
+    assert len(seen) == 2 * n_layers
+    for h in seen:
+        assert h.dtype == fmt.container_dtype, (fmt, h.dtype)
+        assert fmt.is_representable(h.detach()), fmt
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_stream_dtype_eager(stream):
+    model = Transformer(tiny(block="streamback", stream=stream))
+    seen = boundary_tensors(model)
+    model(tokens(model.args)).sum().backward()
+    assert_stream(seen, StreamFormat.parse(stream), 2)
+
+
+def test_baseline_stream_dtype_is_the_compute_dtype():
+    for compute in (torch.bfloat16, torch.float32):
+        model = Transformer(tiny(), compute)
+        seen = boundary_tensors(model)
+        model(tokens(model.args))
+        assert {h.dtype for h in seen} == {compute}
+
+
+@pytest.mark.slow
+def test_stream_dtype_compiled():
+    """Per-block torch.compile (the trainer's) for every format, through dynamo and AOT autograd
+    with inductor's decompositions and partitioner (`aot_eager_decomp_partition`: inductor
+    without code generation, which keeps the graph's dtypes; inductor itself runs in
+    test_reversible.py). Forward passes: the stream's dtype is a forward property."""
+    for stream in ["baseline", *STREAMS]:
+        args = tiny() if stream == "baseline" else tiny(block="streamback", stream=stream)
+        model = Transformer(args)
+        apply_compile(model, backend="aot_eager_decomp_partition")
+        seen = boundary_tensors(model)
+        with torch.no_grad():
+            model(tokens(args))
+        assert_stream(seen, model.stream_format, 2)
+        assert model.stream_format == (StreamFormat("bf16") if stream == "baseline" else StreamFormat.parse(stream))
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def process_group(tmp_path):
+    """A one-process gloo group (FSDP2 runs on the CPU with it), torn down afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_stream_dtype(process_group):
+    """FSDP2 (apply_fsdp, bf16 params, fp32 reduce): every format keeps its dtype at every block
+    boundary, and gradients reach the fp32 master weights. FSDP2's default policy would not."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from streamback.parallel import apply_fsdp
+
+    for stream in ["baseline", *STREAMS]:
+        args = tiny() if stream == "baseline" else tiny(block="streamback", stream=stream)
+        model = Transformer(args)
+        apply_fsdp(model)
+        seen = boundary_tensors(model)
+        model(tokens(args)).sum().backward()
+        assert_stream(seen, model.stream_format, 2)
+        grad = model.layers[0].attention.wq.weight.grad
+        assert grad.dtype == torch.float32 and grad.to_local().abs().sum() > 0
+    # the trap apply_fsdp avoids: the default policy casts the fp32 stream to bf16 at each block
+    model = Transformer(tiny(block="streamback"))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    seen = boundary_tensors(model)
+    model(tokens(model.args))
+    assert [h.dtype for h in seen[::2]] == [torch.bfloat16, torch.bfloat16]
+
+
+def test_apply_fsdp_refuses_a_param_dtype_other_than_the_compute_dtype():
+    from streamback.parallel import apply_fsdp
+
+    with pytest.raises(StreambackError, match="compute dtype"):
+        apply_fsdp(Transformer(tiny()), param_dtype=torch.float16)
+
+
+# --- the bench command ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--shapes", "tiny-fat-short", "--modes", "eager", "--batch", "1", "--seq-len", "16"]
+    argv += ["--vocab-size", "64", "--steps", "1", "--warmup", "0", "--out", str(out)]
+    assert cli_main(argv) == 0
+    result = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"baseline", "streamback", "streamback-reversible"}
+    assert all(r["error"] is None and r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in rows.values())
+    assert all(r["peak_mem_gib"] is None for r in rows.values())  # no GPU
+    # 2 layers x 2 residuals x 16 tokens x 128 dims: fp32 residuals dropped, bf16 deltas kept
+    saved = {k: r["saved_activation_bytes"] for k, r in rows.items()}
+    assert saved["streamback"] - saved["streamback-reversible"] == 2 * 2 * 16 * 128 * (4 - 2)
+    assert "| tiny-fat-short | streamback-reversible | eager |" in out.with_suffix(".md").read_text()
+
+
+def test_bench_refuses_unknown_names(tmp_path):
+    assert cli_main(["bench", "--shapes", "gigantic", "--out", str(tmp_path / "b.json")]) == 2
+    assert not (tmp_path / "b.json").exists()

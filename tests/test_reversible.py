@@ -1,0 +1,149 @@
+"""The reversible stream: gradients against the plain model, rebuild error, memory saved (counted
+with saved-tensor hooks), activation checkpointing, torch.compile, and its limits.
+
+Tolerance stated: with fp32 compute (where nothing rounds the small differences away) every
+parameter's gradient is within 1e-5 of the plain model's, relative to its largest entry (measured:
+about 1e-7; see benchmarks/reversible_error.py). Each rebuilt residual is within a few fp32 ulps
+of the true one per step down the stream.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from streamback.model import ModelArgs, Transformer
+from streamback.parallel import apply_activation_checkpointing, apply_compile
+from streamback.reversible import SavedTensorBytes, step_back
+from streamback.rounding import FP32, ulp
+
+GRAD_RTOL = 1e-5
+B, T, DIM, LAYERS = 2, 24, 64, 4
+N = B * T * DIM  # elements of one residual
+
+
+def pair(compute=torch.float32, layers=LAYERS):
+    """A plain StreamBack model and its reversible twin with the same weights."""
+    args = ModelArgs(dim=DIM, n_layers=layers, n_heads=4, n_kv_heads=1, vocab_size=101, multiple_of=32, block="streamback")
+    plain = Transformer(args, compute)
+    plain.init_weights(0)
+    with torch.no_grad():  # larger stream values than the init's, so rebuilding has rounding to do
+        plain.tok_embeddings.weight.mul_(30)
+    twin = Transformer(dataclasses.replace(args, reversible=True), compute)
+    twin.load_state_dict(plain.state_dict())
+    return plain, twin
+
+
+def batch(seed=0):
+    return torch.randint(0, 101, (B, T + 1), generator=torch.Generator().manual_seed(seed))
+
+
+def loss(model, tok):
+    return F.cross_entropy(model(tok[:, :-1]).flatten(0, 1), tok[:, 1:].flatten())
+
+
+def assert_grads_close(plain, twin, rtol=GRAD_RTOL):
+    for (name, p), q in zip(plain.named_parameters(), twin.parameters()):
+        error = ((p.grad - q.grad).abs().max() / p.grad.abs().max()).item()
+        assert error <= rtol, (name, error)
+
+
+def test_reversible_gradients_match_the_plain_model():
+    plain, twin = pair()
+    tok = batch()
+    loss(plain, tok).backward()
+    loss(twin, tok).backward()
+    assert_grads_close(plain, twin)
+    # the residuals really were rebuilt: every one was dropped on the forward pass
+    assert twin.reversible_stats["dropped_bytes"] == 2 * LAYERS * N * 4
+
+
+def test_reversible_in_bf16_compute():
+    plain, twin = pair(torch.bfloat16)
+    tok = batch(1)
+    torch.testing.assert_close(loss(plain, tok), loss(twin, tok), rtol=0, atol=0)  # forward untouched
+    loss(plain, tok).backward()
+    loss(twin, tok).backward()
+    assert_grads_close(plain, twin, rtol=1e-2)  # a 1-ulp fp32 change can flip one bf16 rounding
+
+
+def test_rebuild_error_per_layer():
+    """h_i rebuilt from h_L by subtracting deltas: within 2 fp32 ulps (of max|h|) per step."""
+    plain, _ = pair(layers=8)
+    tok = batch()[:, :-1]
+    cos, sin = plain.rope_cos[:T], plain.rope_sin[:T]
+    with torch.no_grad():
+        h = plain.stream_format.enter(F.embedding(tok, plain.tok_embeddings.weight.to(torch.bfloat16)))
+        slots, deltas = [h], []
+        for layer in plain.layers:
+            h, mid, d0, d1 = layer(h, cos, sin, parts=True)
+            slots += [mid, h]
+            deltas += [d0, d1]
+    value = slots[-1]
+    inexact = 0
+    for k in range(len(deltas) - 1, -1, -1):
+        value = step_back(value, deltas[k])
+        steps = len(deltas) - k
+        spacing = ulp(slots[k].abs().max().reshape(1), FP32).item()
+        assert (value - slots[k]).abs().max().item() <= 2 * steps * spacing
+        inexact += int(not torch.equal(value, slots[k]))
+    assert inexact > 0  # fp32 subtraction does not undo fp32 addition exactly
+
+
+def test_memory_saved_counts():
+    """Per layer the two fp32 residuals (2 x 4 bytes) are replaced by two bf16 deltas (2 x 2)."""
+    plain, twin = pair(torch.bfloat16)
+    tok = batch()[:, :-1]
+    counter = SavedTensorBytes()
+    with counter:
+        plain(tok)
+    twin(tok)
+    stats = twin.reversible_stats
+    assert stats["dropped_bytes"] == 2 * LAYERS * N * 4
+    assert stats["delta_bytes"] == 2 * LAYERS * N * 2
+    assert stats["kept_bytes"] + stats["dropped_bytes"] == counter.nbytes  # the same saved tensors
+    assert counter.nbytes - (stats["kept_bytes"] + stats["delta_bytes"]) == LAYERS * N * 4
+
+
+def test_reversible_with_activation_checkpointing():
+    """Checkpointing saves each block's input only; the reversible stream drops and rebuilds it."""
+    plain, twin = pair()
+    for model in (plain, twin):
+        apply_activation_checkpointing(model)
+    tok = batch()
+    loss(plain, tok).backward()
+    loss(twin, tok).backward()
+    assert_grads_close(plain, twin)
+    assert twin.reversible_stats["dropped_bytes"] == LAYERS * N * 4
+
+
+@pytest.mark.slow
+def test_reversible_compiled():
+    """Per-block torch.compile (inductor): saved residuals still pass through the hooks and are
+    all dropped; gradients match the eager plain model (fp32 compute, so compile-vs-eager
+    differences stay at fp32 rounding)."""
+    plain, twin = pair()
+    apply_compile(twin)
+    tok = batch()
+    loss(plain, tok).backward()
+    loss(twin, tok).backward()
+    assert_grads_close(plain, twin, rtol=1e-4)
+    assert twin.reversible_stats["dropped_bytes"] == 2 * LAYERS * N * 4
+    torch._dynamo.reset()
+
+
+def test_a_second_backward_is_refused():
+    _, twin = pair(layers=2)
+    out = loss(twin, batch())
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="one backward pass per forward"):
+        out.backward()
+
+
+def test_no_hooks_without_grad():
+    _, twin = pair(layers=2)
+    twin.reversible_stats = None
+    with torch.no_grad():
+        twin(batch()[:, :-1])
+    assert twin.reversible_stats is None
