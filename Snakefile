@@ -17,6 +17,7 @@ validate(config, "config/schema/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/drift.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
 
 
 rule all:

@@ -17,6 +17,7 @@ COMMANDS = {
     "drift": "streamback.drift",
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
+    "train": "streamback.train",
     "export-hf": "streamback.export_hf",
     "bench": "streamback.bench",
 }

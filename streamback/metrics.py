@@ -1,0 +1,83 @@
+"""The training run's metrics log: `metrics.jsonl`, one JSON record per optimizer step.
+
+Every record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
+(mean over the step's global batch), `lr`, `grad_norm` (before clipping), `tokens_per_s` and
+`elapsed_s` (the last two are wall-clock figures, the only non-deterministic fields). Some steps
+add `val_loss`, `stream_absmax` (max |h| at each layer boundary, embedding first) and
+`norm_gain_absmax` (max |gain| of each norm).
+
+Append-safe across resumes: a run resumed from the checkpoint of step s first cuts the log back
+to steps <= s (dropping what a killed run wrote after its last checkpoint, and a half-written
+last line), so the log has every step exactly once. The log is flushed and fsynced before a
+checkpoint is committed, so the records up to a checkpoint's step always survive a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from streamback.errors import StreambackError
+from streamback.io import write_text
+
+DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "stream_absmax", "norm_gain_absmax")
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The complete records of a metrics.jsonl (a half-written last line is skipped)."""
+    records = []
+    lines = Path(path).read_text().split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines) - 1 or lines[-1] == "":
+                raise StreambackError(f"{path}: line {number} is not JSON (only the last line may be cut short)") from None
+    return records
+
+
+class MetricsLog:
+    """Append records to `path`, after cutting it back to the steps <= `resume_step`."""
+
+    def __init__(self, path: str | os.PathLike, resume_step: int):
+        self.path = Path(path)
+        kept = []
+        if resume_step > 0 and self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
+            steps = [r["step"] for r in kept]
+            if steps != list(range(1, resume_step + 1)):
+                raise StreambackError(
+                    f"{self.path}: the log should hold steps 1..{resume_step} to resume from the checkpoint of "
+                    f"step {resume_step}, but holds {len(steps)} records"
+                    + (f" ending at step {steps[-1]}" if steps else "")
+                    + "; restore it or delete the run's checkpoints to start over"
+                )
+        write_text(self.path, "".join(_line(r) for r in kept))
+        self._file = open(self.path, "a")
+
+    def append(self, record: dict) -> None:
+        self._file.write(_line(record))
+        self._file.flush()
+
+    def sync(self) -> None:
+        """Make every appended record durable (called before a checkpoint is committed)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _line(record: dict) -> str:
+    return json.dumps({k: _finite_or_text(v) for k, v in record.items()}) + "\n"
+
+
+def _finite_or_text(value):
+    """JSON has no NaN/inf: write them as strings so the log stays valid JSON everywhere."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

@@ -1,0 +1,488 @@
+"""`streamback train`: train one run of the matrix, from one CPU process to many GPUs and nodes.
+
+One process (`python -m streamback train ...`) trains on the CPU or one GPU; under `torchrun`
+every process takes a share of each global batch and the model is sharded with FSDP2
+(`streamback.parallel.apply_fsdp`: bf16 parameters for compute, fp32 master weights, AdamW state
+and gradient reduction; the stream keeps its format). The recipe - AdamW, warmup-stable-decay,
+gradient clipping, a global batch reached by gradient accumulation - is the `train` section; what
+is trained is `model.shapes[shape]` with the run's block and stream (`streamback.runs`).
+
+Resumable and reproducible: batches (`streamback.batches`) and the random numbers of stochastic
+rounding (reseeded every step from (seed, step, rank)) depend only on the step, so a run resumed
+from a checkpoint computes what an uninterrupted one would. A run starts from the newest complete
+checkpoint under its checkpoint directory, if there is one; it saves one every
+`checkpoint.every` steps and at the end (`streamback.checkpoint`: atomic, the last K kept).
+
+Exit statuses:
+- 0: done; the final model, metrics and summary are in the output directory.
+- 75 (EX_TEMPFAIL, "try again"): stopped by SIGTERM or SIGUSR1 after saving a checkpoint of the
+  last completed step. Slurm sends SIGTERM at the time limit and on preemption (then SIGKILL
+  after KillWait), and SIGUSR1 ahead of time with `sbatch --signal=USR1@<seconds>`. The signal is
+  acted on at the next step boundary (all ranks agree on it in the all-reduce that already
+  averages each step's loss), so the grace time must cover one step plus one save. Slurm
+  requeues a preempted job submitted with --requeue (the profile's `slurm-requeue`), Snakemake
+  resubmits a failed one (`retries`), and a site may add 75 to slurm.conf's RequeueExit; each
+  way the rerun resumes from this checkpoint. Under torchrun the status is torchrun's own.
+- 3: the loss or the gradient norm was NaN or infinite. Nothing of that step is applied or
+  saved; the newest checkpoint is the last good state.
+- 2: bad input (config, data, checkpoint), reported before training starts where possible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from streamback.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
+from streamback.checkpoint import TrainState, list_checkpoints, load_checkpoint, read_meta, remove_partial, save_checkpoint
+from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, validate_config
+from streamback.errors import StreambackError
+from streamback.io import atomic_path, write_json
+from streamback.metrics import MetricsLog
+from streamback.runs import RunSpec, run_matrix, run_setting
+from streamback.schedule import check_wsd, wsd_lr
+
+HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
+
+EXIT_DIVERGED = 3
+EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, "train")
+    parser.add_argument("--model-params", default=None, help="the 'model' section as a JSON object (what the rule passes; default: from --config)")
+    # not --run: torchrun parses the whole command line and takes --run for an abbreviation of its --run-path
+    parser.add_argument("--run-name", required=True, help="run name, e.g. fat-short-streamback (see `train.runs` in the config)")
+    parser.add_argument("--data", type=Path, required=True, help="token directory of the data stage (holds manifest.json)")
+    parser.add_argument("--outdir", type=Path, required=True, help="where the final model.pt, metrics.jsonl and summary.json go")
+    parser.add_argument("--checkpoints", type=Path, required=True, help="checkpoint directory (also holds the live metrics.jsonl)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
+
+
+def run(args: argparse.Namespace) -> int:
+    train_cfg = section_from_args(args, "train")
+    if args.model_params is not None:
+        try:
+            model_cfg = validate_config({"model": json.loads(args.model_params)})["model"]
+        except json.JSONDecodeError as err:
+            raise StreambackError(f"--model-params is not valid JSON: {err}") from None
+    else:
+        model_cfg = load_config(args.config or DEFAULT_CONFIG)["model"]
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return train(train_cfg, model_cfg, args.run_name, args.data, args.outdir, args.checkpoints)
+
+
+def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints) -> int:
+    """Train `run_name` to its end or to a stop signal; returns the exit status (see the docstring)."""
+    runs = run_matrix(train_cfg)
+    if run_name not in runs:
+        raise StreambackError(f"run {run_name!r} is not in the train.runs matrix: {', '.join(runs)}")
+    env = _Distributed.start()
+    try:
+        trainer = Trainer(runs[run_name], train_cfg, model_cfg, Path(data_dir), Path(outdir), Path(checkpoints), env)
+        return trainer.fit()
+    finally:
+        env.close()
+
+
+@dataclasses.dataclass
+class _Distributed:
+    """This process's place: rank, number of processes, device (torchrun's environment variables)."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @classmethod
+    def start(cls) -> _Distributed:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.is_available():
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        if world_size > 1:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+        return cls(int(os.environ.get("RANK", "0")), world_size, device)
+
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(tensor, op=op)
+        return tensor
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _StopRequest(contextlib.AbstractContextManager):
+    """Remembers a SIGTERM/SIGUSR1 instead of dying of it; the loop saves and exits at a step boundary."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+class Diverged(Exception):
+    """The loss or gradient norm of a step is NaN or infinite."""
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def _loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy in fp32 over all positions of the micro-batch."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+
+
+class Trainer:
+    """One run: the model, its optimizer, the data, checkpoints and metrics, and the loop."""
+
+    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: _Distributed):
+        from streamback.data.shards import TokenDataset
+        from streamback.model import ModelArgs
+
+        self.spec, self.cfg, self.env = spec, cfg, env
+        self.outdir, self.ckpt_dir = outdir, ckpt_dir
+        self.seq_len, self.batch_size, self.seed = cfg["seq_len"], cfg["batch_size"], cfg["seed"]
+        self.micro_batch_size = run_setting(cfg, spec.name, "micro_batch_size")
+        per_step = self.micro_batch_size * env.world_size
+        if self.batch_size % per_step:
+            raise StreambackError(
+                f"train.batch_size ({self.batch_size}) must be a multiple of micro_batch_size ({self.micro_batch_size}) "
+                f"x processes ({env.world_size}) for run {spec.name}"
+            )
+        self.accum = self.batch_size // per_step
+        self.tokens_per_step = self.batch_size * self.seq_len
+        self.steps = cfg["tokens"] // self.tokens_per_step
+        check_wsd(self.steps, cfg["schedule"]["warmup_steps"], cfg["schedule"]["decay_steps"])
+        if self.seq_len > model_cfg["max_seq_len"]:
+            raise StreambackError(f"train.seq_len ({self.seq_len}) exceeds model.max_seq_len ({model_cfg['max_seq_len']})")
+
+        self.train_data = TokenDataset(data_dir, "train")
+        self.val_data = TokenDataset(data_dir, "val")
+        self.n_train = num_windows(self.train_data.num_tokens, self.seq_len)
+        if self.n_train < 1:
+            raise StreambackError(f"{data_dir}: the train split has {self.train_data.num_tokens} tokens, fewer than train.seq_len + 1")
+        n_val = num_windows(self.val_data.num_tokens, self.seq_len)
+        self.val_windows = val_windows(n_val, cfg["log"]["val_sequences"], env.rank, env.world_size)
+        if len(self.val_windows) < 1:
+            raise StreambackError(f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process")
+
+        reversible = cfg["reversible"] and spec.block == "streamback" and spec.stream == "fp32"
+        self.model_args = ModelArgs.from_config(
+            model_cfg, spec.shape, self.train_data.vocab_size, block=spec.block, stream=spec.stream, reversible=reversible
+        )
+        self.model = self._build_model()
+        self.params = list(self.model.parameters())
+        opt = cfg["optimizer"]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"],
+            **({"fused": True} if env.device.type == "cuda" else {"foreach": True}),
+        )
+        self.state = TrainState(self.model, self.optimizer)
+        self.identity = {
+            "run": spec.name,
+            "model_args": dataclasses.asdict(self.model_args),
+            **{key: cfg[key] for key in ("seed", "tokens", "seq_len", "batch_size", "optimizer", "schedule")},
+            "data": {"train_tokens": self.train_data.num_tokens, "vocab_size": self.train_data.vocab_size},
+        }
+
+    def _build_model(self):
+        from streamback.model import Transformer
+        from streamback.parallel import apply_activation_checkpointing, apply_compile, apply_fsdp
+
+        with torch.device("meta"):
+            model = Transformer(self.model_args)
+        model.to_empty(device=self.env.device)
+        model.init_weights(self.seed)
+        if run_setting(self.cfg, self.spec.name, "activation_checkpointing"):
+            apply_activation_checkpointing(model)
+        if run_setting(self.cfg, self.spec.name, "compile"):
+            apply_compile(model)
+        if self.env.world_size > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            apply_fsdp(model, mesh=init_device_mesh(self.env.device.type, (self.env.world_size,)))
+        return model
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def fit(self) -> int:
+        remove_partial(self.ckpt_dir)
+        start_step, elapsed = self._resume()
+        self.elapsed = elapsed
+        self.log = MetricsLog(self.ckpt_dir / "metrics.jsonl", start_step) if self.env.rank == 0 else None
+        self.progress = _Progress(self.spec.name, self.steps, start_step, self.env.rank == 0)
+        self._announce(start_step)
+        step, last_saved = start_step, start_step if start_step else None
+        watch = _StreamDtypeWatch(self.model)
+        try:
+            with _StopRequest() as stop:
+                while step < self.steps:
+                    record, stop_now = self._step(step, stop, watch)
+                    watch = None
+                    step += 1
+                    self._after_step(step, record)
+                    stop_now = stop_now and step < self.steps
+                    if step % self.cfg["checkpoint"]["every"] == 0 or step == self.steps or stop_now:
+                        self._save(step)
+                        last_saved = step
+                    if stop_now:
+                        self.progress.write(
+                            f"[{self.spec.name}] {signal.Signals(stop.signal).name if stop.signal else 'a stop signal'} "
+                            f"received: saved the checkpoint of step {step}; exiting with status {EXIT_REQUEUE} to be resumed"
+                        )
+                        return EXIT_REQUEUE
+        except Diverged as err:
+            where = f"{self.ckpt_dir}/step_{last_saved:09d} (step {last_saved})" if last_saved else "none (the run diverged before its first checkpoint)"
+            self.progress.write(
+                f"[{self.spec.name}] stopped: {err}. Nothing of this step was applied or saved; the last good checkpoint is {where}. "
+                "A rerun resumes from it and meets the same batches again: change the recipe (e.g. a lower train.optimizer.lr) "
+                f"and delete {self.ckpt_dir} to start over."
+            )
+            return EXIT_DIVERGED
+        finally:
+            self.progress.close()
+            if self.log is not None:
+                self.log.close()
+        self._finish(step)
+        return 0
+
+    def _step(self, step: int, stop: _StopRequest, watch) -> tuple[dict, bool]:
+        started = time.perf_counter()
+        env, cfg = self.env, self.cfg
+        lr = wsd_lr(step, cfg["optimizer"]["lr"], self.steps, cfg["schedule"]["warmup_steps"], cfg["schedule"]["decay_steps"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        torch.manual_seed(_seed(self.seed, step, env.rank, 0))
+        record_stream = (step + 1) % cfg["log"]["stream_every"] == 0
+        self.model.record_stream = record_stream
+        windows = train_windows(self.seed, step, self.batch_size, self.n_train)
+        loss_sum = torch.zeros((), device=env.device)
+        absmax = None
+        for micro in rank_micro_batches(windows, env.rank, env.world_size, self.micro_batch_size):
+            batch = read_windows(self.train_data, micro, self.seq_len).to(env.device, non_blocking=True)
+            loss = _loss(self.model(batch[:, :-1]), batch[:, 1:])
+            if watch is not None:
+                watch.check_and_remove()
+                watch = None
+            (loss / self.accum).backward()
+            loss_sum += loss.detach()
+            if record_stream:
+                absmax = self.model.stream_absmax if absmax is None else torch.maximum(absmax, self.model.stream_absmax)
+        self.model.record_stream = False
+        # one all-reduce per step: the mean loss over the global batch and whether any rank was signalled
+        agreed = env.all_reduce(torch.stack([loss_sum / self.accum, torch.tensor(float(stop.signal is not None), device=env.device)]))
+        loss_value, stop_now = agreed[0].item() / env.world_size, agreed[1].item() > 0
+        if not math.isfinite(loss_value):
+            raise Diverged(f"the training loss is {loss_value} at step {step + 1}")
+        clip = cfg["optimizer"]["grad_clip"] or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = grad_norm.item()
+        if not math.isfinite(grad_norm):
+            raise Diverged(f"the gradient norm is {grad_norm} at step {step + 1} (loss {loss_value:.4f})")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - started
+        self.elapsed += seconds
+        record = {
+            "step": step + 1,
+            "tokens": (step + 1) * self.tokens_per_step,
+            "loss": loss_value,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_s": self.tokens_per_step / seconds,
+            "elapsed_s": self.elapsed,
+        }
+        if record_stream:
+            record["stream_absmax"] = env.all_reduce(absmax, op=dist.ReduceOp.MAX).tolist()
+            from streamback.model import norm_gain_absmax
+
+            record["norm_gain_absmax"] = norm_gain_absmax(self.model)
+        return record, stop_now
+
+    def _after_step(self, step: int, record: dict) -> None:
+        if step % self.cfg["log"]["val_every"] == 0 or step == self.steps:
+            record["val_loss"] = self.validate(step)
+        if self.log is not None:
+            self.log.append(record)
+        self.progress.update(record, self.cfg["log"]["every"])
+
+    @torch.no_grad()
+    def validate(self, step: int) -> float:
+        """Mean next-token loss over the first `val_sequences` windows of the val split (a collective)."""
+        torch.manual_seed(_seed(self.seed, step, self.env.rank, 1))
+        total = torch.zeros(2, dtype=torch.float64, device=self.env.device)
+        for start in range(0, len(self.val_windows), self.micro_batch_size):
+            batch = read_windows(self.val_data, self.val_windows[start:start + self.micro_batch_size], self.seq_len).to(self.env.device)
+            total[0] += _loss(self.model(batch[:, :-1]), batch[:, 1:], reduction="sum").double()
+            total[1] += batch[:, 1:].numel()
+        total = self.env.all_reduce(total)
+        return (total[0] / total[1]).item()
+
+    # ---- checkpoints and outputs -----------------------------------------------------------
+
+    def _resume(self) -> tuple[int, float]:
+        found = list_checkpoints(self.ckpt_dir)
+        if not found:
+            return 0, 0.0
+        step, path = found[-1]
+        meta = read_meta(path)
+        changed = sorted(k for k in self.identity if meta.get("identity", {}).get(k) != self.identity[k])
+        if changed:
+            raise StreambackError(
+                f"checkpoint {path} belongs to another recipe: {', '.join(changed)} differ from this config. "
+                f"Restore the config, or delete {self.ckpt_dir} to start the run over"
+            )
+        load_checkpoint(path, self.state)
+        return step, float(meta.get("elapsed_s", 0.0))
+
+    def _save(self, step: int) -> None:
+        if self.log is not None:
+            self.log.sync()
+        save_checkpoint(
+            self.ckpt_dir, step, self.state, {"identity": self.identity, "elapsed_s": self.elapsed, "world_size": self.env.world_size},
+            keep=self.cfg["checkpoint"]["keep"],
+        )
+
+    def _finish(self, step: int) -> None:
+        """Write the final model (fp32, unsharded), the metrics and the completion record."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from streamback.model import count_params
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.env.rank != 0:
+            return
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self.outdir / "model.pt") as tmp:
+            torch.save({"model_args": dataclasses.asdict(self.model_args), "model": state}, tmp)
+        with atomic_path(self.outdir / "metrics.jsonl") as tmp:
+            shutil.copyfile(self.ckpt_dir / "metrics.jsonl", tmp)
+        last = _last_record(self.ckpt_dir / "metrics.jsonl")
+        gpus = self.env.world_size if self.env.device.type == "cuda" else 0
+        write_json(self.outdir / "summary.json", {
+            "run": self.spec.name, "shape": self.spec.shape, "block": self.spec.block, "stream": str(self.model.stream_format.label),
+            "steps": step, "tokens": step * self.tokens_per_step, "params": count_params(self.model),
+            "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
+            "train_seconds": self.elapsed, "processes": self.env.world_size, "device": self.env.device.type,
+            "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.ckpt_dir / f"step_{step:09d}"),
+        })
+        self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / 'model.pt'}")
+
+    def _announce(self, start_step: int) -> None:
+        from streamback.model import count_params
+
+        what = f"resuming from step {start_step}" if start_step else "starting"
+        self.progress.write(
+            f"[{self.spec.name}] {what}: {self.steps} steps of {self.tokens_per_step:,} tokens "
+            f"({self.batch_size} x {self.seq_len}; {self.env.world_size} process(es) x {self.accum} micro-batches of "
+            f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type}; "
+            f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.ckpt_dir}"
+        )
+
+
+def _last_record(path: Path) -> dict:
+    from streamback.metrics import read_metrics
+
+    records = read_metrics(path)
+    return records[-1] if records else {}
+
+
+class _StreamDtypeWatch:
+    """Checks, on the first forward, that every block receives the stream in its format's dtype.
+
+    Guards against a wrapper (FSDP2's forward-input cast) silently turning an fp32 StreamBack
+    stream into a bf16 one. The hooks are registered after FSDP2's own, so they see what the
+    block really receives.
+    """
+
+    def __init__(self, model):
+        self.expected = model.stream_format.container_dtype
+        self.seen: list[torch.dtype] = []
+        self.handles = [layer.register_forward_pre_hook(self._hook) for layer in model.layers]
+
+    def _hook(self, module, args):
+        self.seen.append(args[0].dtype)
+
+    def check_and_remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        wrong = [i for i, dtype in enumerate(self.seen) if dtype != self.expected]
+        if wrong:
+            raise RuntimeError(
+                f"the residual stream reaches blocks {wrong} as {self.seen[wrong[0]]}, not {self.expected}: "
+                "a wrapper casts the blocks' inputs (FSDP2's cast_forward_inputs?)"
+            )
+
+
+class _Progress:
+    """A tqdm bar on a terminal; plain log lines (every `log.every` steps) otherwise, e.g. in a Slurm log."""
+
+    def __init__(self, run: str, total: int, initial: int, active: bool):
+        self.run, self.total, self.active = run, total, active
+        self.bar = None
+        if active and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=run, unit="step", dynamic_ncols=True)
+
+    def update(self, record: dict, every: int) -> None:
+        if not self.active:
+            return
+        val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {record['loss']:.4f}{val} lr {record['lr']:.2e} {record['tokens_per_s']:,.0f} tok/s")
+            self.bar.update(1)
+        elif record["step"] % every == 0 or record["step"] == self.total or val:
+            print(
+                f"[{self.run}] step {record['step']}/{self.total} loss {record['loss']:.4f}{val} lr {record['lr']:.3e} "
+                f"grad_norm {record['grad_norm']:.3f} {record['tokens_per_s']:,.0f} tok/s",
+                file=sys.stderr, flush=True,
+            )
+
+    def write(self, line: str) -> None:
+        if not self.active:
+            return
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

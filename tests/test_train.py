@@ -1,0 +1,333 @@
+"""The trainer: schedule, batches, metrics log and checkpoints against hand-computed values; whole
+runs for determinism, resume after SIGKILL and SIGTERM, divergence, bad input, and FSDP2 on two
+gloo processes against one process. Runs use a micro model (2 layers x 32) on a small synthetic
+corpus tokenized by the data stage."""
+
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import ROOT
+from streamback import checkpoint as ckpt
+from streamback import train as train_module
+from streamback.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
+from streamback.config import validate_config
+from streamback.data.corpus import write_part
+from streamback.data.tokenize import tokenize
+from streamback.errors import StreambackError
+from streamback.metrics import DETERMINISTIC, MetricsLog, read_metrics
+from streamback.runs import run_matrix
+from streamback.schedule import check_wsd, wsd_lr
+
+STEPS = 30
+MODEL = {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64}
+TRAIN = {
+    "runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "streams": ["bf16_sr"]},
+    "seed": 7,
+    "tokens": STEPS * 8 * 32,
+    "seq_len": 32,
+    "batch_size": 8,
+    "micro_batch_size": 4,  # two micro-batches per step on one process, one each on two
+    "optimizer": {"lr": 3e-3},
+    "schedule": {"warmup_steps": 4, "decay_steps": 8},
+    "checkpoint": {"every": 5, "keep": 2},
+    "log": {"every": 10, "stream_every": 4, "val_every": 10, "val_sequences": 16},
+}
+
+
+def config(**train_overrides) -> dict:
+    cfg = validate_config({"model": MODEL, "train": {**TRAIN, **train_overrides}})
+    return cfg
+
+
+def deterministic(records):
+    return [{k: r[k] for k in DETERMINISTIC if k in r} for r in records]
+
+
+def load_model(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    """A 600-document synthetic corpus through the data stage (BPE of 300 tokens)."""
+    root = tmp_path_factory.mktemp("train-data")
+    write_part(11, 0, 600, root / "part.parquet")
+    data = validate_config({"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
+    tokenize(data, root / "tokens", inputs=[root / "part.parquet"], progress=False)
+    return root / "tokens"
+
+
+def run_inprocess(data_dir, root, run="micro-streamback", **overrides):
+    cfg = config(**overrides)
+    torch.set_num_threads(1)
+    return train_module.train(cfg["train"], cfg["model"], run, data_dir, root / "out", root / "ckpt")
+
+
+def cli(data_dir, root, run="micro-streamback", launcher=(sys.executable,), **overrides):
+    """Start `streamback train` in a subprocess (the way the rule does)."""
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config(**overrides)))
+    cmd = [*launcher, "-m", "streamback", "train", "--config", str(path), "--run-name", run, "--data", str(data_dir),
+           "--outdir", str(root / "out"), "--checkpoints", str(root / "ckpt"), "--threads", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tokens, tmp_path_factory):
+    """An uninterrupted run of micro-streamback: its metrics and final parameters."""
+    root = tmp_path_factory.mktemp("reference")
+    assert run_inprocess(tokens, root) == 0
+    return {"root": root, "metrics": read_metrics(root / "out" / "metrics.jsonl"), "model": load_model(root / "out" / "model.pt")}
+
+
+# ---- pieces ---------------------------------------------------------------------------------
+
+
+def test_wsd_values_at_the_phase_boundaries():
+    lr, total, warmup, decay = 4e-4, 100, 10, 20
+    values = {s: wsd_lr(s, lr, total, warmup, decay) for s in (0, 4, 9, 10, 79, 80, 90, 99, 100, 150)}
+    assert values[0] == pytest.approx(lr / 10)  # first update: lr / warmup, not zero
+    assert values[4] == pytest.approx(lr * 5 / 10)
+    assert values[9] == values[10] == values[79] == values[80] == lr  # peak from the last warmup step to the decay's start
+    assert values[90] == pytest.approx(lr / 2)  # half way through the cosine
+    assert values[99] == pytest.approx(lr * (1 + math.cos(math.pi * 19 / 20)) / 2)
+    assert values[100] == values[150] == 0.0
+    assert wsd_lr(5, lr, 10, 5, 0) == lr  # no decay phase
+    check_wsd(30, 10, 20)
+    with pytest.raises(StreambackError, match="warmup_steps"):
+        check_wsd(29, 10, 20)
+
+
+def test_batches_are_a_shuffle_of_every_window_per_epoch():
+    for n in (1, 2, 3, 17, 1000, 4099):
+        assert sorted(permute(np.arange(n), n, seed=5, epoch=2)) == list(range(n))
+    n, batch = 50, 8
+    assert num_windows(32 * n + 1, 32) == n and num_windows(32 * n, 32) == n - 1
+    seen = np.concatenate([train_windows(3, s, batch, n) for s in range(25)])  # 200 = 4 epochs
+    for epoch in range(4):
+        assert sorted(seen[epoch * n:(epoch + 1) * n]) == list(range(n))
+    assert not np.array_equal(seen[:n], seen[n:2 * n])  # each epoch has its own order
+    assert np.array_equal(train_windows(3, 7, batch, n), train_windows(3, 7, batch, n))
+    assert not np.array_equal(train_windows(3, 7, batch, n), train_windows(4, 7, batch, n))
+
+
+def test_ranks_split_the_global_batch_in_order():
+    windows = np.arange(16)
+    one = rank_micro_batches(windows, 0, 1, 4)
+    two = rank_micro_batches(windows, 0, 2, 4) + rank_micro_batches(windows, 1, 2, 4)
+    assert [m.tolist() for m in one] == [m.tolist() for m in two] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert val_windows(10, 7, 0, 2).tolist() == [0, 1, 2] and val_windows(10, 7, 1, 2).tolist() == [3, 4, 5]
+    assert val_windows(4, 100, 0, 1).tolist() == [0, 1, 2, 3]
+
+
+def test_run_matrix_names():
+    runs = run_matrix(config()["train"])
+    assert list(runs) == ["micro-baseline", "micro-streamback", "micro-streamback-bf16_sr"]
+    assert (runs["micro-streamback-bf16_sr"].block, runs["micro-streamback-bf16_sr"].stream) == ("streamback", "bf16_sr")
+    with pytest.raises(StreambackError, match="not in the matrix: nope"):
+        run_matrix(config(per_run={"nope": {"micro_batch_size": 2}})["train"])
+
+
+def test_metrics_log_is_cut_back_to_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 11)) + '{"step": 11, "lo')
+    log = MetricsLog(path, resume_step=6)
+    log.append({"step": 7, "loss": 0.5})
+    log.close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4, 5, 6, 7]
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 4)))
+    with pytest.raises(StreambackError, match="steps 1..4"):
+        MetricsLog(path, resume_step=4)
+    MetricsLog(path, resume_step=0).close()  # a fresh start empties the log
+    assert path.read_text() == ""
+
+
+def _linear_state(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer, ckpt.TrainState(model, optimizer)
+
+
+def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
+    model, optimizer, state = _linear_state(0)
+    for step in (5, 10, 15):
+        ckpt.save_checkpoint(tmp_path, step, state, {"tag": step}, keep=2)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [10, 15]
+
+    def crash(state_dict, storage_writer):  # a crash in the middle of writing step 20
+        (storage_writer.path / "__0_0.distcp").write_bytes(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.dcp, "save", crash)
+    with pytest.raises(OSError):
+        ckpt.save_checkpoint(tmp_path, 20, state, {}, keep=2)
+    monkeypatch.undo()
+    assert (tmp_path / ".tmp_step_000000020").exists()
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [10, 15]  # the partial one is never a candidate
+    ckpt.remove_partial(tmp_path)
+    assert not (tmp_path / ".tmp_step_000000020").exists()
+
+    fresh_model, fresh_opt, fresh_state = _linear_state(1)
+    meta = ckpt.load_checkpoint(ckpt.checkpoint_dir(tmp_path, 15), fresh_state)
+    assert meta == {"tag": 15, "step": 15}
+    assert torch.equal(fresh_model.weight, model.weight)
+    for p, q in zip(model.parameters(), fresh_model.parameters()):
+        assert torch.equal(optimizer.state[p]["exp_avg_sq"], fresh_opt.state[q]["exp_avg_sq"])
+
+
+def test_a_wrapper_that_casts_the_stream_is_caught():
+    from streamback.model import ModelArgs, Transformer
+
+    model = Transformer(ModelArgs.from_config(config()["model"], "micro", 50, block="streamback"))
+    model.layers[1].register_forward_pre_hook(lambda module, args: (args[0].bfloat16(), *args[1:]))  # what FSDP2's input cast does
+    watch = train_module._StreamDtypeWatch(model)
+    model(torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(RuntimeError, match=r"blocks \[1\] as torch.bfloat16, not torch.float32"):
+        watch.check_and_remove()
+
+
+# ---- whole runs -----------------------------------------------------------------------------
+
+
+def test_run_outputs_and_same_seed_same_metrics(reference, tokens, tmp_path):
+    records = reference["metrics"]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert records[-1]["tokens"] == STEPS * 8 * 32
+    assert [r["step"] for r in records if "val_loss" in r] == [10, 20, 30]
+    assert [r["step"] for r in records if "stream_absmax" in r] == [4, 8, 12, 16, 20, 24, 28]
+    assert len(records[3]["stream_absmax"]) == 3 and set(records[3]["norm_gain_absmax"]) == {
+        "layers.0.attention_norm", "layers.0.ffn_norm", "layers.1.attention_norm", "layers.1.ffn_norm", "norm"}
+    assert records[0]["lr"] == pytest.approx(3e-3 / 4)
+    assert records[-1]["lr"] == pytest.approx(3e-3 * (1 + math.cos(math.pi * 7 / 8)) / 2)  # step 29 of 30, 7/8 into the decay
+    assert records[-1]["val_loss"] < records[0]["loss"] - 1.0
+    summary = json.loads((reference["root"] / "out" / "summary.json").read_text())
+    assert (summary["steps"], summary["stream"], summary["final_val_loss"]) == (STEPS, "fp32", records[-1]["val_loss"])
+    saved = torch.load(reference["root"] / "out" / "model.pt", weights_only=True)
+    assert saved["model_args"]["block"] == "streamback" and all(v.dtype == torch.float32 for v in saved["model"].values())
+    assert [s for s, _ in ckpt.list_checkpoints(reference["root"] / "ckpt")] == [25, 30]
+
+    assert run_inprocess(tokens, tmp_path) == 0
+    assert deterministic(read_metrics(tmp_path / "out" / "metrics.jsonl")) == deterministic(records)
+    again = load_model(tmp_path / "out" / "model.pt")
+    assert all(torch.equal(again[k], reference["model"][k]) for k in reference["model"])
+
+
+def _wait_for_step(proc, metrics, step, timeout=120):
+    start = time.time()
+    while time.time() - start < timeout:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= step:
+            return
+        assert proc.poll() is None, f"the run ended before step {step}: {proc.communicate()[1][-2000:]}"
+        time.sleep(0.005)
+    raise AssertionError(f"no step {step} after {timeout} s")
+
+
+def _resume_matches(reference, tokens, root):
+    proc = cli(tokens, root)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "resuming from step" in err
+    records = read_metrics(root / "out" / "metrics.jsonl")
+    assert deterministic(records) == deterministic(reference["metrics"])  # every step once, same values
+    model = load_model(root / "out" / "model.pt")
+    assert all(torch.equal(model[k], reference["model"][k]) for k in model)
+
+
+def test_sigkill_at_a_random_step_then_rerun_equals_uninterrupted(reference, tokens, tmp_path):
+    kill_at = random.randint(6, STEPS - 4)
+    proc = cli(tokens, tmp_path)
+    _wait_for_step(proc, tmp_path / "ckpt" / "metrics.jsonl", kill_at)
+    proc.kill()
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, f"killed at step {kill_at}"
+    assert ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "out" / "model.pt").exists()
+    _resume_matches(reference, tokens, tmp_path)
+
+
+def test_sigterm_saves_and_exits_resumable(reference, tokens, tmp_path):
+    proc = cli(tokens, tmp_path)
+    _wait_for_step(proc, tmp_path / "ckpt" / "metrics.jsonl", 3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == train_module.EXIT_REQUEUE, err
+    logged = read_metrics(tmp_path / "ckpt" / "metrics.jsonl")[-1]["step"]
+    assert logged < STEPS and f"saved the checkpoint of step {logged}" in err
+    assert ckpt.list_checkpoints(tmp_path / "ckpt")[-1][0] == logged  # the last completed step
+    _resume_matches(reference, tokens, tmp_path)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tokens, tmp_path, monkeypatch, capsys):
+    calls = {"n": 0}
+    real = train_module._loss
+
+    def poisoned(logits, targets, reduction="mean"):
+        loss = real(logits, targets, reduction)
+        if reduction == "mean":
+            calls["n"] += 1
+            if calls["n"] == 2 * 12 - 1:  # first micro-batch of step 12
+                return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(train_module, "_loss", poisoned)
+    assert run_inprocess(tokens, tmp_path) == train_module.EXIT_DIVERGED
+    err = capsys.readouterr().err
+    assert "the training loss is nan at step 12" in err and "step_000000010 (step 10)" in err
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "ckpt")] == [5, 10]
+    assert [r["step"] for r in read_metrics(tmp_path / "ckpt" / "metrics.jsonl")] == list(range(1, 12))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, run, words",
+    [
+        ({"micro_batch_size": 3}, "micro-streamback", "multiple of micro_batch_size (3)"),
+        ({}, "micro-nope", "not in the train.runs matrix"),
+        ({"schedule": {"warmup_steps": 20, "decay_steps": 20}}, "micro-streamback", "exceed the run's 30 steps"),
+        ({"seq_len": 128, "tokens": STEPS * 8 * 128}, "micro-streamback", "exceeds model.max_seq_len"),
+    ],
+)
+def test_bad_settings_stop_before_training(tokens, tmp_path, overrides, run, words):
+    with pytest.raises(StreambackError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        run_inprocess(tokens, tmp_path, run=run, **overrides)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_resuming_under_another_recipe_is_refused(reference, tokens, tmp_path):
+    shutil.copytree(reference["root"] / "ckpt", tmp_path / "ckpt")
+    with pytest.raises(StreambackError, match="optimizer differ"):
+        run_inprocess(tokens, tmp_path, optimizer={"lr": 1e-3})
+    with pytest.raises(StreambackError, match="does not exist"):
+        run_inprocess(tmp_path / "missing", tmp_path)
+
+
+@pytest.mark.slow
+def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
+    """torchrun, 2 CPU processes: FSDP2 (bf16 params, fp32 reduction, fp32 stream kept) vs 1 process."""
+    proc = cli(tokens, tmp_path, launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "2 process(es) x 1 micro-batches" in err
+    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    ref = reference["metrics"]
+    assert [r["step"] for r in records] == [r["step"] for r in ref]
+    assert np.allclose([r["loss"] for r in records], [r["loss"] for r in ref], rtol=0, atol=2e-3)
+    assert records[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=2e-3)
+    model = load_model(tmp_path / "out" / "model.pt")
+    for key, value in reference["model"].items():
+        assert torch.allclose(model[key], value, rtol=0, atol=5e-3), key

@@ -1,0 +1,114 @@
+# Training: one job per run of the matrix in config["train"]["runs"] (streamback/runs.py), each
+# `streamback train` on the tokenized corpus (rules.tokenize).
+# Outputs: results/runs/{run}/model.pt (final fp32 weights + model_args), metrics.jsonl and
+# summary.json (the completion record). Checkpoints and the live metrics.jsonl go to
+# results/checkpoints/{run}/, which is not an output: Snakemake never deletes it when a job
+# fails, and rerunning the rule (a retry, a requeue, a new `snakemake` call) resumes from the
+# newest checkpoint there.
+#
+# Launch, per run, from config["train"]["resources"] (merged with train.per_run[run].resources):
+#   gpus 0            one CPU process: python -m streamback train ...
+#   gpus G, nodes 1   torchrun --standalone with G processes (Slurm: a single task step with G GPUs)
+#   gpus G, nodes N   srun starts one torchrun per node (N tasks of G GPUs), the rendezvous host
+#                     being the job's first node (scontrol show hostnames); see _slurm below.
+# torchrun forwards SIGTERM and SIGUSR1 to the trainers (PET_SIGNALS_TO_HANDLE) and waits up to
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for them to save a checkpoint before killing them.
+
+import re
+import shlex
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+
+from streamback.runs import run_matrix, run_setting
+
+TRAIN = config["train"]
+RUNS = run_matrix(TRAIN)
+RENDEZVOUS_PORT = 29500
+TORCHRUN_ENV = "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300"
+
+
+def train_resources(run):
+    res = run_setting(TRAIN, run, "resources")
+    if res["nodes"] > 1 and res["gpus"] == 0:
+        raise WorkflowError(f"train run {run}: nodes = {res['nodes']} needs gpus > 0 (CPU runs are one process)")
+    return res
+
+
+def train_launcher(wildcards):
+    """The command line that starts `streamback` for this run: python, torchrun or srun + torchrun."""
+    res = train_resources(wildcards.run)
+    gpus, nodes = res["gpus"], res["nodes"]
+    if gpus == 0:
+        return f"OMP_NUM_THREADS={res['threads']} {STREAMBACK}"
+    torchrun = f"{TORCHRUN_ENV} {PYTHON} -m torch.distributed.run --nproc-per-node {gpus}"
+    if nodes == 1:
+        return f"{torchrun} --standalone -m streamback"
+    return (
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1); '
+        f"srun --kill-on-bad-exit=1 env {torchrun} --nnodes {nodes} "
+        f'--rdzv-backend c10d --rdzv-endpoint "$head:{RENDEZVOUS_PORT}" --rdzv-id "$SLURM_JOB_ID" -m streamback'
+    )
+
+
+def _slurm(key):
+    """A Slurm resource of this run; None leaves it unset (CPU runs have no GPU keys).
+
+    One node: the job asks for G GPUs (--gpus) and Snakemake's job step (srun -n1) gets them
+    all. N nodes: as TorchTitan's multi-node Slurm script, N tasks (one per node) with G GPUs
+    each (--gpus-per-task) and their CPUs; the `mpi` resource makes the job run this shell in
+    its batch step, whose srun then starts the N torchruns.
+    """
+
+    def get(wildcards):
+        res = train_resources(wildcards.run)
+        gpus, nodes, extra = res["gpus"], res["nodes"], res["slurm_extra"]
+        single = nodes == 1
+        return {
+            "gpu": gpus if gpus and single else None,
+            "cpus_per_gpu": res["threads"] if gpus and single else None,
+            "cpus_per_task": None if single else res["threads"] * gpus,
+            "tasks": None if single else nodes,
+            "mpi": None if single else "srun",
+            "slurm_extra": (extra if single else f"--gpus-per-task={gpus} {extra}".strip()) or None,
+        }[key]
+
+    return get
+
+
+rule train:
+    input:
+        manifest=rules.tokenize.output.manifest,
+    output:
+        model="results/runs/{run}/model.pt",
+        metrics=report("results/runs/{run}/metrics.jsonl", caption="../report/train_metrics.rst", category="Training", subcategory="{run}"),
+        summary=report("results/runs/{run}/summary.json", caption="../report/train_summary.rst", category="Training", subcategory="{run}"),
+    log:
+        "logs/train/{run}.log",
+    wildcard_constraints:
+        run="|".join(re.escape(run) for run in RUNS) or "(?!)",
+    threads: lambda wildcards: train_resources(wildcards.run)["threads"] * max(1, train_resources(wildcards.run)["gpus"])
+    retries: TRAIN["resources"]["retries"]
+    resources:
+        runtime=lambda wildcards: train_resources(wildcards.run)["runtime"],
+        mem_mb=lambda wildcards: train_resources(wildcards.run)["mem_mb"],
+        nodes=lambda wildcards: train_resources(wildcards.run)["nodes"],
+        gpu=_slurm("gpu"),
+        cpus_per_gpu=_slurm("cpus_per_gpu"),
+        cpus_per_task=_slurm("cpus_per_task"),
+        tasks=_slurm("tasks"),
+        mpi=_slurm("mpi"),
+        slurm_extra=_slurm("slurm_extra"),
+    params:
+        launch=train_launcher,
+        cfg=params_json("train"),
+        model=params_json("model"),
+        data=lambda wildcards, input: shlex.quote(str(Path(input.manifest).parent)),
+        threads=lambda wildcards: train_resources(wildcards.run)["threads"],
+    shell:
+        "{params.launch} train --params {params.cfg} --model-params {params.model} --run-name {wildcards.run} "
+        "--data {params.data} --outdir results/runs/{wildcards.run} --checkpoints results/checkpoints/{wildcards.run} "
+        "--threads {params.threads} > {log} 2>&1"
+
+
+TARGETS.extend(expand(list(rules.train.output), run=list(RUNS)))
