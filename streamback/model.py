@@ -19,9 +19,10 @@ Compute dtype. Master weights are fp32; every matmul, the attention and the norm
 `compute_dtype` (bf16 by default). The model casts each weight to the compute dtype where it
 uses it (`w.to(dtype)`): a no-op under FSDP2 with `param_dtype=bf16` (the weight already is
 bf16), and otherwise the same rounding FSDP2 would apply, with gradients flowing back to the
-fp32 master through the cast. So eager, `torch.compile` and FSDP2 runs compute the same thing,
-and nothing relies on autocast or on FSDP2 casting forward inputs (which would cast an fp32
-stream to bf16; `streamback.parallel.apply_fsdp` turns that cast off). RMSNorm computes in fp32
+fp32 master through the cast. So eager, `torch.compile` and FSDP2 runs compute the same thing
+(bit for bit in the tests; inductor needs `emulate_precision_casts`, which
+`streamback.parallel.apply_compile` sets), and nothing relies on autocast or on FSDP2 casting
+forward inputs (which would cast an fp32 stream to bf16; `apply_fsdp` turns that cast off). RMSNorm computes in fp32
 whatever the stream's dtype (as torch's fused rms_norm does) and rounds once, to the compute
 dtype; RoPE is applied in fp32 (as TorchTitan does); logits are returned in fp32.
 

@@ -120,15 +120,17 @@ def test_reversible_with_activation_checkpointing():
 
 @pytest.mark.slow
 def test_reversible_compiled():
-    """Per-block torch.compile (inductor): saved residuals still pass through the hooks and are
-    all dropped; gradients match the eager plain model (fp32 compute, so compile-vs-eager
-    differences stay at fp32 rounding)."""
-    plain, twin = pair()
+    """Per-block torch.compile (inductor, bf16 compute): the compiled residuals still pass through
+    the hooks and are all dropped; the forward pass is the eager one bit for bit (apply_compile's
+    emulate_precision_casts; without it inductor skips bf16 roundings) and gradients match."""
+    plain, twin = pair(torch.bfloat16)
     apply_compile(twin)
     tok = batch()
-    loss(plain, tok).backward()
-    loss(twin, tok).backward()
-    assert_grads_close(plain, twin, rtol=1e-4)
+    plain_loss, twin_loss = loss(plain, tok), loss(twin, tok)
+    assert torch.equal(plain_loss, twin_loss)
+    plain_loss.backward()
+    twin_loss.backward()
+    assert_grads_close(plain, twin, rtol=1e-2)
     assert twin.reversible_stats["dropped_bytes"] == 2 * LAYERS * N * 4
     torch._dynamo.reset()
 
