@@ -265,6 +265,18 @@ def test_fsdp_stream_dtype(process_group):
         assert_stream(seen, model.stream_format, 2)
         grad = model.layers[0].attention.wq.weight.grad
         assert grad.dtype == torch.float32 and grad.to_local().abs().sum() > 0
+    assert set(norm_gain_absmax(model).values()) == {1.0}  # gathers the sharded gains
+    # the reversible stream under FSDP2: same loss, gradients within bf16 rounding, residuals dropped
+    plain, twin = (Transformer(tiny(block="streamback", reversible=r)) for r in (False, True))
+    twin.load_state_dict(plain.state_dict())
+    losses = []
+    for model in (plain, twin):
+        apply_fsdp(model)
+        losses.append(model(tokens(model.args)).logsumexp(-1).mean())
+        losses[-1].backward()
+    assert torch.equal(*losses) and twin.reversible_stats["dropped_bytes"] == 2 * 2 * 2 * 16 * 64 * 4
+    for p, q in zip(plain.parameters(), twin.parameters()):
+        assert (p.grad.full_tensor() - q.grad.full_tensor()).abs().max() <= 1e-2 * p.grad.full_tensor().abs().max()
     # the trap apply_fsdp avoids: the default policy casts the fp32 stream to bf16 at each block
     model = Transformer(tiny(block="streamback"))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
