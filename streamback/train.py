@@ -158,6 +158,7 @@ class Diverged(Exception):
 
 
 def _seed(*parts: int) -> int:
+    """A 63-bit seed for torch from integers (seed, step, rank, purpose), well mixed by numpy."""
     return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
@@ -216,7 +217,7 @@ class Trainer:
             "run": spec.name,
             "model_args": dataclasses.asdict(self.model_args),
             **{key: cfg[key] for key in ("seed", "tokens", "seq_len", "batch_size", "optimizer", "schedule")},
-            "data": {"train_tokens": self.train_data.num_tokens, "vocab_size": self.train_data.vocab_size},
+            "data": self.train_data.manifest["fingerprint"],  # what the data stage tokenized, and how
         }
 
     def _build_model(self):
