@@ -14,15 +14,15 @@ Llama can learn well below the unigram baseline:
 
 The grammar stays accessible: `minimal_pairs(phenomenon, n, seed)` draws sentences from the same
 productions and returns each with an ungrammatical twin differing in one word (BLiMP-style), for
-the offline evaluation tasks. `write_corpus` writes documents as parquet with FineWeb's columns,
-so the tokenizer reads them through the same `datasets` path as FineWeb.
+the offline evaluation tasks (use a seed other than the corpus's). `write_part` writes documents
+as parquet with FineWeb's columns and types, so the tokenize stage reads them through the same
+`datasets` path as FineWeb.
 """
 
 from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -349,9 +349,6 @@ def minimal_pairs(phenomenon: str, n: int, seed: int) -> list[MinimalPair]:
 
 
 # -- the corpus as parquet -----------------------------------------------------------------
-
-FINEWEB_COLUMNS = ("text", "id", "dump", "url", "date", "file_path", "language", "language_score", "token_count")
-
 
 def corpus_table(seed: int, start: int, stop: int, file_path: str):
     """Documents [start, stop) as an Arrow table with FineWeb's columns and types.

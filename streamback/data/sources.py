@@ -37,20 +37,26 @@ class Batch:
     ids: list[str | None]
 
 
-def _columns(batch: dict, text_column: str, id_column: str | None, where: str) -> tuple[list[str], list[str | None]]:
-    if text_column not in batch:
-        raise StreambackError(f"{where} has no column {text_column!r} (columns: {', '.join(batch) or 'none'}); "
+def _columns(batch, text_column: str, id_column: str | None, where: str) -> tuple[list[str], list[str | None]]:
+    """Texts (None as "") and ids (None where missing) of a batch: a pyarrow Table or a dict of lists."""
+    names = batch.column_names if hasattr(batch, "column_names") else list(batch)
+    if text_column not in names:
+        raise StreambackError(f"{where} has no column {text_column!r} (columns: {', '.join(names) or 'none'}); "
                               "set data.text_column")
-    texts = batch[text_column]
+    if hasattr(batch, "column_names"):
+        texts = batch.column(text_column).to_pylist()
+        ids = batch.column(id_column).to_pylist() if id_column in names else None
+    else:
+        texts, ids = batch[text_column], batch.get(id_column) if id_column else None
     bad = next((t for t in texts if not isinstance(t, str) and t is not None), None)
     if bad is not None:
         raise StreambackError(f"{where}: column {text_column!r} holds {type(bad).__name__} values, not text")
     texts = [t or "" for t in texts]
-    ids = batch.get(id_column) if id_column else None
     return texts, [str(i) if i is not None else None for i in ids] if ids is not None else [None] * len(texts)
 
 
 def _iter_dataset(dataset, text_column: str, id_column: str | None, batch_size: int, where: str, start: int) -> Iterator[Batch]:
+    """Batches of a streaming dataset; errors name `where`."""
     try:
         for raw in dataset.iter(batch_size=batch_size):
             texts, ids = _columns(raw, text_column, id_column, where)
@@ -173,7 +179,8 @@ class HubSource:
         where = f"hub dataset {self.dataset} ({self.name}, split {self.split})"
         revision = self.description.get("commit", self.revision)
         try:
-            dataset = datasets.load_dataset(self.dataset, name=self.name, split=self.split, streaming=True, revision=revision)
+            dataset = datasets.load_dataset(self.dataset, name=self.name, split=self.split, streaming=True,
+                                            revision=revision).with_format("arrow")
         except Exception as err:
             raise StreambackError(f"{where} cannot be opened: {err}") from None
         yield from _iter_dataset(dataset, self.text_column, self.id_column, batch_size, where, 0)
