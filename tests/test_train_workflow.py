@@ -48,7 +48,7 @@ def test_default_config_trains_the_six_models(run_snakemake, tmp_path):
     "nodes, expect",
     [
         (1, [r"--nproc-per-node 8 --standalone -m streamback train", r"resources: .*gpu=8, cpus_per_gpu=8"]),
-        (2, [r'head=\$\(scontrol show hostnames "\$SLURM_JOB_NODELIST" \| head -n1\); srun --kill-on-bad-exit=1 env '
+        (2, [r'head=\$\(scontrol show hostnames "\$SLURM_JOB_NODELIST" \| sed -n 1p\); srun --kill-on-bad-exit=1 env '
              r"PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 ",
              r'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint "\$head:29500"',
              r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, slurm_extra=--gpus-per-task=8"]),

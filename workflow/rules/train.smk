@@ -13,6 +13,7 @@
 #                     being the job's first node (scontrol show hostnames); see _slurm below.
 # torchrun forwards SIGTERM and SIGUSR1 to the trainers (PET_SIGNALS_TO_HANDLE) and waits up to
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for them to save a checkpoint before killing them.
+# The log is appended to, so it tells the whole story of a run resumed over several jobs.
 
 import re
 import shlex
@@ -44,8 +45,10 @@ def train_launcher(wildcards):
     torchrun = f"{TORCHRUN_ENV} {PYTHON} -m torch.distributed.run --nproc-per-node {gpus}"
     if nodes == 1:
         return f"{torchrun} --standalone -m streamback"
+    # the job's first node; `sed -n 1p` reads all the names (under pipefail, `head -n1` could
+    # end scontrol with SIGPIPE on a long node list and fail the job)
     return (
-        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1); '
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p); '
         f"srun --kill-on-bad-exit=1 env {torchrun} --nnodes {nodes} "
         f'--rdzv-backend c10d --rdzv-endpoint "$head:{RENDEZVOUS_PORT}" --rdzv-id "$SLURM_JOB_ID" -m streamback'
     )
@@ -108,7 +111,7 @@ rule train:
     shell:
         "{params.launch} train --params {params.cfg} --model-params {params.model} --run-name {wildcards.run} "
         "--data {params.data} --outdir results/runs/{wildcards.run} --checkpoints results/checkpoints/{wildcards.run} "
-        "--threads {params.threads} > {log} 2>&1"
+        "--threads {params.threads} >> {log} 2>&1"
 
 
 TARGETS.extend(expand(list(rules.train.output), run=list(RUNS)))
