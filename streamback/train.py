@@ -68,24 +68,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-params", default=None, help="the 'model' section as a JSON object (what the rule passes; default: from --config)")
     # not --run: torchrun parses the whole command line and takes --run for an abbreviation of its --run-path
     parser.add_argument("--run-name", required=True, help="run name, e.g. fat-short-streamback (see `train.runs` in the config)")
-    parser.add_argument("--data", type=Path, required=True, help="token directory of the data stage (holds manifest.json)")
-    parser.add_argument("--outdir", type=Path, required=True, help="where the final model.pt, metrics.jsonl and summary.json go")
-    parser.add_argument("--checkpoints", type=Path, required=True, help="checkpoint directory (also holds the live metrics.jsonl)")
+    parser.add_argument("--data", type=Path, default=None, help="token directory of the data stage (default: the config's, results/tokens/<corpus>)")
+    parser.add_argument("--outdir", type=Path, default=None, help="for model.pt, metrics.jsonl and summary.json (default: results/runs/<run>)")
+    parser.add_argument("--checkpoints", type=Path, default=None, help="checkpoints and the live metrics.jsonl (default: results/checkpoints/<run>)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamback.data.layout import tokens_dir
+
     train_cfg = section_from_args(args, "train")
+    # the model and data sections come from the config file unless given (as the rule does)
+    config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
     if args.model_params is not None:
         try:
             model_cfg = validate_config({"model": json.loads(args.model_params)})["model"]
         except json.JSONDecodeError as err:
             raise StreambackError(f"--model-params is not valid JSON: {err}") from None
     else:
-        model_cfg = load_config(args.config or DEFAULT_CONFIG)["model"]
+        model_cfg = config["model"]
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    return train(train_cfg, model_cfg, args.run_name, args.data, args.outdir, args.checkpoints)
+    return train(
+        train_cfg, model_cfg, args.run_name,
+        args.data or tokens_dir(config["data"]),
+        args.outdir or Path("results") / "runs" / args.run_name,
+        args.checkpoints or Path("results") / "checkpoints" / args.run_name,
+    )
 
 
 def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints) -> int:
