@@ -12,6 +12,8 @@ TOKENS = str(tokens_dir(DATA))
 rule corpus:
     output:
         [str(path) for path in corpus_files(DATA)],
+    conda:
+        "../../envs/data.yaml"
     log:
         f"logs/corpus/{DATA['corpus']}.log",
     threads: DATA["processes"]
@@ -31,6 +33,8 @@ rule tokenize:
         [str(path) for path in input_files(DATA)],
     output:
         manifest=report(f"{TOKENS}/manifest.json", caption="../report/data_manifest.rst", category="Data"),
+    conda:
+        "../../envs/data.yaml"
     log:
         f"logs/tokenize/{DATA['corpus']}.log",
     threads: DATA["processes"]

@@ -16,6 +16,8 @@ rule drift:
         spacing_svg=report(f"{DRIFT}/spacing.svg", caption="../report/drift_spacing.rst", category="Drift"),
         spacing_png=f"{DRIFT}/spacing.png",
         html=report(f"{DRIFT}/report.html", caption="../report/drift_report.rst", category="Drift"),
+    conda:
+        "../../envs/drift.yaml"
     log:
         "logs/drift.log",
     threads: 1

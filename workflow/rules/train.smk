@@ -86,6 +86,8 @@ rule train:
         model="results/runs/{run}/model.pt",
         metrics=report("results/runs/{run}/metrics.jsonl", caption="../report/train_metrics.rst", category="Training", subcategory="{run}"),
         summary=report("results/runs/{run}/summary.json", caption="../report/train_summary.rst", category="Training", subcategory="{run}"),
+    conda:
+        "../../envs/train.yaml"
     log:
         "logs/train/{run}.log",
     wildcard_constraints:
