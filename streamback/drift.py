@@ -4,13 +4,19 @@ Every coordinate starts at `start` and, for `steps` steps, has `mu + sigma * N(0
 it, the way a residual stream has each block's output added to it. Each *path* keeps that sum
 differently (`PATHS`): in fp32, in fp32 but with bf16-rounded updates, in bf16 rounded to
 nearest, in bf16 with stochastic rounding, in bf16 with a bf16 Kahan compensation term, in fp16
-and in the fp8 formats. All rounding goes through `streamback.rounding.round_to`.
+and in the fp8 formats. All rounding is `streamback.rounding`'s (`round_to`, and `round_fp32`, its
+arithmetic with the random bits passed in).
 
 Within one seed every path and every (mu, sigma) setting sees the same fp32 noise draws (common
 random numbers), so the differences between paths are due to rounding alone. The simulation
-is vectorised: each path's state is one [seeds, settings, coords] tensor and the only Python
-loop is over steps. Stochastic rounding draws its random bits from one further generator,
-seeded from the whole seed list.
+is vectorised: the running values of all paths form one [paths, seeds, settings, coords] tensor
+and the only Python loop is over steps. One step of every path is one function (`step`), which
+`torch.compile` turns into a single fused, vectorised kernel giving the same bits as the eager
+step (rounding works on bit patterns, which no fusion can skip); where compiling fails, the same
+function runs eagerly. Stochastic rounding draws its random bits from one further generator,
+seeded from the whole seed list. Noise and rounding bits are drawn `CHUNK` steps at a time; for
+the noise that is the same numbers as drawing step by step (when `coords` is a multiple of 16:
+torch draws normals in blocks of 16).
 
 A path whose format cannot hold the start value (fp8 e4m3 tops out at 448 < 600) is not
 simulated: its rows carry NaN drift and a note saying why, rather than a saturated result
@@ -23,8 +29,10 @@ the figures drift_ratio / trajectories / spacing (.svg and .png each) and report
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +41,8 @@ import torch
 
 from streamback.config import add_config_arguments, section_from_args
 from streamback.errors import StreambackError
-from streamback.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatSpec, round_to, ulp
+from streamback.rounding import (BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatSpec, Noise, round_fp32, round_to,
+                                 stochastic_noise, ulp)
 
 HELP = "simulate the drift of a long running sum kept in fp32, bf16 (nearest, stochastic, Kahan), fp16 and fp8"
 
@@ -48,6 +57,11 @@ class SumPath:
     update_format: FloatSpec = FP32  # grid each update is rounded onto before it is added
     compensated: bool = False  # Kahan: carry each step's rounding error in a second sum_format value
     about: str = ""
+
+    @property
+    def sum_roundings(self) -> int:
+        """Roundings onto `sum_format` per step (each draws its own bits if stochastic)."""
+        return 4 if self.compensated else 1
 
 
 PATHS = {
@@ -66,20 +80,23 @@ PATHS = {
 REFERENCE = "fp32"
 
 
-def _round(x: torch.Tensor, spec: FloatSpec, rounding: str, generator: torch.Generator | None) -> torch.Tensor:
-    return x if spec is FP32 else round_to(x, spec, rounding, generator)
-
-
 def advance(path: SumPath, total: torch.Tensor, comp: torch.Tensor | None, update: torch.Tensor,
-            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One step of `path`: add `update` (fp32) to `total`; returns the new (total, compensation)."""
-    fmt, rounding = path.sum_format, path.rounding
-    update = _round(update, path.update_format, "nearest", None)
+            noise: list[Noise] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step of `path`: add `update` (fp32) to `total`; returns the new (total, compensation).
+
+    `noise`: for a stochastic path, one `stochastic_noise` of the sum format per rounding of the step
+    (`path.sum_roundings`), used in order."""
+    fmt, draws = path.sum_format, iter(noise or ())
+
+    def rnd(x):
+        return round_fp32(x, fmt, next(draws) if path.rounding == "stochastic" else None)
+
+    update = round_fp32(update, path.update_format)
     if not path.compensated:
-        return _round(total + update, fmt, rounding, generator), comp
-    y = _round(update - comp, fmt, rounding, generator)
-    new = _round(total + y, fmt, rounding, generator)
-    comp = _round(_round(new - total, fmt, rounding, generator) - y, fmt, rounding, generator)
+        return rnd(total + update), comp
+    y = rnd(update - comp)
+    new = rnd(total + y)
+    comp = rnd(rnd(new - total) - y)
     return new, comp
 
 
@@ -94,7 +111,7 @@ def skip_reason(path: SumPath, start: float) -> str:
 
 def start_value(path: SumPath, start: float) -> float:
     """`start` as stored in the path's format (rounded to nearest)."""
-    return float(_round(torch.tensor([float(start)]), path.sum_format, "nearest", None))
+    return float(round_to(torch.tensor([float(start)]), path.sum_format))
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -117,6 +134,7 @@ class Simulation:
     steps_recorded: list[int]
     traj_mean: torch.Tensor  # [records, paths, seeds, settings], mean over coordinates
     traj_std: torch.Tensor  # same shape, standard deviation over coordinates
+    compiled: bool  # whether the step ran as torch.compile's kernel (else eagerly; the same results)
 
 
 def check_config(cfg: dict) -> None:
@@ -131,47 +149,92 @@ def check_config(cfg: dict) -> None:
         raise StreambackError(f"drift.start: the fp32 reference path cannot run ({reason})")
 
 
-def simulate(cfg: dict) -> Simulation:
-    """Run every path of the `drift` config section at once; a Python loop only over steps."""
+def step(paths: tuple[SumPath, ...], totals: torch.Tensor, comps: list[torch.Tensor | None], z: torch.Tensor,
+         mu: torch.Tensor, sigma: torch.Tensor, noise: list[list[Noise] | None]):
+    """One step of every path: totals [paths, seeds, settings, coords] and each path's compensation,
+    noise z [seeds, coords] (the update is mu + sigma * z per setting), each path's rounding noise."""
+    update = mu + sigma * z.unsqueeze(1)
+    new = [advance(p, total, comp, update, n) for p, total, comp, n in zip(paths, totals.unbind(), comps, noise)]
+    return torch.stack([total for total, _ in new]), [comp for _, comp in new]
+
+
+@functools.cache
+def compiled_step():
+    """`step` compiled by torch.compile: on CPU, Inductor's one fused, vectorised C++ kernel. Pinned to
+    IEEE arithmetic (no a * b + c contracted into an FMA, no unsafe math), so it gives the eager bits."""
+    return torch.compile(step, fullgraph=True, dynamic=False, options={
+        "cpp.enable_floating_point_contract_flag": "off", "cpp.enable_unsafe_math_opt_flag": False})
+
+
+CHUNK = 10  # steps of random numbers drawn at once
+
+
+def simulate(cfg: dict, compiled: bool = True) -> Simulation:
+    """Run every path of the `drift` config section at once; a Python loop only over steps.
+
+    compiled: run the step as torch.compile's kernel (the first call compiles it); where compiling
+    fails (no C++ compiler, say) it warns and runs the step eagerly, with the same results, and
+    `Simulation.compiled` says so."""
     check_config(cfg)
     seeds, settings = list(cfg["seeds"]), cfg["settings"]
-    n_seeds, n_settings, coords, steps = len(seeds), len(settings), cfg["coords"], cfg["steps"]
     names = [n for n in PATHS if n == REFERENCE or n in cfg["paths"]]
     skipped = {n: r for n in names if (r := skip_reason(PATHS[n], cfg["start"]))}
-    run = [PATHS[n] for n in names if n not in skipped]
+    run = tuple(PATHS[n] for n in names if n not in skipped)
 
-    mu = torch.tensor([s["mu"] for s in settings], dtype=torch.float32).view(1, n_settings, 1)
-    sigma = torch.tensor([s["sigma"] for s in settings], dtype=torch.float32).view(1, n_settings, 1)
-    noise_gens = [_generator(s) for s in seeds]
-    sr_gen = _generator(rounding_seed(seeds))
-    z = torch.empty(n_seeds, coords)
+    mu = torch.tensor([s["mu"] for s in settings], dtype=torch.float32).view(1, -1, 1)
+    sigma = torch.tensor([s["sigma"] for s in settings], dtype=torch.float32).view(1, -1, 1)
+    shape = (len(seeds), len(settings), cfg["coords"])
     initial = {p.name: start_value(p, cfg["start"]) for p in run}
-    total = {p.name: torch.full((n_seeds, n_settings, coords), initial[p.name]) for p in run}
-    comp = {p.name: torch.zeros(n_seeds, n_settings, coords) if p.compensated else None for p in run}
+    totals = torch.tensor([initial[p.name] for p in run]).view(-1, 1, 1, 1).repeat(1, *shape)
+    comps = [torch.zeros(shape) if p.compensated else None for p in run]
+    step_all = compiled_step() if compiled else step
 
-    every = cfg["trajectory_every"]
+    every, steps = cfg["trajectory_every"], cfg["steps"]
     recorded, means, stds = [], [], []
 
-    def record(step):
-        stack = torch.stack([total[p.name] for p in run])
-        mean = stack.mean(dim=-1)
+    def record(number):
+        mean = totals.mean(dim=-1)
         means.append(mean)
-        stds.append((stack - mean.unsqueeze(-1)).square().mean(dim=-1).sqrt())
-        recorded.append(step)
+        stds.append((totals - mean.unsqueeze(-1)).square().mean(dim=-1).sqrt())
+        recorded.append(number)
 
     record(0)
-    for step in range(1, steps + 1):
-        for k, gen in enumerate(noise_gens):
-            torch.randn(coords, generator=gen, out=z[k])
-        update = mu + sigma * z.unsqueeze(1)
-        for p in run:
-            total[p.name], comp[p.name] = advance(p, total[p.name], comp[p.name], update, sr_gen)
-        if step % every == 0 or step == steps:
-            record(step)
+    for number, (z, noise) in enumerate(draws(run, seeds, shape, steps), start=1):
+        args = (run, totals, comps, z, mu, sigma, noise)
+        try:
+            totals, comps = step_all(*args)
+        except Exception as error:  # torch.compile could not build its kernel here
+            if step_all is step:
+                raise
+            warnings.warn(f"drift: torch.compile failed, running the step eagerly (same results, slower): {error}")
+            step_all, compiled = step, False
+            totals, comps = step_all(*args)
+        if number % every == 0 or number == steps:
+            record(number)
     return Simulation(
-        paths=[p.name for p in run], skipped=skipped, initial=initial, final=total, steps_recorded=recorded,
-        traj_mean=torch.stack(means), traj_std=torch.stack(stds),
+        paths=[p.name for p in run], skipped=skipped, initial=initial, final=dict(zip(initial, totals)),
+        steps_recorded=recorded, traj_mean=torch.stack(means), traj_std=torch.stack(stds), compiled=compiled,
     )
+
+
+def draws(run: tuple[SumPath, ...], seeds: list[int], shape: tuple[int, int, int], steps: int):
+    """Per step: the noise z [seeds, coords] (seed k's from its own generator) and each path's rounding
+    noise (None, or one `stochastic_noise` per rounding), drawn CHUNK steps at a time."""
+    noise_gens = [_generator(s) for s in seeds]
+    sr_gen = _generator(rounding_seed(seeds))
+    for first in range(0, steps, CHUNK):
+        n = min(CHUNK, steps - first)
+        z = torch.stack([torch.randn(n, shape[-1], generator=g) for g in noise_gens], dim=1)
+        chunk = [stochastic_noise((n, p.sum_roundings, *shape), p.sum_format, sr_gen) if p.rounding == "stochastic"
+                 else None for p in run]
+        for i in range(n):
+            yield z[i], [None if c is None else _per_rounding(c, i) for c in chunk]
+
+
+def _per_rounding(chunk: Noise, i: int) -> list[Noise]:
+    """Step `i` of a chunk of rounding noise shaped [steps, roundings, ...]: one Noise per rounding."""
+    bits, uniforms = chunk
+    return [(bits[i, r], None if uniforms is None else uniforms[i, r]) for r in range(bits.shape[1])]
 
 
 # --- tables -------------------------------------------------------------------------------
@@ -406,7 +469,7 @@ def write_outputs(cfg: dict, sim: Simulation, outdir: Path, seconds: float) -> N
     setup = (f"{cfg['coords']} coordinates start at {cfg['start']:g}; for {cfg['steps']} steps each gets mu + sigma * N(0, 1) "
              f"added, the same fp32 noise for every path within a seed (seeds {', '.join(map(str, cfg['seeds']))}). "
              f"Paths — {paths}. Drift is the mean over coordinates of the final minus the start value; "
-             f"the simulation took {seconds:.1f} s. This is the arithmetic of a long sum, not a model's training.")
+             f"the simulation took {seconds:.1f} s ({_how(sim)}). This is the arithmetic of a long sum, not a model's training.")
     probes = spacing[spacing.kind == "probe"][["format", "value", "gap", "update", "result", "measured_by"]]
     write_report(outdir / FILES["report"], "Drift of a running sum kept in a narrow float format", [
         ("", [setup, *reading(summary)]),
@@ -415,6 +478,10 @@ def write_outputs(cfg: dict, sim: Simulation, outdir: Path, seconds: float) -> N
         ("Trajectories", [charts["trajectories"]]),
         ("Grid spacing (spacing.csv)", [probes.reset_index(drop=True), charts["spacing"]]),
     ])
+
+
+def _how(sim: Simulation) -> str:
+    return "compiled step, its compile included" if sim.compiled else "eager step"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -430,7 +497,8 @@ def run(args: argparse.Namespace) -> int:
     sim = simulate(cfg)
     seconds = time.perf_counter() - began
     print(f"drift: {len(sim.paths)} paths x {len(cfg['settings'])} settings x {len(cfg['seeds'])} seeds x "
-          f"{cfg['coords']} coordinates x {cfg['steps']} steps in {seconds:.1f} s"
+          f"{cfg['coords']} coordinates x {cfg['steps']} steps in {seconds:.1f} s "
+          f"({_how(sim)})"
           + "".join(f"\ndrift: {name} {reason}" for name, reason in sim.skipped.items()))
     write_outputs(cfg, sim, args.outdir, seconds)
     print(f"drift: wrote {', '.join(FILES.values())} and {len(FIGURES)} figures (.svg, .png) to {args.outdir}")

@@ -12,6 +12,11 @@ result is unbiased). Values below the format's smallest normal lie on the format
 subnormal grid, a fixed spacing of 2**(min_exponent - m); they are rounded in float64
 arithmetic, where every step is exact. The result is always an fp32 tensor holding values
 of the target format (so it can be stored in the native dtype without further rounding).
+
+`round_to` draws its own random numbers (`stochastic_noise`: the bits are cut from 64-bit draws,
+16 or 32 bits a field, so a bf16 rounding costs half a 32-bit draw). `round_fp32` is the same
+arithmetic with the random numbers passed in, for a caller that draws many roundings' worth at
+once or compiles the rounding (torch.compile does not take a generator).
 """
 
 from __future__ import annotations
@@ -65,20 +70,50 @@ def round_to(
     x = x.float()
     if spec.mantissa_bits == 23:
         return x.clone()
+    noise = stochastic_noise(x.shape, spec, generator, x.device) if rounding == "stochastic" else None
+    return round_fp32(x, spec, noise)
+
+
+Noise = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def stochastic_noise(shape, spec: FloatSpec, generator: torch.Generator | None = None, device=None) -> Noise:
+    """The random numbers one stochastic rounding of a `shape` tensor onto `spec` consumes: uniform int32
+    bits below the cut (in [0, 2**(23 - m))), then, for a format with its own subnormal grid, float64
+    uniforms. Drawn in that order; a caller may draw many roundings' worth at once and slice it."""
+    drop = 23 - spec.mantissa_bits
+    if torch.compiler.is_compiling():  # traced: Inductor swaps any draw for its own generator
+        bits = torch.randint(0, 1 << drop, shape, generator=generator, dtype=torch.int32, device=device)
+    else:  # cut each 64-bit draw into four 16-bit (or two 32-bit) fields, each uniform
+        field = torch.int16 if drop <= 16 else torch.int32
+        n = math.prod(shape)
+        words = torch.empty(-(-n // (8 // field.itemsize)), dtype=torch.int64, device=device)
+        words.random_(-(2**63), None, generator=generator)  # the full 64-bit range
+        bits = words.view(field)[:n].to(torch.int32).bitwise_and_((1 << drop) - 1).view(shape)
+    if spec.min_exponent == -126:
+        return bits, None
+    return bits, torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+
+
+def round_fp32(x: torch.Tensor, spec: FloatSpec, noise: Noise | None = None) -> torch.Tensor:
+    """`round_to`'s arithmetic on an fp32 tensor: round half to even if `noise` is None, else stochastic
+    rounding with `noise` from `stochastic_noise` (random numbers as tensors, not a generator, so it
+    can be compiled)."""
+    if spec.mantissa_bits == 23:
+        return x
     drop = 23 - spec.mantissa_bits
     bits = x.view(torch.int32)
     low = (1 << drop) - 1
-    if rounding == "nearest":
-        # round half to even: add 0.5ulp - 1 plus the lowest kept bit, then truncate
-        add = (bits >> drop).bitwise_and_(1).add_(low >> 1)
-    else:
-        add = torch.randint(0, 1 << drop, x.shape, generator=generator, dtype=torch.int32, device=x.device)
-    out = add.add_(bits).bitwise_and_(~low).view(torch.float32)
+    if noise is None:  # round half to even: add 0.5ulp - 1 plus the lowest kept bit, then truncate
+        out = (bits >> drop).bitwise_and_(1).add_(low >> 1).add_(bits)
+    else:  # stochastic: add uniform random bits below the cut, then truncate
+        out = bits + noise[0]
+    out = out.bitwise_and_(~low).view(torch.float32)
 
     # Branch-free (no data-dependent control flow), so it traces under torch.compile.
     if spec.min_exponent > -126:  # fp32 subnormals already sit on bf16's subnormal grid
         tiny = x.abs() < math.ldexp(1.0, spec.min_exponent)
-        out = torch.where(tiny, _round_subnormal(x, spec, rounding, generator), out)
+        out = torch.where(tiny, _round_subnormal(x, spec, noise), out)
     if spec.saturate:
         out = out.clamp(-spec.max_value, spec.max_value)
     elif spec.min_exponent > -126:  # bf16 shares fp32's exponent range: overflow carries into inf
@@ -86,13 +121,12 @@ def round_to(
     return torch.where(torch.isfinite(x), out, x)
 
 
-def _round_subnormal(x, spec, rounding, generator):
+def _round_subnormal(x, spec, noise):
     """Round onto the fixed subnormal spacing 2**(min_exponent - m), exactly (stochastic: in float64)."""
     step = spec.smallest_subnormal
-    if rounding == "nearest":  # scaling by a power of two is exact; torch.round is half-to-even
-        return torch.round(x / step) * step
-    u = torch.rand(x.shape, generator=generator, dtype=torch.float64, device=x.device)
-    return torch.copysign(torch.floor(x.double().abs() / step + u) * step, x.double()).float()
+    if noise is None:  # scaling by a power of two is exact; torch.round is half-to-even
+        return torch.round(x * (1 / step)) * step
+    return torch.copysign(torch.floor(x.double().abs() / step + noise[1]) * step, x.double()).float()
 
 
 def ulp(x: torch.Tensor, spec: FloatSpec) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""streamback.drift: the measured grids, hand-derived drifts, and the vectorised grid against a
-plain loop in torch's native narrow dtypes."""
+"""streamback.drift: the measured grids, hand-derived drifts, the vectorised grid against a plain
+loop in torch's native narrow dtypes, and the compiled step against the eager one."""
 
 import math
 
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from streamback import cli
+from streamback import cli, drift
 from streamback.drift import PATHS, simulate, spacing_table, summary_table
 from streamback.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16
 
@@ -21,7 +21,7 @@ def config(**changes):
 
 
 def finals(cfg):
-    sim = simulate(cfg)
+    sim = simulate(cfg, compiled=False)
     return sim, {name: sim.final[name][0, :, 0].tolist() for name in sim.paths}
 
 
@@ -74,7 +74,7 @@ def test_constant_updates_hand_derived():
 
 def test_stochastic_rounding_keeps_constant_updates_on_average():
     """+1 at 600 in bf16 rounds up to 604 with probability 1/4; after 100 steps the mean drift is 100."""
-    sim = simulate(config(coords=4096, steps=100, settings=[{"mu": 1.0, "sigma": 0.0}], paths=["bf16_sr"]))
+    sim = simulate(config(coords=4096, steps=100, settings=[{"mu": 1.0, "sigma": 0.0}], paths=["bf16_sr"]), compiled=False)
     drift = sim.final["bf16_sr"].double() - 600.0
     standard_error = math.sqrt(100 * 16 * 0.25 * 0.75 / drift.numel())
     assert abs(drift.mean().item() - 100.0) < 5 * standard_error
@@ -105,7 +105,7 @@ def _native_loop(path, cfg, mu, sigma, seed):
 def test_vectorised_grid_matches_native_dtype_loop():
     settings = [{"mu": 0.2, "sigma": 0.5}, {"mu": 0.5, "sigma": 1.0}]
     cfg = config(steps=300, settings=settings, seeds=[0, 5])
-    sim = simulate(cfg)
+    sim = simulate(cfg, compiled=False)
     summary = summary_table(cfg, sim).set_index(["mu", "sigma", "path", "seed"])
     for path in ["fp32", "fp32_bf16_updates", "bf16", "bf16_kahan", "fp16", "fp8_e5m2"]:
         for j, s in enumerate(settings):
@@ -121,15 +121,44 @@ def test_vectorised_grid_matches_native_dtype_loop():
 
 def test_summary_rows_ratios_and_the_skipped_e4m3():
     cfg = config(settings=[{"mu": 0.2, "sigma": 1.0}, {"mu": 0.5, "sigma": 1.0}], seeds=[3, 4])
-    summary = summary_table(cfg, simulate(cfg))
+    summary = summary_table(cfg, simulate(cfg, compiled=False))
     assert list(summary.columns[:9]) == ["mu", "sigma", "path", "seed", "steps", "coords", "start", "drift", "drift_ratio"]
     assert len(summary) == 2 * 2 * len(PATHS)
     assert (summary[summary.path == "fp32"].drift_ratio == 1.0).all()
     e4m3 = summary[summary.path == "fp8_e4m3"]
     assert e4m3.drift.isna().all() and e4m3.note.str.contains("448").all()
     # from a start e4m3 can hold, it is simulated
-    small = summary_table(config(start=100.0), simulate(config(start=100.0)))
+    small = summary_table(config(start=100.0), simulate(config(start=100.0), compiled=False))
     assert small.set_index("path").drift.notna()["fp8_e4m3"]
+
+
+def _assert_same_simulation(a, b):
+    assert a.paths == b.paths and a.steps_recorded == b.steps_recorded
+    for path in a.paths:
+        assert torch.equal(a.final[path], b.final[path]), path
+    assert torch.equal(a.traj_mean, b.traj_mean) and torch.equal(a.traj_std, b.traj_std)
+
+
+@pytest.mark.slow
+def test_compiled_step_gives_the_eager_bits():
+    """torch.compile's fused kernel against the eager step: every path, stochastic rounding included
+    (both take the same random bits), bit for bit, over a few chunks of steps."""
+    cfg = config(coords=72, steps=45, settings=[{"mu": 0.2, "sigma": 0.5}, {"mu": 0.5, "sigma": 1.0}], seeds=[0, 5])
+    compiled = simulate(cfg, compiled=True)
+    assert compiled.compiled
+    _assert_same_simulation(compiled, simulate(cfg, compiled=False))
+
+
+def test_failed_compile_falls_back_to_the_eager_step(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(drift, "compiled_step", lambda: broken)
+    cfg = config(steps=20, seeds=[0, 1])
+    with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
+        sim = simulate(cfg, compiled=True)
+    assert not sim.compiled
+    _assert_same_simulation(sim, simulate(cfg, compiled=False))
 
 
 def test_cli_rejects_duplicate_settings_before_writing(tmp_path, capsys):

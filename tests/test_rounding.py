@@ -1,11 +1,13 @@
-"""streamback.rounding: nearest-even against torch's own casts, hand values, stochastic rounding's bias."""
+"""streamback.rounding: nearest-even against torch's own casts, hand values, stochastic rounding's bias
+and its random bits."""
 
 import math
 
 import pytest
 import torch
 
-from streamback.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, SPECS, round_to, ulp
+from streamback.rounding import (BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, SPECS, round_fp32, round_to,
+                                 stochastic_noise, ulp)
 
 NATIVE = [BF16, FP16, FP8_E4M3, FP8_E5M2]
 
@@ -109,3 +111,23 @@ def test_stochastic_rounding_mean_at_600_in_bf16():
     assert set(out.unique().tolist()) == {600.0, 604.0}
     up = (out == 604.0).double().mean().item()
     assert abs(up - 0.25) < 5 * math.sqrt(0.25 * 0.75 / out.numel())
+
+
+@pytest.mark.parametrize("spec", [BF16, FP16, FP8_E4M3], ids=lambda s: s.name)
+def test_random_bits_are_uniform_below_the_cut(spec):
+    """Each of the 23 - m bits below the cut is 1 half the time (16-bit and 32-bit fields of the
+    64-bit draws alike, the fields' sign bits included) and nothing lies above the cut."""
+    drop = 23 - spec.mantissa_bits
+    bits, uniforms = stochastic_noise((1001, 99), spec, torch.Generator().manual_seed(6))
+    assert bits.dtype == torch.int32 and bits.shape == (1001, 99) and (uniforms is None) == (spec is BF16)
+    assert bits.min() >= 0 and bits.max() < 2**drop
+    ones = torch.stack([(bits >> k) & 1 for k in range(drop)]).double().mean(dim=(1, 2))
+    assert ((ones - 0.5).abs() < 5 * 0.5 / math.sqrt(bits.numel())).all(), ones
+
+
+def test_stochastic_rounding_with_given_bits():
+    """No random bits truncate (towards zero); all of them round up anything off the grid."""
+    x = torch.tensor([601.0, -601.0, 600.0, 603.9, 1.0 + 2**-9])
+    zero, full = torch.zeros(5, dtype=torch.int32), torch.full((5,), 2**16 - 1, dtype=torch.int32)
+    assert round_fp32(x, BF16, (zero, None)).tolist() == [600.0, -600.0, 600.0, 600.0, 1.0]
+    assert round_fp32(x, BF16, (full, None)).tolist() == [604.0, -604.0, 600.0, 604.0, 1.0 + 2**-7]
