@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from streamback.config import DEFAULT_CONFIG, load_config  # noqa: E402
 from streamback.export_hf import load_checkpoint  # noqa: E402
 from streamback.model import ModelArgs, Transformer  # noqa: E402
-from streamback.reversible import step_back  # noqa: E402
+from streamback.reversible import forward_residuals, step_back  # noqa: E402
 from streamback.rounding import FP32, ulp  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -49,20 +49,6 @@ def build(args) -> tuple[ModelArgs, dict]:
     with torch.no_grad():
         model.tok_embeddings.weight.mul_(args.stream_scale)
     return margs, model.state_dict()
-
-
-def residuals(model: Transformer, tokens: torch.Tensor):
-    """The true residuals (h_0, mid_0, h_1, ..., h_L) and the deltas between them."""
-    T = tokens.shape[1]
-    cos, sin = model.rope_cos[:T], model.rope_sin[:T]
-    with torch.no_grad():
-        h = model.stream_format.enter(F.embedding(tokens, model.tok_embeddings.weight.to(model.compute_dtype)))
-        slots, deltas = [h], []
-        for layer in model.layers:
-            h, mid, delta0, delta1 = layer(h, cos, sin, parts=True)
-            slots += [mid, h]
-            deltas += [delta0, delta1]
-    return slots, deltas
 
 
 def layer_grads(model: Transformer, tokens: torch.Tensor) -> list[torch.Tensor]:
@@ -98,7 +84,7 @@ def main(argv=None) -> None:
         models[name].load_state_dict(state)
     tokens = torch.randint(0, margs.vocab_size, (args.batch, args.seq_len + 1), generator=torch.Generator().manual_seed(args.seed))
 
-    slots, deltas = residuals(models["plain"], tokens[:, :-1])
+    slots, deltas = forward_residuals(models["plain"], tokens[:, :-1])
     rebuilt = [slots[-1]]
     for delta in reversed(deltas):
         rebuilt.append(step_back(rebuilt[-1], delta))

@@ -75,6 +75,22 @@ def step_back(residual: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     return residual - delta.to(residual.dtype)
 
 
+@torch.no_grad()
+def forward_residuals(model, tokens: torch.Tensor):
+    """Every residual of a forward pass, (h_0, mid_0, h_1, ..., mid_{L-1}, h_L), and the deltas
+    between consecutive ones: the ground truth a rebuild by `step_back` is measured against."""
+    T = tokens.shape[1]
+    cos, sin = model.rope_cos[:T], model.rope_sin[:T]
+    embedded = torch.nn.functional.embedding(tokens, model.tok_embeddings.weight.to(model.compute_dtype))
+    h = model.stream_format.enter(embedded)
+    slots, deltas = [h], []
+    for layer in model.layers:
+        h, mid, delta0, delta1 = layer(h, cos, sin, parts=True)
+        slots += [mid, h]
+        deltas += [delta0, delta1]
+    return slots, deltas
+
+
 def _storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors`."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from streamback.model import ModelArgs, Transformer
 from streamback.parallel import apply_activation_checkpointing, apply_compile
-from streamback.reversible import SavedTensorBytes, step_back
+from streamback.reversible import SavedTensorBytes, forward_residuals, step_back
 from streamback.rounding import FP32, ulp
 
 GRAD_RTOL = 1e-5
@@ -72,14 +72,7 @@ def test_rebuild_error_per_layer():
     """h_i rebuilt from h_L by subtracting deltas: within 2 fp32 ulps (of max|h|) per step."""
     plain, _ = pair(layers=8)
     tok = batch()[:, :-1]
-    cos, sin = plain.rope_cos[:T], plain.rope_sin[:T]
-    with torch.no_grad():
-        h = plain.stream_format.enter(F.embedding(tok, plain.tok_embeddings.weight.to(torch.bfloat16)))
-        slots, deltas = [h], []
-        for layer in plain.layers:
-            h, mid, d0, d1 = layer(h, cos, sin, parts=True)
-            slots += [mid, h]
-            deltas += [d0, d1]
+    slots, deltas = forward_residuals(plain, tok)
     value = slots[-1]
     inexact = 0
     for k in range(len(deltas) - 1, -1, -1):
