@@ -195,7 +195,7 @@ def simulate(cfg: dict, compiled: bool = True) -> Simulation:
     def record(number):
         mean = totals.mean(dim=-1)
         means.append(mean)
-        stds.append((totals - mean.unsqueeze(-1)).square().mean(dim=-1).sqrt())
+        stds.append((totals - mean.unsqueeze(-1)).square_().mean(dim=-1).sqrt_())
         recorded.append(number)
 
     record(0)

@@ -111,14 +111,15 @@ def round_fp32(x: torch.Tensor, spec: FloatSpec, noise: Noise | None = None) -> 
     out = out.bitwise_and_(~low).view(torch.float32)
 
     # Branch-free (no data-dependent control flow), so it traces under torch.compile.
+    magnitude = x.abs()
     if spec.min_exponent > -126:  # fp32 subnormals already sit on bf16's subnormal grid
-        tiny = x.abs() < math.ldexp(1.0, spec.min_exponent)
+        tiny = magnitude < math.ldexp(1.0, spec.min_exponent)
         out = torch.where(tiny, _round_subnormal(x, spec, noise), out)
     if spec.saturate:
         out = out.clamp(-spec.max_value, spec.max_value)
     elif spec.min_exponent > -126:  # bf16 shares fp32's exponent range: overflow carries into inf
         out = torch.where(out.abs() > spec.max_value, out * math.inf, out)
-    return torch.where(torch.isfinite(x), out, x)
+    return torch.where(magnitude < math.inf, out, x)  # NaN (never < inf) and +-inf pass through
 
 
 def _round_subnormal(x, spec, noise):
