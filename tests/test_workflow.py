@@ -44,3 +44,15 @@ def test_override_file_merges_over_the_default(run_snakemake, tmp_path):
     small.write_text("drift: {steps: 5}\n")
     result = run_snakemake("-n", "--directory", tmp_path, "--configfile", small)
     assert result.returncode == 0, result.stderr
+
+
+def test_every_rule_declares_log_threads_resources_and_env():
+    """House rule for rule files: a `log:`, `threads`, `resources` and a conda env on every rule."""
+    import re
+
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        blocks = re.split(r"^rule (\w+):\n", smk.read_text(), flags=re.M)[1:]
+        for name, body in zip(blocks[::2], blocks[1::2]):
+            body = body.split("\n\n\n")[0]  # the rule's own block, up to the next top-level statement
+            for keyword in ("log:", "threads:", "resources:", "conda:", "shell:"):
+                assert f"\n    {keyword}" in "\n" + body, f"{smk.name}: rule {name} lacks {keyword}"
