@@ -60,9 +60,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, section: str) -> None:
 def section_from_args(args: argparse.Namespace, section: str) -> dict:
     """The validated, default-filled `section` of the config named by the CLI arguments."""
     if args.params is not None:
-        try:
-            params = json.loads(args.params)
-        except json.JSONDecodeError as err:
-            raise StreambackError(f"--params is not valid JSON: {err}") from None
-        return validate_config({section: params})[section]
+        return section_from_json(args.params, section)
     return load_config(args.config or DEFAULT_CONFIG)[section]
+
+
+def section_from_json(text: str, section: str, flag: str = "--params") -> dict:
+    """A config section given as JSON on the command line (`flag` names it in errors), validated."""
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise StreambackError(f"{flag} is not valid JSON: {err}") from None
+    return validate_config({section: params})[section]

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -49,7 +48,7 @@ import torch.nn.functional as F
 
 from streamback.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
 from streamback.checkpoint import TrainState, list_checkpoints, load_checkpoint, read_meta, remove_partial, save_checkpoint
-from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, validate_config
+from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
 from streamback.io import atomic_path, write_json
 from streamback.metrics import MetricsLog
@@ -81,10 +80,7 @@ def run(args: argparse.Namespace) -> int:
     # the model and data sections come from the config file unless given (as the rule does)
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
     if args.model_params is not None:
-        try:
-            model_cfg = validate_config({"model": json.loads(args.model_params)})["model"]
-        except json.JSONDecodeError as err:
-            raise StreambackError(f"--model-params is not valid JSON: {err}") from None
+        model_cfg = section_from_json(args.model_params, "model", "--model-params")
     else:
         model_cfg = config["model"]
     if args.threads is not None:
