@@ -1,8 +1,9 @@
 """Configuration: loading and validating against `config/schema/config.schema.yaml`.
 
-The Snakefile validates with `snakemake.utils.validate`; the CLI and the tests call
-`load_config`/`validate_config` here, which use the same function and the same schema, so a
-bad key is reported identically wherever it is caught. Defaults live in the schema.
+The schema is the one statement of every key, type, range and default. The Snakefile validates
+with `snakemake.utils.validate`; the CLI and the tests call `load_config`/`validate_config` here,
+which apply the same schema with jsonschema alone (so `streamback train` and `bench` run where
+Snakemake is not installed, e.g. a bare GPU node), and fill the same defaults (tested).
 """
 
 from __future__ import annotations
@@ -21,18 +22,39 @@ SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"
 DEFAULT_CONFIG = ROOT / "config" / "config.yaml"
 
 
-def validate_config(config: dict) -> dict:
-    """Validate `config` (a copy is filled with the schema's defaults and returned)."""
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
+def _default_filling_validator():
+    """The schema's validator class, extended to fill in `default`s (jsonschema's own recipe,
+    which snakemake.utils.validate also uses; defaults are deep-copied, never shared)."""
+    from jsonschema import validators
 
+    schema = yaml.safe_load(SCHEMA.read_text())
+    base = validators.validator_for(schema)
+    check_properties = base.VALIDATORS["properties"]
+
+    def properties(validator, props, instance, subschema):
+        if validator.is_type(instance, "object"):
+            for name, sub in props.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from check_properties(validator, props, instance, subschema)
+
+    return validators.extend(base, {"properties": properties})(schema)
+
+
+def validate_config(config: dict) -> dict:
+    """Validate `config` (a copy is filled with the schema's defaults and returned).
+
+    Uses jsonschema directly, so the CLI needs no Snakemake (a GPU node may have torch and
+    little else); the Snakefile validates with `snakemake.utils.validate`, and
+    tests/test_config.py checks that the two fill the shipped configs identically.
+    """
     if not SCHEMA.exists():
         raise StreambackError(f"schema {SCHEMA} not found: install streamback from its repository (pip install -e .)")
     config = copy.deepcopy(config)
-    try:
-        validate(config, str(SCHEMA))
-    except WorkflowError as err:
-        raise StreambackError(f"invalid configuration: {err}") from None
+    errors = sorted(_default_filling_validator().iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}" for e in errors]
+        raise StreambackError("invalid configuration:\n  " + "\n  ".join(lines))
     return config
 
 

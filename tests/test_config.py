@@ -64,3 +64,25 @@ def test_missing_and_malformed_files(tmp_path):
     scalar.write_text("42\n")
     with pytest.raises(StreambackError, match="mapping"):
         load_config(scalar)
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml"])
+def test_same_filled_config_as_snakemake_validate(name):
+    """The package's validator (jsonschema) and the Snakefile's (Snakemake's) agree on defaults."""
+    from snakemake.utils import validate
+
+    from streamback.config import SCHEMA
+
+    raw = yaml.safe_load((ROOT / "config" / name).read_text())
+    by_snakemake = copy.deepcopy(raw)
+    validate(by_snakemake, str(SCHEMA))
+    assert validate_config(raw) == by_snakemake
+
+
+def test_every_error_is_listed_with_its_key_path():
+    config = _base()
+    config["drift"].update(steps=0, coords="x")
+    with pytest.raises(StreambackError) as err:
+        validate_config(config)
+    assert "drift.steps: 0 is less than the minimum" in str(err.value)
+    assert "drift.coords: 'x' is not of type 'integer'" in str(err.value)

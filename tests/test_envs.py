@@ -55,3 +55,37 @@ def test_every_rule_names_an_existing_env():
             if line.strip().startswith("conda:"):
                 target = line.split(":", 1)[1].strip().strip('"').strip("'")
                 assert (smk.parent / target).resolve().exists(), f"{smk.name}: {target} missing"
+
+
+_TRAIN_PATH_CHECK = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("not in envs/train.yaml: " + name)
+sys.meta_path.insert(0, Block())
+import streamback.export_hf, streamback.train
+from streamback.cli import main
+sys.exit(main(["bench", "--shapes", "tiny-fat-short", "--modes", "eager", "--variants", "baseline",
+               "--batch", "1", "--seq-len", "8", "--vocab-size", "32", "--steps", "1", "--warmup", "0",
+               "--out", {out!r}]))
+"""
+
+
+def test_train_env_suffices_for_the_gpu_commands(tmp_path):
+    """train/bench/export-hf run with envs/train.yaml's packages alone (a bare GPU node: no
+    Snakemake, pandas, altair or data stack); here the bench runs with the others blocked."""
+    import subprocess
+    import sys
+
+    import_names = {"pyyaml": "yaml", "vl-convert-python": "vl_convert"}
+    train_pins = _pip_pins(yaml.safe_load((ROOT / "envs" / "train.yaml").read_text()))
+    project = _project_requirements()
+    blocked = {import_names.get(n, n.replace("-", "_")) for n in project if n not in train_pins}
+    blocked -= {"pytest"}  # the test runner's own
+    assert {"snakemake", "pandas", "datasets"} <= blocked
+    code = _TRAIN_PATH_CHECK.format(blocked=sorted(blocked), out=str(tmp_path / "bench.json"))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "bench.json").exists()
