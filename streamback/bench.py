@@ -5,11 +5,14 @@ For each shape x variant (`baseline`, `streamback`, `streamback-reversible`) x m
 process times forward + backward (bf16 compute, fp32 master weights, cross-entropy on random
 tokens; no optimizer step) at micro-batch `--batch` x `--seq-len`, after `--warmup` untimed
 steps (compilation happens there), and reports:
-- tokens/s, and its ratio to the baseline of the same shape and mode;
+- tokens/s from the median step time (each step timed alone: CUDA events on a GPU, the host
+  clock on the CPU), its ratio to the baseline of the same shape and mode, and the spread
+  (slowest over fastest step) as a noise gauge;
 - MFU: model FLOPs per second over the bf16 matmul rate measured on the same device (TorchTitan's
   FLOP count: 6 x parameters except the token embedding + 12 x layers x heads x head_dim x
   seq_len per token, attention counted as if not causal);
-- peak memory: torch.cuda.max_memory_allocated on a GPU (n/a on the CPU);
+- peak memory: torch.cuda.max_memory_allocated on a GPU (n/a on the CPU), and beside it the
+  estimate of `streamback.memory` for the same step (eager, fake tensors; `--no-estimate` skips);
 - saved activations: bytes autograd keeps for the backward pass (distinct storages, counted with
   saved-tensor hooks on one extra step; for the reversible stream, its own count of what it
   keeps plus its cached deltas), which needs no GPU.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import time
 from pathlib import Path
 
@@ -44,7 +48,8 @@ GPU_SHAPES = "skinny-tall,medium,fat-short"
 CPU_SHAPES = "tiny-skinny-tall,tiny-medium,tiny-fat-short"
 
 
-def _names(text: str, allowed, what: str) -> list[str]:
+def parse_names(text: str, allowed, what: str) -> list[str]:
+    """The comma-separated names of `text`, each checked against `allowed` (named --`what`)."""
     names = [n for n in text.split(",") if n]
     bad = [n for n in names if n not in allowed]
     if bad or not names:
@@ -63,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--no-estimate", dest="estimate", action="store_false", help="skip the fake-tensor peak-memory estimate")
     parser.add_argument("--out", type=Path, default=Path("results/bench/bench.json"), help="JSON output; the table goes beside it as .md")
 
 
@@ -74,20 +80,25 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, key) < 1:
             raise StreambackError(f"--{key.replace('_', '-')} must be at least 1")
     model_cfg = load_config(args.config)["model"]
-    shapes = _names(args.shapes or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES), model_cfg["shapes"], "shapes")
-    variants = _names(args.variants, VARIANTS, "variants")
-    modes = _names(args.modes, MODES, "modes")
+    shapes = parse_names(args.shapes or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES), model_cfg["shapes"], "shapes")
+    variants = parse_names(args.variants, VARIANTS, "variants")
+    modes = parse_names(args.modes, MODES, "modes")
     if args.seq_len > model_cfg["max_seq_len"]:
         raise StreambackError(f"--seq-len {args.seq_len} exceeds model.max_seq_len {model_cfg['max_seq_len']} of {args.config}")
 
     matmul = matmul_flops(device)
     print(f"bf16 matmul on {device_name(device)}: {matmul / 1e12:.2f} TFLOP/s")
-    rows = []
+    rows, estimates = [], {}
     for shape in shapes:
         for mode in modes:
             for variant in variants:
                 row = {"shape": shape, "variant": variant, "mode": mode}
                 row.update(bench_one(model_cfg, shape, variant, mode, args, device, matmul))
+                if args.estimate and (shape, variant) not in estimates:
+                    from streamback.memory import estimate_step_memory
+
+                    estimates[shape, variant] = estimate_step_memory(model_args(model_cfg, shape, variant, args), args.batch, args.seq_len)["peak"] / 2**30
+                row["est_peak_gib"] = estimates.get((shape, variant))
                 rows.append(row)
                 print(_format_row(row, rows), flush=True)
     result = {
@@ -118,19 +129,41 @@ def _sync(device: torch.device):
 
 
 def matmul_flops(device: torch.device) -> float:
-    """Measured bf16 matmul rate (FLOP/s) of square matrices: the MFU denominator."""
+    """Measured bf16 matmul rate (FLOP/s) of square matrices on random data (median of timed
+    products after warm-up): the MFU denominator."""
     n = 8192 if device.type == "cuda" else 1024
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
     _sync(device)
-    reps = 20 if device.type == "cuda" else 3
-    start = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    _sync(device)
-    return 2 * n**3 * reps / (time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(step_seconds(lambda: a @ b, 20 if device.type == "cuda" else 3, device))
+
+
+def model_args(model_cfg: dict, shape: str, variant: str, args: argparse.Namespace):
+    """ModelArgs of `shape` as `variant` (a VARIANTS name), with `args.vocab_size`."""
+    from streamback.model import ModelArgs
+
+    block, reversible = VARIANTS[variant]
+    return ModelArgs.from_config(model_cfg, shape, args.vocab_size, block=block, reversible=reversible)
+
+
+def step_seconds(step, steps: int, device: torch.device) -> list[float]:
+    """Wall time of each of `steps` calls of `step`: CUDA events on a GPU, the host clock else."""
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    return times
 
 
 def flops_per_token(model, seq_len: int) -> int:
@@ -141,12 +174,11 @@ def flops_per_token(model, seq_len: int) -> int:
 
 
 def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
-    from streamback.model import ModelArgs, Transformer
+    from streamback.model import Transformer
     from streamback.parallel import apply_compile
     from streamback.reversible import SavedTensorBytes
 
-    block, reversible = VARIANTS[variant]
-    margs = ModelArgs.from_config(model_cfg, shape, args.vocab_size, block=block, reversible=reversible)
+    margs = model_args(model_cfg, shape, variant, args)
     generator = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + 1), device=device, generator=generator)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -168,22 +200,20 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
         _sync(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        _sync(device)
-        seconds = (time.perf_counter() - start) / args.steps
+        times = step_seconds(step, args.steps, device)
+        seconds = statistics.median(times)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
         model.zero_grad(set_to_none=True)
         counter = SavedTensorBytes()
         with counter:
             logits = model(inputs)
-        saved = sum(model.reversible_stats[k] for k in ("kept_bytes", "delta_bytes")) if reversible else counter.nbytes
+        saved = sum(model.reversible_stats[k] for k in ("kept_bytes", "delta_bytes")) if margs.reversible else counter.nbytes
         del logits
         tokens_per_s = args.batch * args.seq_len / seconds
         return {
             "tokens_per_s": tokens_per_s,
             "step_s": seconds,
+            "step_spread": max(times) / min(times),
             "mfu": flops_per_token(model, args.seq_len) * tokens_per_s / matmul,
             "peak_mem_gib": peak,
             "saved_activation_bytes": saved,
@@ -207,12 +237,12 @@ def _baseline_ratio(row, rows):
     return row["tokens_per_s"] / base["tokens_per_s"]
 
 
-COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "MFU", "peak GiB", "saved MiB")
+COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "spread", "MFU", "peak GiB", "est. GiB", "saved MiB")
 
 
 def _cells(row, rows):
     if row.get("error"):
-        return [row["shape"], row["variant"], row["mode"], row["error"], "", "", "", ""]
+        return [row["shape"], row["variant"], row["mode"], row["error"]] + [""] * (len(COLUMNS) - 4)
     ratio = _baseline_ratio(row, rows)
     return [
         row["shape"],
@@ -220,8 +250,10 @@ def _cells(row, rows):
         row["mode"],
         f"{row['tokens_per_s']:,.0f}",
         "" if ratio is None else f"{ratio:.3f}",
+        f"{row['step_spread']:.2f}",
         f"{100 * row['mfu']:.1f}%",
-        "n/a" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}",
+        "n/a" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.2f}",
+        "" if row.get("est_peak_gib") is None else f"{row['est_peak_gib']:.2f}",
         f"{row['saved_activation_bytes'] / 2**20:,.1f}",
     ]
 

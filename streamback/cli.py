@@ -20,6 +20,7 @@ COMMANDS = {
     "train": "streamback.train",
     "export-hf": "streamback.export_hf",
     "bench": "streamback.bench",
+    "memory": "streamback.memory",
 }
 
 

@@ -325,15 +325,26 @@ class Transformer(nn.Module):
             std = self.args.dim**-0.5
             nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std, generator=generator)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """h_0, the stream's first residual: the token embedding in the compute dtype, entered
+        into the stream's format. The reversible stream recomputes it on the backward pass."""
+        weight = self.tok_embeddings.weight
+        if torch.is_grad_enabled():  # cast the table, as FSDP2's bf16 parameters are: same gradient
+            rows = F.embedding(tokens, weight.to(self.compute_dtype))
+        else:  # the same values, casting only the rows looked up (no copy of the whole table)
+            rows = F.embedding(tokens, weight).to(self.compute_dtype)
+        return self.stream_format.enter(rows)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         T = tokens.shape[1]
         if T > self.args.max_seq_len:
             raise StreambackError(f"sequence length {T} exceeds the model's max_seq_len {self.args.max_seq_len}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        stream = ReversibleStream() if self.args.reversible and torch.is_grad_enabled() else None
+        reversible = self.args.reversible and torch.is_grad_enabled()
+        stream = ReversibleStream(bottom=lambda: self.embed(tokens)) if reversible else None
         absmax = []
         with stream if stream is not None else contextlib.nullcontext():
-            h = self.stream_format.enter(F.embedding(tokens, self.tok_embeddings.weight.to(self.compute_dtype)))
+            h = self.embed(tokens)
             for layer in self.layers:
                 if self.record_stream:
                     absmax.append(h.detach().abs().amax().float())

@@ -6,6 +6,11 @@ that autograd saves for the backward pass (the RMSNorms' inputs) can therefore b
 on the forward pass and rebuilt from the top one, h_L, by subtraction: mid_i = h_{i+1} -
 delta1_i, h_i = mid_i - delta0_i, at the cost of keeping the deltas. Per layer that keeps two
 bf16 tensors instead of two fp32 ones: half of the stream's share of the saved activations.
+The bottom of the stream needs no delta: h_0 is the token embedding, recomputed exactly from the
+tokens (`bottom`), so delta0_0 is not kept. That pays for the one residual kept in fp32, the
+top h_L (the final norm's input): the reversible StreamBack model then saves exactly the bytes
+the baseline (bf16 stream) saves, 2 bytes per element per residual, and its memory estimate
+(`streamback.memory`) equals the baseline's.
 
 How (the first seed document's scheme, made robust): the model's forward runs inside
 `ReversibleStream`, a `torch.autograd.graph.saved_tensors_hooks` context. Every tensor autograd
@@ -34,13 +39,16 @@ not need removing.
 
 Scope and limits:
 - One backward per forward (a rebuilt slot is consumed; `retain_graph` double use raises).
+- Memory: on the backward pass a rebuilt residual is held only while it has uses left (plus the
+  lowest one, where the walk down resumes), so the backward adds at most a few fp32 residuals.
 - With activation checkpointing (`TransformerBlock.activation_checkpoint`) autograd saves only
   each block's input (torch.utils.checkpoint's input saver runs under these hooks), which is
   dropped and rebuilt before the block is recomputed; the mid residual is recomputed.
 - torch.compile of each block (`streamback.parallel.apply_compile`, the trainer's mode): the
   compiled blocks' saved tensors pass through these hooks like eager ones and both residuals of
-  every layer are dropped; a compiled block unpacks them in forward order, hence the window of
-  rebuilt slots kept in `_rebuild`. torch.compile of the whole model also runs and is correct,
+  every layer are dropped; a compiled block unpacks them in forward order, which is why a
+  rebuilt residual is kept until all its uses are unpacked (counted per slot), not just until
+  the next one down is rebuilt. torch.compile of the whole model also runs and is correct,
   but dynamo breaks the graph at these hooks and only about half of the residuals are dropped:
   compile per block.
 """
@@ -59,6 +67,12 @@ class _Saved:
         self.tensor, self.slot = tensor, None
 
 
+def storage_id(t: torch.Tensor) -> int:
+    """Identity of the storage behind `t` (its StorageImpl, shared by every view of it). Unlike
+    `data_ptr()` it is also defined for fake tensors (`streamback.memory`'s estimates)."""
+    return t.untyped_storage()._cdata
+
+
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (
         a.dtype == b.dtype
@@ -66,7 +80,7 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.shape == b.shape
         and a.stride() == b.stride()
         and a.storage_offset() == b.storage_offset()
-        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and storage_id(a) == storage_id(b)
     )
 
 
@@ -81,8 +95,7 @@ def forward_residuals(model, tokens: torch.Tensor):
     between consecutive ones: the ground truth a rebuild by `step_back` is measured against."""
     T = tokens.shape[1]
     cos, sin = model.rope_cos[:T], model.rope_sin[:T]
-    embedded = torch.nn.functional.embedding(tokens, model.tok_embeddings.weight.to(model.compute_dtype))
-    h = model.stream_format.enter(embedded)
+    h = model.embed(tokens)
     slots, deltas = [h], []
     for layer in model.layers:
         h, mid, delta0, delta1 = layer(h, cos, sin, parts=True)
@@ -93,7 +106,7 @@ def forward_residuals(model, tokens: torch.Tensor):
 
 def _storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors`."""
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    storages = {storage_id(t): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
 
 
@@ -106,20 +119,22 @@ class ReversibleStream(torch.autograd.graph.saved_tensors_hooks):
     (`dropped_bytes`), each counting distinct storages.
     """
 
-    def __init__(self):
+    def __init__(self, bottom=None):
         super().__init__(self._pack, self._unpack)
+        self._bottom = bottom  # () -> h_0 recomputed (the embedding), or None to keep delta0_0
         self._saved: list[_Saved] = []  # every tensor packed during the forward pass
         self._pending = 0  # self._saved[self._pending:] are not yet matched against residuals
         self._dropped: dict[int, int] = {}  # slot -> bytes of the residual dropped
-        self._deltas: list[torch.Tensor] = []  # slot k + 1 = slot k + self._deltas[k]
+        self._deltas: list[torch.Tensor | None] = []  # slot k + 1 = slot k + self._deltas[k]
         self._known: dict[int, torch.Tensor] = {}  # slot -> value, for the top and rebuilt slots
+        self._uses: dict[int, int] = {}  # slot -> saved tensors still to be unpacked as it
         self.stats: dict[str, int] | None = None
 
     def step(self, block, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         out, mid, delta0, delta1 = block(h, cos, sin, parts=True)
         slot = len(self._deltas)
         self._drop({slot: h, slot + 1: mid})
-        self._deltas += [delta0.detach(), delta1.detach()]
+        self._deltas += [None if slot == 0 and self._bottom else delta0.detach(), delta1.detach()]
         self._known = {slot + 2: out.detach()}
         return out
 
@@ -129,7 +144,7 @@ class ReversibleStream(torch.autograd.graph.saved_tensors_hooks):
         kept = [s.tensor for s in self._saved if s.tensor is not None]
         self.stats = {
             "kept_bytes": _storage_bytes(kept),
-            "delta_bytes": _storage_bytes(self._deltas),
+            "delta_bytes": _storage_bytes([d for d in self._deltas if d is not None]),
             "dropped_bytes": sum(self._dropped.values()),
         }
         self._saved = []  # hold nothing past the forward pass that autograd does not hold
@@ -140,7 +155,18 @@ class ReversibleStream(torch.autograd.graph.saved_tensors_hooks):
         return saved
 
     def _unpack(self, saved: _Saved) -> torch.Tensor:
-        return saved.tensor if saved.slot is None else self._rebuild(saved.slot)
+        if saved.slot is None:
+            return saved.tensor
+        value = self._rebuild(saved.slot)
+        self._uses[saved.slot] -= 1
+        self._forget()
+        return value
+
+    def _forget(self):
+        """Hold a residual while a saved tensor is still to be unpacked as it, and the lowest one
+        rebuilt until h_0 is done (the walk down starts from it); nothing else."""
+        lowest = min(self._known)
+        self._known = {k: v for k, v in self._known.items() if self._uses.get(k, 0) > 0 or 0 < k == lowest}
 
     def _drop(self, residuals: dict[int, torch.Tensor]):
         """Replace the pending saved tensors that are one of `residuals` by their slot."""
@@ -149,27 +175,26 @@ class ReversibleStream(torch.autograd.graph.saved_tensors_hooks):
                 if _same_tensor(saved.tensor, residual):
                     saved.tensor, saved.slot = None, slot
                     self._dropped[slot] = residual.untyped_storage().nbytes()
+                    self._uses[slot] = self._uses.get(slot, 0) + 1
                     break
         self._pending = len(self._saved)
 
     @torch.no_grad()
     def _rebuild(self, slot: int) -> torch.Tensor:
-        """The residual of `slot`, walking down from the lowest one known.
-
-        The two slots above the one asked for stay known: a compiled block unpacks its saved
-        tensors in forward order (h_i, then mid_i), eager autograd in backward order.
-        """
+        """The residual of `slot`, walking down from the lowest one known (the slots passed on
+        the way stay known while they have uses left: a compiled block unpacks its saved tensors
+        in forward order, h_i then mid_i, eager autograd in backward order)."""
         if slot not in self._known:
-            lowest = min(self._known)
+            lowest = min(self._known, default=-1)  # -1: everything down to h_0 was used up
             if slot > lowest:
                 raise RuntimeError(
                     f"reversible stream: residual {slot} is needed after residual {lowest} below it "
                     "was rebuilt; it supports one backward pass per forward (no retain_graph)"
                 )
             while lowest > slot:
-                self._known[lowest - 1] = step_back(self._known[lowest], self._deltas.pop())
+                delta = self._deltas.pop()
+                self._known[lowest - 1] = self._bottom() if delta is None else step_back(self._known[lowest], delta)
                 lowest -= 1
-            self._known = {k: v for k, v in self._known.items() if k <= slot + 2}
         return self._known[slot]
 
 
@@ -183,7 +208,7 @@ class SavedTensorBytes(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(self._pack, lambda x: x)
 
     def _pack(self, x: torch.Tensor) -> torch.Tensor:
-        self._storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        self._storages[storage_id(x)] = x.untyped_storage().nbytes()
         return x.detach()
 
     @property

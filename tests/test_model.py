@@ -301,17 +301,21 @@ def test_apply_fsdp_refuses_a_param_dtype_other_than_the_compute_dtype():
 @pytest.mark.slow
 def test_bench_cpu(tmp_path):
     out = tmp_path / "bench.json"
-    argv = ["bench", "--shapes", "tiny-fat-short", "--modes", "eager", "--batch", "1", "--seq-len", "16"]
-    argv += ["--vocab-size", "64", "--steps", "1", "--warmup", "0", "--out", str(out)]
+    argv = ["bench", "--shapes", "tiny-fat-short", "--modes", "eager", "--batch", "2", "--seq-len", "64"]
+    argv += ["--vocab-size", "512", "--steps", "2", "--warmup", "0", "--out", str(out)]
     assert cli_main(argv) == 0
     result = json.loads(out.read_text())
     rows = {r["variant"]: r for r in result["rows"]}
     assert set(rows) == {"baseline", "streamback", "streamback-reversible"}
     assert all(r["error"] is None and r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in rows.values())
     assert all(r["peak_mem_gib"] is None for r in rows.values())  # no GPU
-    # 2 layers x 2 residuals x 16 tokens x 128 dims: fp32 residuals dropped, bf16 deltas kept
+    assert all(r["step_spread"] >= 1 for r in rows.values())
+    estimates = {k: r["est_peak_gib"] for k, r in rows.items()}  # streamback.memory's, in GiB
+    assert estimates["streamback"] > estimates["baseline"] == estimates["streamback-reversible"] > 0  # peak at the loss
+    # 2 layers x 2 residuals of 128 tokens x 128 dims: fp32 residuals dropped, bf16 deltas kept but
+    # the first (h_0 is recomputed from the tokens)
     saved = {k: r["saved_activation_bytes"] for k, r in rows.items()}
-    assert saved["streamback"] - saved["streamback-reversible"] == 2 * 2 * 16 * 128 * (4 - 2)
+    assert saved["streamback"] - saved["streamback-reversible"] == 2 * 2 * 128 * 128 * (4 - 2) + 128 * 128 * 2
     assert "| tiny-fat-short | streamback-reversible | eager |" in out.with_suffix(".md").read_text()
 
 

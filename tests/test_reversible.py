@@ -85,7 +85,8 @@ def test_rebuild_error_per_layer():
 
 
 def test_memory_saved_counts():
-    """Per layer the two fp32 residuals (2 x 4 bytes) are replaced by two bf16 deltas (2 x 2)."""
+    """Per layer the two fp32 residuals (2 x 4 bytes) are replaced by two bf16 deltas (2 x 2),
+    except the first delta: h_0 is recomputed from the tokens."""
     plain, twin = pair(torch.bfloat16)
     tok = batch()[:, :-1]
     counter = SavedTensorBytes()
@@ -94,9 +95,9 @@ def test_memory_saved_counts():
     twin(tok)
     stats = twin.reversible_stats
     assert stats["dropped_bytes"] == 2 * LAYERS * N * 4
-    assert stats["delta_bytes"] == 2 * LAYERS * N * 2
+    assert stats["delta_bytes"] == (2 * LAYERS - 1) * N * 2
     assert stats["kept_bytes"] + stats["dropped_bytes"] == counter.nbytes  # the same saved tensors
-    assert counter.nbytes - (stats["kept_bytes"] + stats["delta_bytes"]) == LAYERS * N * 4
+    assert counter.nbytes - (stats["kept_bytes"] + stats["delta_bytes"]) == LAYERS * N * 4 + N * 2
 
 
 def test_reversible_with_activation_checkpointing():
@@ -142,3 +143,19 @@ def test_no_hooks_without_grad():
     with torch.no_grad():
         twin(batch()[:, :-1])
     assert twin.reversible_stats is None
+
+
+def test_bottom_residual_is_recomputed_from_the_tokens(monkeypatch):
+    """h_0 is the embedding: the backward pass recomputes it (once, exactly) instead of keeping
+    the first delta, so gradients still match and one bf16 delta fewer is kept."""
+    plain, twin = pair(layers=2)
+    calls = []
+    embed = twin.embed
+    monkeypatch.setattr(twin, "embed", lambda tokens: calls.append(tokens.shape) or embed(tokens))
+    tok = batch()
+    out = loss(twin, tok)
+    assert len(calls) == 1 and twin.reversible_stats["delta_bytes"] == 3 * N * 4  # fp32 compute: fp32 deltas
+    out.backward()
+    assert len(calls) == 2
+    loss(plain, tok).backward()
+    assert_grads_close(plain, twin)
