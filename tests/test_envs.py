@@ -58,12 +58,17 @@ def test_every_rule_names_an_existing_env():
 
 
 _TRAIN_PATH_CHECK = """
-import importlib.abc, sys
+import importlib.abc, importlib.machinery, sys
 BLOCKED = {blocked!r}
-class Block(importlib.abc.MetaPathFinder):
+class Block(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    # packages outside the env look absent: a spec without origin, whose import fails
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in BLOCKED:
-            raise ImportError("not in envs/train.yaml: " + name)
+            return importlib.machinery.ModuleSpec(name, self)
+    def create_module(self, spec):
+        raise ModuleNotFoundError("not in envs/train.yaml: " + spec.name)
+    def exec_module(self, module):
+        pass
 sys.meta_path.insert(0, Block())
 import streamback.export_hf, streamback.train
 from streamback.cli import main
