@@ -1,0 +1,139 @@
+"""benchmarks/gpu_checks.py, the one script a lent GPU machine runs: its quick mode end to end on the
+CPU (every phase, every check passing, the outputs a device call brings back), its goal logic on
+hand-made bench rows, and the device call its docstring prescribes."""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from streamback.config import validate_config
+from streamback.data.corpus import write_part
+from streamback.data.tokenize import tokenize
+
+SCRIPT = ROOT / "benchmarks" / "gpu_checks.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_checks():
+    spec = importlib.util.spec_from_file_location("gpu_checks", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """The script with --device cpu --quick on a 600-document corpus (BPE of 300 tokens)."""
+    root = tmp_path_factory.mktemp("gpu-checks")
+    write_part(11, 0, 600, root / "part.parquet")
+    data = validate_config({"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
+    tokenize(data, root / "tokens", inputs=[root / "part.parquet"], progress=False)
+    out = root / "out"
+    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out), "--work", str(root / "work"),
+           "--tokens", str(root / "tokens"), "--budget", "900"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    return proc, out
+
+
+@pytest.mark.slow
+def test_quick_mode_runs_every_check_and_passes(quick_run):
+    proc, out = quick_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    status = {}
+    for check in summary["checks"]:
+        status.setdefault(check["group"], []).append(check["status"])
+    assert not [c for c in summary["checks"] if c["status"] in ("FAIL", "SKIP")]
+    expected = {  # group -> number of checks: every format where the GPU run has them all
+        "env": 2, "stream_dtype_eager": 14, "round_to_nearest_eq_cast": 4, "round_to_sr_unbiased": 5, "stream_sr_unbiased": 6,
+        "reversible": 5, "compiled_stream_dtype": 1, "compiled_eq_eager": 1, "finding": 1, "elementwise_compiled": 1,
+        "round_to_nearest_compiled_eq_cast": 4, "stream_add_compiled": 2, "stream_sr_unbiased_compiled": 1,
+        "fsdp": 3, "fsdp_stream_dtype": 15, "train": 7, "bench": 4,
+    }
+    assert {g: len(s) for g, s in status.items()} == expected
+    assert status["finding"] == ["INFO"] and status["train"].count("INFO") == 1  # findings, never failures
+    assert summary["env"]["matmul_bf16_tflops"] > 0 and summary["env"]["copy_tb_s"] > 0
+    # a bf16 stream compiled without emulate_precision_casts is not the eager one (the reason apply_compile sets it)
+    finding = next(c for c in summary["checks"] if c["group"] == "finding")
+    assert re.match(r"medium baseline: [1-9][\d,]* of 3,104 logits differ", finding["value"]), finding["value"]
+
+
+@pytest.mark.slow
+def test_quick_mode_outputs(quick_run):
+    proc, out = quick_run
+    # what a device call brings back: at most 8 plain files (the caller's tee'd log is the 8th)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["bench.json", "bench.md", "summary.json", "summary.md", "train.log", "train_metrics.jsonl"]
+    metrics = [json.loads(line) for line in (out / "train_metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, 13)) and metrics[-1]["loss"] < metrics[0]["loss"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["train"]["exit_status"] == 0 and summary["train"]["last_loss"] < 0.9 * summary["train"]["first_loss"]
+    bench = json.loads((out / "bench.json").read_text())
+    assert [(r["mode"], r["variant"]) for r in bench["rows"]] == [
+        ("eager", "baseline"), ("eager", "streamback"), ("eager", "streamback-reversible"), ("compiled", "streamback")]
+    assert all(r["tokens_per_s"] > 0 and not r["error"] for r in bench["rows"])
+    assert [g["goal"] for g in bench["goals"]] == ["streamback >= 0.99x baseline tok/s"]
+    table = (out / "bench.md").read_text()
+    assert "check-medium" in table and "| goal | where | value | met |" in table
+    # the summary is printed last (a device call returns only the output's last 12,000 characters)
+    text = (out / "summary.md").read_text()
+    assert proc.stdout.rstrip().endswith(text.rstrip()) and len(text) < 12_000
+    assert re.search(r"\d+ checks, 0 failed; \d+ s of a 900 s budget; exit status 0", text)
+    assert "| check-medium | compiled | streamback |" in text
+
+
+def test_bench_goals_on_hand_made_rows(gpu_checks):
+    rows = [
+        {"shape": "fat-short", "mode": "compiled", "variant": "baseline", "tokens_per_s": 60_000.0, "mfu": 0.40, "peak_mem_gib": 28.0},
+        {"shape": "fat-short", "mode": "compiled", "variant": "streamback", "tokens_per_s": 59_000.0, "mfu": 0.39, "peak_mem_gib": 31.0},
+        {"shape": "fat-short", "mode": "compiled", "variant": "streamback-reversible", "tokens_per_s": 58_000.0, "peak_mem_gib": 27.5},
+        {"shape": "medium", "mode": "eager", "variant": "baseline", "tokens_per_s": 30_000.0, "peak_mem_gib": None},
+        {"shape": "medium", "mode": "eager", "variant": "streamback", "error": "OutOfMemoryError: CUDA out of memory"},
+    ]
+    goals = {(g["goal"], g["where"]): g for g in gpu_checks.bench_goals(rows)}
+    ratio = goals[("streamback >= 0.99x baseline tok/s", "fat-short compiled")]
+    assert ratio["value"] == "0.983x" and ratio["met"] is False  # 59,000 / 60,000 < 0.99
+    memory = goals[("reversible peak <= baseline peak", "fat-short compiled")]
+    assert memory["met"] is True and memory["value"] == "27.5 vs 28.0 GiB"
+    ref = goals[("tok/s (MFU) above the reference", "fat-short compiled baseline")]
+    # same FLOPs per token: the reference's MFU is this run's MFU x 55,966 / 60,000
+    assert ref["met"] is True and ref["value"] == "60,000 vs 55,966 tok/s (MFU 40.0% vs 37.3%); peak 28.0 vs 28.7 GiB"
+    assert goals[("tok/s (MFU) above the reference", "fat-short compiled streamback")]["met"] is True
+    assert goals[("tok/s (MFU) above the reference", "medium eager baseline")]["met"] is False  # 30,000 < 35,146
+    # a failed row (OOM) gives no ratio, and a row without mfu or peak still gets its tok/s goal
+    assert ("streamback >= 0.99x baseline tok/s", "medium eager") not in goals
+    assert len(goals) == 5
+
+
+def test_device_call_in_the_docstring_fits_the_device(gpu_checks):
+    doc = gpu_checks.__doc__
+    command = next(line.strip() for line in doc.splitlines() if "benchmarks/gpu_checks.py --out $OUT" in line)
+    assert len(command) < 2000 and command.startswith("python3 -m pip install") and "--target /tmp/site .whl/*.whl" in command
+    assert "PYTHONPATH=/tmp/site:$PWD" in command and "tee $OUT/" in command
+    carry = json.loads(re.search(r"carry (\[.*?\])", doc).group(1))
+    assert carry == [".whl", "results/tokens/synthetic"]
+    timeout = int(re.search(r"timeout_s (\d+)", doc).group(1))
+    assert gpu_checks.GPU.budget + 60 <= timeout <= 600  # room past the budget for the last item and the summary
+    # the wheels named for download are the whole jsonschema stack (attrs is on the device)
+    assert re.findall(r"(\S+)==", doc) == ["jsonschema", "jsonschema-specifications", "referencing", "rpds-py"]
+
+
+def test_bad_arguments_are_named(gpu_checks, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_checks.main(["--out", str(tmp_path), "--device", "cpu", "--parts", "env,nonsense"])
+    assert "--parts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_checks.main(["--out", str(tmp_path), "--device", "cpu", "--bench-groups", "fat-short:fast"])
+    assert "'fat-short:fast' is not SHAPE:eager or SHAPE:compiled" in capsys.readouterr().err
+    groups = gpu_checks.bench_groups("medium:compiled,fat-short:eager", gpu_checks.GPU)
+    assert groups == (("medium", "compiled", gpu_checks.VARIANTS), ("fat-short", "eager", gpu_checks.VARIANTS))
+    assert gpu_checks.bench_groups(None, gpu_checks.GPU)[0] == ("fat-short", "compiled", gpu_checks.VARIANTS)
