@@ -231,23 +231,13 @@ def _sync(device: torch.device) -> None:
 
 
 def median_ms(fn, device: torch.device, reps: int = 10, warmup: int = 3) -> float:
-    """Median time of `fn` in ms: CUDA events on a GPU, the wall clock on the CPU."""
+    """Median time of `fn` in ms (`streamback.bench.step_seconds`: CUDA events on a GPU)."""
+    from streamback.bench import step_seconds
+
     for _ in range(warmup):
         fn()
     _sync(device)
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - began))
+    times = [1e3 * s for s in step_seconds(fn, reps, device)]
     return statistics.median(times)
 
 
@@ -763,6 +753,8 @@ def run_bench(report: Report, device, sizes: Sizes, config: Path, work: Path, gr
             argv = ["bench", "--config", str(sizes.bench_config or config), "--shapes", shape, "--variants", variant, "--modes", mode,
                     "--batch", str(sizes.bench_batch), "--seq-len", str(sizes.bench_seq), "--vocab-size", str(sizes.bench_vocab),
                     "--steps", str(sizes.bench_steps), "--warmup", str(sizes.bench_warmup), "--device", device.type, "--out", str(out)]
+            if mode == "compiled":  # the memory estimate is of the eager step: made once, in the eager call
+                argv.append("--no-estimate")
             began = time.perf_counter()
             with report.guard("bench", f"{shape}/{mode}/{variant}"):
                 try:

@@ -20,8 +20,10 @@ Compute dtype. Master weights are fp32; every matmul, the attention and the norm
 uses it (`w.to(dtype)`): a no-op under FSDP2 with `param_dtype=bf16` (the weight already is
 bf16), and otherwise the same rounding FSDP2 would apply, with gradients flowing back to the
 fp32 master through the cast. So eager, `torch.compile` and FSDP2 runs compute the same thing
-(bit for bit in the tests; inductor needs `emulate_precision_casts`, which
-`streamback.parallel.apply_compile` sets), and nothing relies on autocast or on FSDP2 casting
+with the same roundings (inductor needs `emulate_precision_casts`, which
+`streamback.parallel.apply_compile` sets; what remains between eager and compiled is the
+last-bit noise of fp32 reductions and transcendentals evaluated in another order, which now and
+then flips one bf16 rounding), and nothing relies on autocast or on FSDP2 casting
 forward inputs (which would cast an fp32 stream to bf16; `apply_fsdp` turns that cast off). RMSNorm computes in fp32
 whatever the stream's dtype (as torch's fused rms_norm does) and rounds once, to the compute
 dtype; RoPE is applied in fp32 (as TorchTitan does); logits are returned in fp32.

@@ -1,4 +1,4 @@
-"""Shared test fixtures: the repository root and a way to run Snakemake on it."""
+"""Shared test fixtures: the repository root, a way to run Snakemake on it, small token shards."""
 
 import subprocess
 import sys
@@ -18,3 +18,18 @@ def run_snakemake():
         return subprocess.run(cmd, cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
 
     return run
+
+
+
+@pytest.fixture(scope="session")
+def tokens(tmp_path_factory):
+    """A 600-document synthetic corpus through the data stage (BPE of 300 tokens): its shard dir."""
+    from streamback.config import validate_config
+    from streamback.data.corpus import write_part
+    from streamback.data.tokenize import tokenize
+
+    root = tmp_path_factory.mktemp("token-shards")
+    write_part(11, 0, 600, root / "part.parquet")
+    data = validate_config({"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
+    tokenize(data, root / "tokens", inputs=[root / "part.parquet"], progress=False)
+    return root / "tokens"

@@ -12,9 +12,6 @@ import sys
 import pytest
 
 from conftest import ROOT
-from streamback.config import validate_config
-from streamback.data.corpus import write_part
-from streamback.data.tokenize import tokenize
 
 SCRIPT = ROOT / "benchmarks" / "gpu_checks.py"
 
@@ -30,15 +27,12 @@ def gpu_checks():
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    """The script with --device cpu --quick on a 600-document corpus (BPE of 300 tokens)."""
+def quick_run(tmp_path_factory, tokens):
+    """The script with --device cpu --quick on conftest's small token shards."""
     root = tmp_path_factory.mktemp("gpu-checks")
-    write_part(11, 0, 600, root / "part.parquet")
-    data = validate_config({"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
-    tokenize(data, root / "tokens", inputs=[root / "part.parquet"], progress=False)
     out = root / "out"
     cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out), "--work", str(root / "work"),
-           "--tokens", str(root / "tokens"), "--budget", "900"]
+           "--tokens", str(tokens), "--budget", "900"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     return proc, out

@@ -23,8 +23,6 @@ from streamback import checkpoint as ckpt
 from streamback import train as train_module
 from streamback.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
 from streamback.config import validate_config
-from streamback.data.corpus import write_part
-from streamback.data.tokenize import tokenize
 from streamback.errors import StreambackError
 from streamback.metrics import DETERMINISTIC, MetricsLog, read_metrics
 from streamback.runs import run_matrix
@@ -57,16 +55,6 @@ def deterministic(records):
 
 def load_model(path):
     return torch.load(path, weights_only=True)["model"]
-
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory):
-    """A 600-document synthetic corpus through the data stage (BPE of 300 tokens)."""
-    root = tmp_path_factory.mktemp("train-data")
-    write_part(11, 0, 600, root / "part.parquet")
-    data = validate_config({"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
-    tokenize(data, root / "tokens", inputs=[root / "part.parquet"], progress=False)
-    return root / "tokens"
 
 
 def run_inprocess(data_dir, root, run="micro-streamback", **overrides):
