@@ -13,25 +13,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
+from streamback.bench import step_seconds
 from streamback.formats import FORMATS, StreamFormat
 
 
 def _median_ms(fn, repeat: int, device: str) -> float:
     fn()
-    times = []
-    for _ in range(repeat):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * statistics.median(step_seconds(fn, repeat, torch.device(device)))
 
 
 def main() -> None:

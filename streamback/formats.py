@@ -267,11 +267,13 @@ class StreamFormat:
     def add(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """h + delta, the sum rounded to the format; the result has `container_dtype`."""
         dtype = self.container_dtype
+        # Mixed dtypes are added in one kernel: torch converts each input exactly to the promoted
+        # dtype (fp32 for a bf16 delta and an fp32 or fp16 stream) as it reads it and rounds the
+        # sum once, so no fp32 copy of the delta is written and read back (the same bits).
         if self._native_nearest_eager():
-            if h.dtype == dtype and delta.dtype == dtype:
-                return h + delta
-            return (h.float() + delta.float()).to(dtype)
-        total = h.float() + delta.float()
+            total = h + delta
+            return total if total.dtype == dtype else total.to(dtype)
+        total = h.float() + delta
         if self.name == "fp32":
             return total
         return _StraightThrough.apply(total, self.name, self.rounding).to(dtype)
