@@ -59,10 +59,9 @@ def _step_peak_tracker():
     return StepPeakTracker()
 
 
-def estimate_step_memory(margs, batch: int, seq_len: int, compute_dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
-    """Peak bytes of one eager forward + backward of `Transformer(margs)`: `{"peak": total,
-    "params": ..., "buffers": ..., "grads": ..., "activations": ..., "temporaries": ...}`, the
-    categories as they stood at the peak (activations include the input tokens)."""
+def fake_training_step(margs, batch: int, seq_len: int, watch, compute_dtype: torch.dtype = torch.bfloat16) -> None:
+    """One eager forward + backward (cross-entropy on random tokens) of `Transformer(margs)` on
+    fake tensors, run inside the context `watch(model)` returns (e.g. a dispatch mode)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from streamback.model import Transformer
@@ -72,12 +71,23 @@ def estimate_step_memory(margs, batch: int, seq_len: int, compute_dtype: torch.d
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")  # fake storages; no values are ever computed
         tokens = torch.randint(0, margs.vocab_size, (batch, seq_len + 1))
-        tracker = _step_peak_tracker()
-        tracker.track_external(model)
-        with tracker:
+        with watch(model):
             loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
             loss.backward()
-        (snapshot,) = tracker.get_tracker_snapshot("peak").values()
+
+
+def estimate_step_memory(margs, batch: int, seq_len: int, compute_dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
+    """Peak bytes of one eager forward + backward of `Transformer(margs)`: `{"peak": total,
+    "params": ..., "buffers": ..., "grads": ..., "activations": ..., "temporaries": ...}`, the
+    categories as they stood at the peak (activations include the input tokens)."""
+    tracker = _step_peak_tracker()
+
+    def watch(model):
+        tracker.track_external(model)
+        return tracker
+
+    fake_training_step(margs, batch, seq_len, watch, compute_dtype)
+    (snapshot,) = tracker.get_tracker_snapshot("peak").values()
     out = {"peak": snapshot["Total"]}
     for kind, nbytes in snapshot.items():
         name = getattr(kind, "name", kind)
