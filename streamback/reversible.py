@@ -85,8 +85,9 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def step_back(residual: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """The residual before `delta` was added: the inverse of `fp32 + delta`, up to rounding."""
-    return residual - delta.to(residual.dtype)
+    """The residual before `delta` was added: the inverse of `fp32 + delta`, up to rounding.
+    (One kernel: the bf16 delta is converted as it is read, as in `StreamFormat.add`.)"""
+    return residual - delta
 
 
 @torch.no_grad()
