@@ -84,7 +84,8 @@ import yaml
 
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config, validate_config
 from streamback.formats import FORMATS, StreamFormat
-from streamback.io import write_json, write_text
+from streamback.bench import markdown_table as bench_table, step_seconds
+from streamback.io import markdown_table, write_json, write_text
 from streamback.model import ModelArgs, Transformer
 from streamback.parallel import apply_activation_checkpointing, apply_compile
 from streamback.reversible import forward_residuals, step_back
@@ -236,8 +237,6 @@ def _sync(device: torch.device) -> None:
 
 def median_ms(fn, device: torch.device, reps: int = 10, warmup: int = 3) -> float:
     """Median time of `fn` in ms (`streamback.bench.step_seconds`: CUDA events on a GPU)."""
-    from streamback.bench import step_seconds
-
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -757,7 +756,7 @@ def run_bench(report: Report, device, sizes: Sizes, config: Path, work: Path, gr
             with report.guard("bench", f"{shape}/{mode}/{variant}"):
                 try:
                     status = cli_main(argv)
-                except SystemExit as err:  # argparse refused the flags (bench.py is being reworked)
+                except SystemExit as err:  # argparse exits on flags it refuses: report it, go on
                     status = f"argument error {err.code}"
                 seconds = time.perf_counter() - began
                 took.setdefault((shape, mode), []).append(seconds)
@@ -783,19 +782,14 @@ def save_bench(report: Report, results: list[dict], rows: list[dict], calls: lis
     report.bench.update(rows=rows, calls=calls, goals=bench_goals(rows))
     merged = {**(results[0] if results else {}), "rows": rows}
     write_json(report.out / "bench.json", {**merged, "calls": calls, "goals": report.bench["goals"]})
-    try:
-        from streamback.bench import markdown_table
-
-        table = markdown_table(merged) if rows else "No bench row yet.\n"
-    except Exception as err:  # bench.py is being reworked: keep the rows even if its table changed shape
-        table = f"(streamback.bench.markdown_table failed: {type(err).__name__}: {err}; rows are in bench.json)\n"
+    table = bench_table(merged) if rows else "No bench row yet.\n"
     goals = [[g["goal"], g["where"], g["value"], _met(g["met"])] for g in report.bench["goals"]]
-    write_text(report.out / "bench.md", table + "\n" + _markdown(["goal", "where", "value", "met"], goals))
+    write_text(report.out / "bench.md", table + "\n" + markdown_table(["goal", "where", "value", "met"], goals))
     report.save()
 
 
 def bench_goals(rows: list[dict]) -> list[dict]:
-    """Issue 3's goals on the bench rows (read defensively: rows may gain or lose keys)."""
+    """Issue 3's goals on the bench rows that ran without error."""
     by = {(r.get("shape"), r.get("mode"), r.get("variant")): r for r in rows if not r.get("error") and r.get("tokens_per_s")}
     goals = []
     for shape, mode in sorted({(s, m) for s, m, _ in by}):
@@ -828,11 +822,6 @@ def _met(met) -> str:
     return {True: "met", False: "MISSED", None: "n/a"}[met]
 
 
-def _markdown(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]) + "\n"
-
-
 def _num(value, fmt: str) -> str:
     """`value` formatted as a number; None is blank and anything else (e.g. a log's "nan") is shown as is."""
     if isinstance(value, (int, float)):
@@ -849,7 +838,7 @@ def summary_text(report: Report, args) -> str:
     counts: dict[str, dict[str, int]] = {}
     for c in report.checks:
         counts.setdefault(c["group"], {"PASS": 0, "FAIL": 0, "INFO": 0, "SKIP": 0})[c["status"]] += 1
-    parts.append(_markdown(["group", "pass", "fail", "info", "skipped"], [[g, *n.values()] for g, n in counts.items()]))
+    parts.append(markdown_table(["group", "pass", "fail", "info", "skipped"], [[g, *n.values()] for g, n in counts.items()]))
     for status, title in (("FAIL", "Failed"), ("INFO", "Findings"), ("SKIP", "Skipped")):
         items = [c for c in report.checks if c["status"] == status]
         if items:  # at most LISTED each, cut short: the device call returns only the output's last 12,000 characters
@@ -871,10 +860,10 @@ def summary_text(report: Report, args) -> str:
             table.append([r.get("shape"), r.get("mode"), r.get("variant"), r.get("error") or _num(r.get("tokens_per_s"), ",.0f"),
                           _num(ratio, ".3f"), _num(r.get("mfu") and 100 * r["mfu"], ".1f"), _num(r.get("peak_mem_gib"), ".1f"),
                           _num(r.get("est_peak_gib"), ".1f"), f"{ref[0]:,}" if ref else "", _num(ref and ref[1], ".1f"), r.get("call_s")])
-        parts.append(_markdown(["shape", "mode", "variant", "tok/s", "vs base", "MFU %", "peak GiB", "est GiB", "ref tok/s", "ref GiB", "call s"], table))
+        parts.append(markdown_table(["shape", "mode", "variant", "tok/s", "vs base", "MFU %", "peak GiB", "est GiB", "ref tok/s", "ref GiB", "call s"], table))
     goals = report.bench.get("goals", [])
     if goals:
-        parts.append(_markdown(["goal", "where", "value", "met"], [[g["goal"], g["where"], g["value"], _met(g["met"])] for g in goals]))
+        parts.append(markdown_table(["goal", "where", "value", "met"], [[g["goal"], g["where"], g["value"], _met(g["met"])] for g in goals]))
     failed = len(report.failed())
     parts.append(f"{len(report.checks)} checks, {failed} failed; {report.elapsed():.0f} s of a {report.budget:.0f} s budget; "
                  f"exit status {1 if failed else 0}; files in {report.out}\n")

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from streamback.config import DEFAULT_CONFIG, load_config
 from streamback.errors import StreambackError
-from streamback.io import write_json, write_text
+from streamback.io import markdown_table as table_of, write_json, write_text
 
 HELP = "time a training step of every shape x block x eager/compiled; tokens/s, MFU, memory"
 
@@ -57,14 +57,25 @@ def parse_names(text: str, allowed, what: str) -> list[str]:
     return names
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training step measured (here and by `streamback memory`): model config, variants, sizes."""
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config file whose model section names the shapes")
-    parser.add_argument("--shapes", default=None, help=f"comma-separated shape names (default: {GPU_SHAPES} on a GPU, {CPU_SHAPES} on the CPU)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from eager, compiled")
     parser.add_argument("--batch", type=int, default=4, help="micro-batch size in sequences")
     parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
     parser.add_argument("--vocab-size", type=int, default=128256, help="vocabulary (default: the Llama 3 tokenizer's)")
+
+
+def require_positive(args: argparse.Namespace, keys) -> None:
+    for key in keys:
+        if getattr(args, key) < 1:
+            raise StreambackError(f"--{key.replace('_', '-')} must be at least 1")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_step_arguments(parser)
+    parser.add_argument("--shapes", default=None, help=f"comma-separated shape names (default: {GPU_SHAPES} on a GPU, {CPU_SHAPES} on the CPU)")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from eager, compiled")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
@@ -76,15 +87,15 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise StreambackError("--device cuda: no CUDA device is available")
-    for key in ("batch", "seq_len", "vocab_size", "steps"):
-        if getattr(args, key) < 1:
-            raise StreambackError(f"--{key.replace('_', '-')} must be at least 1")
+    require_positive(args, ("batch", "seq_len", "vocab_size", "steps"))
     model_cfg = load_config(args.config)["model"]
     shapes = parse_names(args.shapes or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES), model_cfg["shapes"], "shapes")
     variants = parse_names(args.variants, VARIANTS, "variants")
     modes = parse_names(args.modes, MODES, "modes")
     if args.seq_len > model_cfg["max_seq_len"]:
         raise StreambackError(f"--seq-len {args.seq_len} exceeds model.max_seq_len {model_cfg['max_seq_len']} of {args.config}")
+
+    from streamback.memory import estimate_step_memory
 
     matmul = matmul_flops(device)
     print(f"bf16 matmul on {device_name(device)}: {matmul / 1e12:.2f} TFLOP/s")
@@ -94,9 +105,7 @@ def run(args: argparse.Namespace) -> int:
             for variant in variants:
                 row = {"shape": shape, "variant": variant, "mode": mode}
                 row.update(bench_one(model_cfg, shape, variant, mode, args, device, matmul))
-                if args.estimate and (shape, variant) not in estimates:
-                    from streamback.memory import estimate_step_memory
-
+                if args.estimate and (shape, variant) not in estimates:  # the same for every mode
                     estimates[shape, variant] = estimate_step_memory(model_args(model_cfg, shape, variant, args), args.batch, args.seq_len)["peak"] / 2**30
                 row["est_peak_gib"] = estimates.get((shape, variant))
                 rows.append(row)
@@ -268,6 +277,4 @@ def markdown_table(result: dict) -> str:
         f"vocabulary {result['vocab_size']}, on {result['device']} (torch {result['torch']}); "
         f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s.\n\n"
     )
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cells(row, result["rows"])) + " |" for row in result["rows"]]
-    return head + "\n".join(lines) + "\n"
+    return head + table_of(COLUMNS, [_cells(row, result["rows"]) for row in result["rows"]])

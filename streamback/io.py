@@ -1,4 +1,4 @@
-"""File output that never leaves a half-written result: write to a temporary name, then rename."""
+"""File output that never leaves a half-written result (write to a temporary name, then rename), and the Markdown tables the reports print."""
 
 from __future__ import annotations
 
@@ -29,3 +29,9 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_json(path: str | os.PathLike, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def markdown_table(header, rows) -> str:
+    """A Markdown table: a header row, the separator, then one line per row (cells as str)."""
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows]) + "\n"

@@ -32,9 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from streamback.config import DEFAULT_CONFIG, load_config
-from streamback.errors import StreambackError
-from streamback.io import write_json, write_text
+from streamback.config import load_config
+from streamback.io import markdown_table as table_of, write_json, write_text
 
 HELP = "estimate the peak memory of a training step per shape x block, on the CPU (fake tensors)"
 GIB = 2**30
@@ -97,23 +96,17 @@ def estimate_step_memory(margs, batch: int, seq_len: int, compute_dtype: torch.d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamback.bench import GPU_SHAPES, VARIANTS
+    from streamback.bench import GPU_SHAPES, add_step_arguments
 
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config file whose model section names the shapes")
+    add_step_arguments(parser)
     parser.add_argument("--shapes", default=GPU_SHAPES, help=f"comma-separated shape names (default: {GPU_SHAPES})")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
-    parser.add_argument("--batch", type=int, default=4, help="micro-batch size in sequences")
-    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
-    parser.add_argument("--vocab-size", type=int, default=128256, help="vocabulary (default: the Llama 3 tokenizer's)")
     parser.add_argument("--out", type=Path, default=Path("results/bench/memory.json"), help="JSON output; the table goes beside it as .md")
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamback.bench import VARIANTS, model_args, parse_names
+    from streamback.bench import VARIANTS, model_args, parse_names, require_positive
 
-    for key in ("batch", "seq_len", "vocab_size"):
-        if getattr(args, key) < 1:
-            raise StreambackError(f"--{key.replace('_', '-')} must be at least 1")
+    require_positive(args, ("batch", "seq_len", "vocab_size"))
     model_cfg = load_config(args.config)["model"]
     shapes = parse_names(args.shapes, model_cfg["shapes"], "shapes")
     variants = parse_names(args.variants, VARIANTS, "variants")
@@ -138,12 +131,10 @@ def markdown_table(result: dict) -> str:
         f"master weights, no optimizer), micro-batch {result['batch']} x {result['seq_len']}, vocabulary "
         f"{result['vocab_size']}; fake tensors under torch's MemTracker.\n\n"
     )
-    columns = ("shape", "variant", "peak", "vs baseline", "params", "activations", "temporaries")
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    cells = []
     for row in result["rows"]:
         base = next((r for r in result["rows"] if r["shape"] == row["shape"] and r["variant"] == "baseline"), None)
         diff = "" if base is None else f"{(row['peak'] - base['peak']) / GIB:+.3f}"
-        cells = [row["shape"], row["variant"], f"{row['peak'] / GIB:.3f}", diff]
-        cells += [f"{row.get(k, 0) / GIB:.3f}" for k in ("params", "activations", "temporaries")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
+        cells.append([row["shape"], row["variant"], f"{row['peak'] / GIB:.3f}", diff]
+                     + [f"{row.get(k, 0) / GIB:.3f}" for k in ("params", "activations", "temporaries")])
+    return head + table_of(("shape", "variant", "peak", "vs baseline", "params", "activations", "temporaries"), cells)
