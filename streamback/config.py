@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 from pathlib import Path
 
@@ -22,9 +23,11 @@ SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"
 DEFAULT_CONFIG = ROOT / "config" / "config.yaml"
 
 
+@functools.cache
 def _default_filling_validator():
-    """The schema's validator class, extended to fill in `default`s (jsonschema's own recipe,
-    which snakemake.utils.validate also uses; defaults are deep-copied, never shared)."""
+    """The schema's validator, extended to fill in `default`s (jsonschema's own recipe, which
+    snakemake.utils.validate also uses; defaults are deep-copied, never shared). Built once per
+    process: it holds no state of the configs it checks."""
     from jsonschema import validators
 
     schema = yaml.safe_load(SCHEMA.read_text())
