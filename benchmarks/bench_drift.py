@@ -26,8 +26,8 @@ import time
 import torch
 
 from streamback.config import load_config
-from streamback.drift import PATHS, advance, compiled_step, draws, rounding_seed, simulate, skip_reason, start_value
-from streamback.rounding import stochastic_noise
+from streamback.drift.simulate import PATHS, advance, compiled_step, draws, rounding_seed, simulate, skip_reason, start_value
+from streamback.model.rounding import stochastic_noise
 
 GOAL_S = 1.0
 

@@ -16,8 +16,8 @@ import statistics
 
 import torch
 
-from streamback.bench import step_seconds
-from streamback.formats import FORMATS, StreamFormat
+from streamback.measure.bench import step_seconds
+from streamback.model.formats import FORMATS, StreamFormat
 
 
 def _median_ms(fn, repeat: int, device: str) -> float:

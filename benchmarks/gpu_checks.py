@@ -83,13 +83,13 @@ import torch.nn.functional as F
 import yaml
 
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config, validate_config
-from streamback.formats import FORMATS, StreamFormat
-from streamback.bench import markdown_table as bench_table, step_seconds
+from streamback.model.formats import FORMATS, StreamFormat
+from streamback.measure.bench import markdown_table as bench_table, step_seconds
 from streamback.io import markdown_table, write_json, write_text
-from streamback.model import ModelArgs, Transformer
-from streamback.parallel import apply_activation_checkpointing, apply_compile
-from streamback.reversible import forward_residuals, step_back
-from streamback.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, round_to, ulp
+from streamback.model.model import ModelArgs, Transformer
+from streamback.train.parallel import apply_activation_checkpointing, apply_compile
+from streamback.model.reversible import forward_residuals, step_back
+from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, round_to, ulp
 
 PARTS = ("env", "checks", "fsdp", "train", "bench")
 STREAMS = [*FORMATS, *(f + "_sr" for f in FORMATS if f != "fp32")]  # every format x rounding
@@ -585,8 +585,8 @@ def run_fsdp(report: Report, device, sizes: Sizes, work: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from streamback.parallel import apply_fsdp
-    from streamback.train import _StreamDtypeWatch  # the trainer's own check of the stream's dtype
+    from streamback.train.parallel import apply_fsdp
+    from streamback.train.trainer import _StreamDtypeWatch  # the trainer's own check of the stream's dtype
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     with report.guard("fsdp", "process_group"):
@@ -673,7 +673,7 @@ def checks_config(sizes: Sizes) -> dict:
 
 
 def run_train(report: Report, device, sizes: Sizes, config: Path, tokens_dir: Path, work: Path) -> None:
-    from streamback.metrics import read_metrics
+    from streamback.train.metrics import read_metrics
 
     if report.late("train"):
         report.record("train", "smoke", "skipped", "time budget")

@@ -28,10 +28,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamback.config import DEFAULT_CONFIG, load_config  # noqa: E402
-from streamback.export_hf import load_checkpoint  # noqa: E402
-from streamback.model import ModelArgs, Transformer  # noqa: E402
-from streamback.reversible import forward_residuals, step_back  # noqa: E402
-from streamback.rounding import FP32, ulp  # noqa: E402
+from streamback.model.export_hf import load_checkpoint  # noqa: E402
+from streamback.model.model import ModelArgs, Transformer  # noqa: E402
+from streamback.model.reversible import forward_residuals, step_back  # noqa: E402
+from streamback.model.rounding import FP32, ulp  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

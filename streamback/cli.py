@@ -14,13 +14,13 @@ import sys
 from streamback.errors import StreambackError
 
 COMMANDS = {
-    "drift": "streamback.drift",
+    "drift": "streamback.drift.simulate",
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
-    "train": "streamback.train",
-    "export-hf": "streamback.export_hf",
-    "bench": "streamback.bench",
-    "memory": "streamback.memory",
+    "train": "streamback.train.trainer",
+    "export-hf": "streamback.model.export_hf",
+    "bench": "streamback.measure.bench",
+    "memory": "streamback.measure.memory",
 }
 
 

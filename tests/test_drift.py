@@ -1,4 +1,4 @@
-"""streamback.drift: the measured grids, hand-derived drifts, the vectorised grid against a plain
+"""streamback.drift.simulate: the measured grids, hand-derived drifts, the vectorised grid against a plain
 loop in torch's native narrow dtypes, and the compiled step against the eager one."""
 
 import math
@@ -7,9 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from streamback import cli, drift
-from streamback.drift import PATHS, simulate, spacing_table, summary_table
-from streamback.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16
+from streamback import cli
+from streamback.drift import simulate as drift
+from streamback.drift.simulate import PATHS, simulate, spacing_table, summary_table
+from streamback.model.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16
 
 ALL_PATHS = list(PATHS)
 

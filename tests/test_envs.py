@@ -70,7 +70,7 @@ class Block(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         pass
 sys.meta_path.insert(0, Block())
-import streamback.export_hf, streamback.train
+import streamback.model.export_hf, streamback.train.trainer
 from streamback.cli import main
 sys.exit(main(["bench", "--shapes", "tiny-fat-short", "--modes", "eager", "--variants", "baseline",
                "--batch", "1", "--seq-len", "8", "--vocab-size", "32", "--steps", "1", "--warmup", "0",

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from streamback.cli import main as cli_main
-from streamback.memory import estimate_step_memory
-from streamback.model import ModelArgs, Transformer
+from streamback.measure.memory import estimate_step_memory
+from streamback.model.model import ModelArgs, Transformer
 
 B, T = 2, 64
 VARIANTS = [dict(block="baseline"), dict(block="streamback"), dict(block="streamback", reversible=True)]

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from streamback.cli import main as cli_main
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config
 from streamback.errors import StreambackError
-from streamback.formats import FORMATS, StreamFormat
-from streamback.model import (
+from streamback.model.formats import FORMATS, StreamFormat
+from streamback.model.model import (
     ModelArgs,
     Transformer,
     _RMSNormFunction,
@@ -22,7 +22,7 @@ from streamback.model import (
     norm_gain_absmax,
     rope_tables,
 )
-from streamback.parallel import apply_compile
+from streamback.train.parallel import apply_compile
 
 # every stream format, with each rounding it has (fp32 has no stochastic variant)
 STREAMS = [f for f in FORMATS] + [f + "_sr" for f in FORMATS if f != "fp32"]
@@ -254,7 +254,7 @@ def test_fsdp_stream_dtype(process_group):
     boundary, and gradients reach the fp32 master weights. FSDP2's default policy would not."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from streamback.parallel import apply_fsdp
+    from streamback.train.parallel import apply_fsdp
 
     for stream in ["baseline", *STREAMS]:
         args = tiny() if stream == "baseline" else tiny(block="streamback", stream=stream)
@@ -289,7 +289,7 @@ def test_fsdp_stream_dtype(process_group):
 
 
 def test_apply_fsdp_refuses_a_param_dtype_other_than_the_compute_dtype():
-    from streamback.parallel import apply_fsdp
+    from streamback.train.parallel import apply_fsdp
 
     with pytest.raises(StreambackError, match="compute dtype"):
         apply_fsdp(Transformer(tiny()), param_dtype=torch.float16)
@@ -310,7 +310,7 @@ def test_bench_cpu(tmp_path):
     assert all(r["error"] is None and r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in rows.values())
     assert all(r["peak_mem_gib"] is None for r in rows.values())  # no GPU
     assert all(r["step_spread"] >= 1 for r in rows.values())
-    estimates = {k: r["est_peak_gib"] for k, r in rows.items()}  # streamback.memory's, in GiB
+    estimates = {k: r["est_peak_gib"] for k, r in rows.items()}  # streamback.measure.memory's, in GiB
     assert estimates["streamback"] > estimates["baseline"] == estimates["streamback-reversible"] > 0  # peak at the loss
     # 2 layers x 2 residuals of 128 tokens x 128 dims: fp32 residuals dropped, bf16 deltas kept but
     # the first (h_0 is recomputed from the tokens)

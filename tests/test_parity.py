@@ -9,8 +9,8 @@ import torch
 
 from streamback.cli import main as cli_main
 from streamback.errors import StreambackError
-from streamback.export_hf import export, load_checkpoint, save_checkpoint
-from streamback.model import ModelArgs, Transformer
+from streamback.model.export_hf import export, load_checkpoint, save_checkpoint
+from streamback.model.model import ModelArgs, Transformer
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from streamback.model import ModelArgs, Transformer
-from streamback.parallel import apply_activation_checkpointing, apply_compile
-from streamback.reversible import SavedTensorBytes, forward_residuals, step_back
-from streamback.rounding import FP32, ulp
+from streamback.model.model import ModelArgs, Transformer
+from streamback.train.parallel import apply_activation_checkpointing, apply_compile
+from streamback.model.reversible import SavedTensorBytes, forward_residuals, step_back
+from streamback.model.rounding import FP32, ulp
 
 GRAD_RTOL = 1e-5
 B, T, DIM, LAYERS = 2, 24, 64, 4

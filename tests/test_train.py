@@ -19,14 +19,14 @@ import torch
 import yaml
 
 from conftest import ROOT
-from streamback import checkpoint as ckpt
-from streamback import train as train_module
-from streamback.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
+from streamback.train import checkpoint as ckpt
+from streamback.train import trainer as train_module
+from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
 from streamback.config import validate_config
 from streamback.errors import StreambackError
-from streamback.metrics import DETERMINISTIC, MetricsLog, read_metrics
+from streamback.train.metrics import DETERMINISTIC, MetricsLog, read_metrics
 from streamback.runs import run_matrix
-from streamback.schedule import check_wsd, wsd_lr
+from streamback.train.schedule import check_wsd, wsd_lr
 
 STEPS = 30
 MODEL = {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64}
@@ -180,7 +180,7 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
 
 
 def test_a_wrapper_that_casts_the_stream_is_caught():
-    from streamback.model import ModelArgs, Transformer
+    from streamback.model.model import ModelArgs, Transformer
 
     model = Transformer(ModelArgs.from_config(config()["model"], "micro", 50, block="streamback"))
     model.layers[1].register_forward_pre_hook(lambda module, args: (args[0].bfloat16(), *args[1:]))  # what FSDP2's input cast does

@@ -10,7 +10,7 @@ import yaml
 
 from conftest import ROOT
 from streamback.data.shards import TokenDataset
-from streamback.metrics import read_metrics
+from streamback.train.metrics import read_metrics
 
 SIX = [f"{shape}-{block}" for shape in ("tiny-skinny-tall", "tiny-medium", "tiny-fat-short") for block in ("baseline", "streamback")]
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamback.data import layout
+from streamback import layout
 from streamback.data.shards import file_sha256
 from streamback.errors import StreambackError
 

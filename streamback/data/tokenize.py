@@ -26,7 +26,8 @@ import numpy as np
 
 from streamback import __version__
 from streamback.config import add_config_arguments, section_from_args
-from streamback.data import layout, worker_pool
+from streamback import layout
+from streamback.data import worker_pool
 from streamback.data import tokenizer as tk
 from streamback.data.shards import (FORMAT, HEADER_BYTES, SPLITS, TokenDataset, check_shard, np_dtype,
                                     read_manifest, shard_name, token_dtype, write_shard)

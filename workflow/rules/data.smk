@@ -3,7 +3,7 @@
 # results/tokens/<corpus>/ (or data.dir): shards, tokenizer.json and manifest.json, the output
 # the training rules depend on (rules.tokenize.output.manifest).
 
-from streamback.data.layout import corpus_dir, corpus_files, input_files, tokens_dir
+from streamback.layout import corpus_dir, corpus_files, input_files, tokens_dir
 
 DATA = config["data"]
 TOKENS = str(tokens_dir(DATA))

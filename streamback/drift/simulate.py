@@ -4,7 +4,7 @@ Every coordinate starts at `start` and, for `steps` steps, has `mu + sigma * N(0
 it, the way a residual stream has each block's output added to it. Each *path* keeps that sum
 differently (`PATHS`): in fp32, in fp32 but with bf16-rounded updates, in bf16 rounded to
 nearest, in bf16 with stochastic rounding, in bf16 with a bf16 Kahan compensation term, in fp16
-and in the fp8 formats. All rounding is `streamback.rounding`'s (`round_to`, and `round_fp32`, its
+and in the fp8 formats. All rounding is `streamback.model.rounding`'s (`round_to`, and `round_fp32`, its
 arithmetic with the random bits passed in).
 
 Within one seed every path and every (mu, sigma) setting sees the same fp32 noise draws (common
@@ -41,7 +41,7 @@ import torch
 
 from streamback.config import add_config_arguments, section_from_args
 from streamback.errors import StreambackError
-from streamback.rounding import (BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatSpec, Noise, round_fp32, round_to,
+from streamback.model.rounding import (BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatSpec, Noise, round_fp32, round_to,
                                  stochastic_noise, ulp)
 
 HELP = "simulate the drift of a long running sum kept in fp32, bf16 (nearest, stochastic, Kahan), fp16 and fp8"

@@ -12,7 +12,7 @@ steps (compilation happens there), and reports:
   FLOP count: 6 x parameters except the token embedding + 12 x layers x heads x head_dim x
   seq_len per token, attention counted as if not causal);
 - peak memory: torch.cuda.max_memory_allocated on a GPU (n/a on the CPU), and beside it the
-  estimate of `streamback.memory` for the same step (eager, fake tensors; `--no-estimate` skips);
+  estimate of `streamback.measure.memory` for the same step (eager, fake tensors; `--no-estimate` skips);
 - saved activations: bytes autograd keeps for the backward pass (distinct storages, counted with
   saved-tensor hooks on one extra step; for the reversible stream, its own count of what it
   keeps plus its cached deltas), which needs no GPU.
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seq_len > model_cfg["max_seq_len"]:
         raise StreambackError(f"--seq-len {args.seq_len} exceeds model.max_seq_len {model_cfg['max_seq_len']} of {args.config}")
 
-    from streamback.memory import estimate_step_memory
+    from streamback.measure.memory import estimate_step_memory
 
     matmul = matmul_flops(device)
     print(f"bf16 matmul on {device_name(device)}: {matmul / 1e12:.2f} TFLOP/s")
@@ -151,7 +151,7 @@ def matmul_flops(device: torch.device) -> float:
 
 def model_args(model_cfg: dict, shape: str, variant: str, args: argparse.Namespace):
     """ModelArgs of `shape` as `variant` (a VARIANTS name), with `args.vocab_size`."""
-    from streamback.model import ModelArgs
+    from streamback.model.model import ModelArgs
 
     block, reversible = VARIANTS[variant]
     return ModelArgs.from_config(model_cfg, shape, args.vocab_size, block=block, reversible=reversible)
@@ -176,16 +176,16 @@ def step_seconds(step, steps: int, device: torch.device) -> list[float]:
 
 
 def flops_per_token(model, seq_len: int) -> int:
-    from streamback.model import count_params
+    from streamback.model.model import count_params
 
     a = model.args
     return 6 * count_params(model, exclude_embeddings=True) + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
 
 
 def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
-    from streamback.model import Transformer
-    from streamback.parallel import apply_compile
-    from streamback.reversible import SavedTensorBytes
+    from streamback.model.model import Transformer
+    from streamback.train.parallel import apply_compile
+    from streamback.model.reversible import SavedTensorBytes
 
     margs = model_args(model_cfg, shape, variant, args)
     generator = torch.Generator(device=device).manual_seed(0)

@@ -63,7 +63,7 @@ def fake_training_step(margs, batch: int, seq_len: int, watch, compute_dtype: to
     fake tensors, run inside the context `watch(model)` returns (e.g. a dispatch mode)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from streamback.model import Transformer
+    from streamback.model.model import Transformer
 
     with torch.device("meta"):
         model = Transformer(margs, compute_dtype=compute_dtype)
@@ -96,7 +96,7 @@ def estimate_step_memory(margs, batch: int, seq_len: int, compute_dtype: torch.d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamback.bench import GPU_SHAPES, add_step_arguments
+    from streamback.measure.bench import GPU_SHAPES, add_step_arguments
 
     add_step_arguments(parser)
     parser.add_argument("--shapes", default=GPU_SHAPES, help=f"comma-separated shape names (default: {GPU_SHAPES})")
@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamback.bench import VARIANTS, model_args, parse_names, require_positive
+    from streamback.measure.bench import VARIANTS, model_args, parse_names, require_positive
 
     require_positive(args, ("batch", "seq_len", "vocab_size"))
     model_cfg = load_config(args.config)["model"]

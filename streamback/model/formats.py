@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from streamback.errors import StreambackError
-from streamback.rounding import (
+from streamback.model.rounding import (
     BF16,
     FP4_E2M1,
     FP8_E4M3,

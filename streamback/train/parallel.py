@@ -9,7 +9,7 @@ to `param_dtype` by default (`cast_forward_inputs=True`). Each block's input is 
 stream, so that default would turn an fp32 StreamBack stream into a bf16 one at every block
 boundary, silently making it a baseline model (Megatron-LM's fp32 residual was broken this way).
 `apply_fsdp` turns the cast off; the model casts what it computes with itself (see
-`streamback.model`), so the stream keeps its format and the compute is the same as without FSDP.
+`streamback.model.model`), so the stream keeps its format and the compute is the same as without FSDP.
 """
 
 from __future__ import annotations

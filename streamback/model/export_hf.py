@@ -35,7 +35,7 @@ import torch
 
 from streamback.errors import StreambackError
 from streamback.io import atomic_path, write_text
-from streamback.model import ModelArgs, Transformer, model_args_from_dict
+from streamback.model.model import ModelArgs, Transformer, model_args_from_dict
 
 HELP = "export a trained checkpoint to a Hugging Face Llama directory (model.safetensors + config.json)"
 

@@ -7,11 +7,11 @@ and gradient reduction; the stream keeps its format). The recipe - AdamW, warmup
 gradient clipping, a global batch reached by gradient accumulation - is the `train` section; what
 is trained is `model.shapes[shape]` with the run's block and stream (`streamback.runs`).
 
-Resumable and reproducible: batches (`streamback.batches`) and the random numbers of stochastic
+Resumable and reproducible: batches (`streamback.train.batches`) and the random numbers of stochastic
 rounding (reseeded every step from (seed, step, rank)) depend only on the step, so a run resumed
 from a checkpoint computes what an uninterrupted one would. A run starts from the newest complete
 checkpoint under its checkpoint directory, if there is one; it saves one every
-`checkpoint.every` steps and at the end (`streamback.checkpoint`: atomic, the last K kept).
+`checkpoint.every` steps and at the end (`streamback.train.checkpoint`: atomic, the last K kept).
 
 Exit statuses:
 - 0: done; the final model, metrics and summary are in the output directory.
@@ -46,14 +46,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from streamback.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
-from streamback.checkpoint import TrainState, list_checkpoints, load_checkpoint, read_meta, remove_partial, save_checkpoint
+from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
+from streamback.train.checkpoint import TrainState, list_checkpoints, load_checkpoint, read_meta, remove_partial, save_checkpoint
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
 from streamback.io import atomic_path, write_json
-from streamback.metrics import MetricsLog
+from streamback.train.metrics import MetricsLog
 from streamback.runs import RunSpec, run_matrix, run_setting
-from streamback.schedule import check_wsd, wsd_lr
+from streamback.train.schedule import check_wsd, wsd_lr
 
 HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
 
@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamback.data.layout import tokens_dir
+    from streamback.layout import tokens_dir
 
     train_cfg = section_from_args(args, "train")
     # the model and data sections come from the config file unless given (as the rule does)
@@ -177,7 +177,7 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: _Distributed):
         from streamback.data.shards import TokenDataset
-        from streamback.model import ModelArgs
+        from streamback.model.model import ModelArgs
 
         self.spec, self.cfg, self.env = spec, cfg, env
         self.outdir, self.ckpt_dir = outdir, ckpt_dir
@@ -226,8 +226,8 @@ class Trainer:
         }
 
     def _build_model(self):
-        from streamback.model import Transformer
-        from streamback.parallel import apply_activation_checkpointing, apply_compile, apply_fsdp
+        from streamback.model.model import Transformer
+        from streamback.train.parallel import apply_activation_checkpointing, apply_compile, apply_fsdp
 
         with torch.device("meta"):
             model = Transformer(self.model_args)
@@ -336,7 +336,7 @@ class Trainer:
         }
         if record_stream:
             record["stream_absmax"] = env.all_reduce(absmax, op=dist.ReduceOp.MAX).tolist()
-            from streamback.model import norm_gain_absmax
+            from streamback.model.model import norm_gain_absmax
 
             record["norm_gain_absmax"] = norm_gain_absmax(self.model)
         return record, stop_now
@@ -389,7 +389,7 @@ class Trainer:
         """Write the final model (fp32, unsharded), the metrics and the completion record."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from streamback.model import count_params
+        from streamback.model.model import count_params
 
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.env.rank != 0:
@@ -411,7 +411,7 @@ class Trainer:
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / 'model.pt'}")
 
     def _announce(self, start_step: int) -> None:
-        from streamback.model import count_params
+        from streamback.model.model import count_params
 
         what = f"resuming from step {start_step}" if start_step else "starting"
         self.progress.write(
@@ -423,7 +423,7 @@ class Trainer:
 
 
 def _last_record(path: Path) -> dict:
-    from streamback.metrics import read_metrics
+    from streamback.train.metrics import read_metrics
 
     records = read_metrics(path)
     return records[-1] if records else {}

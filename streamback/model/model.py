@@ -3,7 +3,7 @@
 TorchTitan's Llama 3 (the study's reference implementation): token embedding, `n_layers` blocks
 of RMSNorm -> grouped-query attention with RoPE -> residual add -> RMSNorm -> SwiGLU -> residual
 add, a final RMSNorm and an untied output projection; parameter names are TorchTitan's, so its
-state-dict conversions (e.g. to Hugging Face, `streamback.export_hf`) apply unchanged.
+state-dict conversions (e.g. to Hugging Face, `streamback.model.export_hf`) apply unchanged.
 
 Two blocks, one class. What differs is only the format of the residual stream `h`, the
 accumulator every sublayer adds its output to:
@@ -55,8 +55,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from streamback.errors import StreambackError
-from streamback.formats import StreamFormat
-from streamback.reversible import ReversibleStream
+from streamback.model.formats import StreamFormat
+from streamback.model.reversible import ReversibleStream
 
 BLOCKS = ("baseline", "streamback")
 _DTYPE_FORMAT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -79,7 +79,7 @@ class ModelArgs:
     tied_embeddings: bool = False
     block: str = "baseline"  # "baseline" | "streamback"
     stream: str = "fp32"  # StreamFormat text for the streamback block; the baseline ignores it
-    reversible: bool = False  # streamback with an fp32 stream only (streamback.reversible)
+    reversible: bool = False  # streamback with an fp32 stream only (streamback.model.reversible)
 
     def __post_init__(self):
         for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "max_seq_len"):

@@ -10,7 +10,7 @@ The bottom of the stream needs no delta: h_0 is the token embedding, recomputed 
 tokens (`bottom`), so delta0_0 is not kept. That pays for the one residual kept in fp32, the
 top h_L (the final norm's input): the reversible StreamBack model then saves exactly the bytes
 the baseline (bf16 stream) saves, 2 bytes per element per residual, and its memory estimate
-(`streamback.memory`) equals the baseline's.
+(`streamback.measure.memory`) equals the baseline's.
 
 How (the first seed document's scheme, made robust): the model's forward runs inside
 `ReversibleStream`, a `torch.autograd.graph.saved_tensors_hooks` context. Every tensor autograd
@@ -69,7 +69,7 @@ class _Saved:
 
 def storage_id(t: torch.Tensor) -> int:
     """Identity of the storage behind `t` (its StorageImpl, shared by every view of it). Unlike
-    `data_ptr()` it is also defined for fake tensors (`streamback.memory`'s estimates)."""
+    `data_ptr()` it is also defined for fake tensors (`streamback.measure.memory`'s estimates)."""
     return t.untyped_storage()._cdata
 
 

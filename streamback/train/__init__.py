@@ -1,0 +1,1 @@
+"""The training stage: the trainer and its parts (batches, checkpoints, schedule, metrics log, parallelisation)."""
