@@ -82,6 +82,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from streamback import layout
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config, validate_config
 from streamback.model.formats import FORMATS, StreamFormat
 from streamback.measure.bench import markdown_table as bench_table, step_seconds
@@ -894,7 +895,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=None, help="seconds for the whole run (default 420, quick 300)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
     parser.add_argument("--bench-groups", default=None, help="SHAPE:MODE,... in order (default: the reference figures' first)")
-    parser.add_argument("--tokens", type=Path, default=ROOT / "results" / "tokens" / "synthetic", help="token shards for the training smoke")
+    parser.add_argument("--tokens", type=Path, default=ROOT / layout.tokens_dir(load_config()["data"]), help="token shards for the training smoke (default: the default config's)")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new temporary one)")
     args = parser.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]

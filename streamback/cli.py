@@ -14,7 +14,7 @@ import sys
 from streamback.errors import StreambackError
 
 COMMANDS = {
-    "drift": "streamback.drift.simulate",
+    "drift": "streamback.drift.stage",
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
     "train": "streamback.train.trainer",

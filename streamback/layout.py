@@ -1,20 +1,29 @@
-"""Where the data stage reads and writes, from the config's `data` section (stdlib only: the
-Snakemake rules import it to name their inputs and outputs, the CLI to find its defaults)."""
+"""Every path the pipeline reads and writes under `results/`, named once.
+
+Standard library only: the rule files import it to name their inputs and outputs, the CLI for
+its defaults and the tests to find what a stage wrote. Paths are relative to the working
+directory (Snakemake's `--directory`). A function of a run name also builds the rule's pattern:
+`model_file("{run}")` is `results/runs/{run}/model.pt`.
+"""
 
 from __future__ import annotations
 
 import glob
 from pathlib import Path
 
+RESULTS = Path("results")
+
+# -- data (rules corpus, tokenize) ------------------------------------------------------------
+
 
 def tokens_dir(data: dict) -> Path:
     """The shard directory: `data.dir`, or results/tokens/<corpus>/."""
-    return Path(data["dir"]) if data.get("dir") else Path("results") / "tokens" / data["corpus"]
+    return Path(data["dir"]) if data.get("dir") else RESULTS / "tokens" / data["corpus"]
 
 
 def corpus_dir(data: dict) -> Path:
     """Where the synthetic corpus's parquet files go: results/corpus/<corpus>/."""
-    return Path("results") / "corpus" / data["corpus"]
+    return RESULTS / "corpus" / data["corpus"]
 
 
 def corpus_files(data: dict) -> list[Path]:
@@ -39,3 +48,74 @@ def input_files(data: dict) -> list[Path]:
     if data["source"] == "local":
         return local_files(data)
     return []
+
+
+# -- training (rule train) --------------------------------------------------------------------
+
+
+def run_dir(run: str) -> Path:
+    """A trained run's outputs: model.pt, metrics.jsonl, summary.json."""
+    return RESULTS / "runs" / run
+
+
+def model_file(run: str) -> Path:
+    """The trained model (`streamback.model.weights`)."""
+    return run_dir(run) / "model.pt"
+
+
+def metrics_file(run: str) -> Path:
+    return run_dir(run) / "metrics.jsonl"
+
+
+def summary_file(run: str) -> Path:
+    return run_dir(run) / "summary.json"
+
+
+def checkpoint_dir(run: str) -> Path:
+    """Resumable training state (not a rule output, so a failed job never loses it)."""
+    return RESULTS / "checkpoints" / run
+
+
+def hf_dir(run: str) -> Path:
+    """A run exported to Hugging Face format (`streamback export-hf`)."""
+    return RESULTS / "hf" / run
+
+
+# -- drift (rule drift) -----------------------------------------------------------------------
+
+DRIFT_DIR = RESULTS / "drift"
+DRIFT_FILES = {"summary": "summary.csv", "trajectories": "trajectories.parquet", "spacing": "spacing.csv", "report": "report.html"}
+DRIFT_FIGURES = ("drift_ratio", "trajectories", "spacing")  # each as .svg and .png
+
+# -- measurement (streamback bench, streamback memory) ----------------------------------------
+
+BENCH_DIR = RESULTS / "bench"
+BENCH_FILE = BENCH_DIR / "bench.json"  # and bench.md beside it
+MEMORY_FILE = BENCH_DIR / "memory.json"  # and memory.md beside it
+
+# -- evaluation, analyses and the study page --------------------------------------------------
+
+EVAL_DIR = RESULTS / "eval"
+TABLES_DIR = RESULTS / "tables"
+FIGURES_DIR = RESULTS / "figures"
+STUDY_PAGE = RESULTS / "study.html"
+REPORT_PAGE = RESULTS / "report.html"  # Snakemake's report (snakemake --report)
+
+
+def eval_dir(run: str) -> Path:
+    """lm-eval's outputs for a run: results.json and the per-item samples."""
+    return EVAL_DIR / run
+
+
+def eval_results(run: str) -> Path:
+    return eval_dir(run) / "results.json"
+
+
+def table(name: str) -> Path:
+    """A table of the study: results/tables/<name>.csv."""
+    return TABLES_DIR / f"{name}.csv"
+
+
+def figure(name: str, suffix: str) -> Path:
+    """A figure of the study: results/figures/<name>.<suffix> (svg or png)."""
+    return FIGURES_DIR / f"{name}.{suffix}"

@@ -13,6 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from conftest import ROOT
+from streamback import layout
 from streamback.config import validate_config
 from streamback.data import tokenize as tokenize_module
 from streamback.data.corpus import corpus_table, write_part
@@ -282,13 +283,14 @@ def test_cli_reports_bad_input(tmp_path):
 def test_snakemake_rules_corpus_and_tokenize(run_snakemake, tmp_path):
     data = {"synthetic": {"documents": 300, "files": 2}, "shard_tokens": SHARD, "tokenizer": {"vocab_size": 600}}
     (tmp_path / "tiny.yaml").write_text(json.dumps({"data": data}))  # JSON is YAML
-    result = run_snakemake("results/tokens/synthetic/manifest.json", "--cores", "2", "--directory", tmp_path,
+    tokens = layout.tokens_dir({"corpus": "synthetic"})
+    result = run_snakemake(tokens / "manifest.json", "--cores", "2", "--directory", tmp_path,
                            "--configfile", tmp_path / "tiny.yaml")
     assert result.returncode == 0, result.stderr + result.stdout
-    manifest = read_manifest(tmp_path / "results/tokens/synthetic")
+    manifest = read_manifest(tmp_path / tokens)
     assert [f["path"] for f in manifest["source"]["files"]] == [
-        f"results/corpus/synthetic/part-0000{k}-of-00002.parquet" for k in range(2)]
-    assert TokenDataset(tmp_path / "results/tokens/synthetic", "train", verify=True).num_tokens > 2 * SHARD
+        str(p) for p in layout.corpus_files({"corpus": "synthetic", "synthetic": {"files": 2}})]
+    assert TokenDataset(tmp_path / tokens, "train", verify=True).num_tokens > 2 * SHARD
     log = (tmp_path / "logs/tokenize/synthetic.log").read_text()
     assert "300 documents" in log and "tokens/s" in log
     assert "wrote 300 documents to 2 files" in (tmp_path / "logs/corpus/synthetic.log").read_text()

@@ -6,7 +6,9 @@ import yaml
 
 from test_drift import assert_note_findings
 
-FIGURES = ["drift_ratio", "trajectories", "spacing"]
+from streamback import layout
+
+FIGURES = layout.DRIFT_FIGURES
 
 
 @pytest.mark.slow
@@ -17,7 +19,7 @@ def test_drift_rule_end_to_end(run_snakemake, tmp_path):
     result = run_snakemake("drift", "--cores", "2", "--directory", tmp_path, "--configfile", tmp_path / "small.yaml")
     assert result.returncode == 0, result.stderr + result.stdout
 
-    out = tmp_path / "results" / "drift"
+    out = tmp_path / layout.DRIFT_DIR
     assert "drift: 7 paths x 3 settings x 2 seeds x 256 coordinates x 4000 steps" in (tmp_path / "logs" / "drift.log").read_text()
     summary = pd.read_csv(out / "summary.csv")
     assert len(summary) == 3 * 8 * 2

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
+from streamback import layout
 
 pytestmark = [
     pytest.mark.slow,
@@ -22,7 +23,7 @@ def test_profile_submits_jobs_to_slurm(run_snakemake, tmp_path):
     small.write_text("drift: {steps: 200, coords: 256, seeds: [0]}\n")
     subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start-cluster.sh")], check=True, timeout=120)
     result = run_snakemake(
-        "results/drift/summary.csv",
+        layout.DRIFT_DIR / layout.DRIFT_FILES["summary"],
         "--profile", "slurm",  # resolved from the working directory, the repository root
         # site settings a real cluster would put in the profile: this one has no accounting
         "--slurm-no-account", "--slurm-status-command", "squeue",
@@ -33,6 +34,6 @@ def test_profile_submits_jobs_to_slurm(run_snakemake, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "has been submitted with SLURM jobid" in result.stderr
-    assert (tmp_path / "results" / "drift" / "summary.csv").stat().st_size > 0
+    assert (tmp_path / layout.DRIFT_DIR / layout.DRIFT_FILES["summary"]).stat().st_size > 0
     slurm_logs = list((tmp_path / "logs" / "slurm").rglob("*.log"))
     assert slurm_logs, "the profile's slurm-logdir holds the job's Slurm log"

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from streamback import layout
 from streamback.data.shards import TokenDataset
 from streamback.train.metrics import read_metrics
 
@@ -29,19 +30,19 @@ def test_default_config_trains_the_six_models(run_snakemake, tmp_path):
     stories instead of 40,000; the runs read their 123K tokens whatever the corpus holds)."""
     small = tmp_path / "small.yaml"
     small.write_text(yaml.safe_dump({"data": {"synthetic": {"documents": 6000, "files": 1}}}))
-    targets = [f"results/runs/{run}/summary.json" for run in SIX]
+    targets = [layout.summary_file(run) for run in SIX]
     result = run_snakemake(*targets, "--cores", "2", "--directory", tmp_path,
                            "--configfile", ROOT / "config" / "config.yaml", small, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    unigram = unigram_entropy(tmp_path / "results" / "tokens" / "synthetic")
+    unigram = unigram_entropy(tmp_path / layout.tokens_dir({"corpus": "synthetic"}))
     for run in SIX:
-        out = tmp_path / "results" / "runs" / run
+        out = tmp_path / layout.run_dir(run)
         summary = json.loads((out / "summary.json").read_text())
         assert summary["steps"] == 60
         assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 61))
         assert summary["final_val_loss"] < unigram - 1.0, (run, summary["final_val_loss"], unigram)
         assert (out / "model.pt").stat().st_size > 0
-        assert (tmp_path / "results" / "checkpoints" / run / "step_000000060" / ".metadata").exists()
+        assert (tmp_path / layout.checkpoint_dir(run) / "step_000000060" / ".metadata").exists()
 
 
 @pytest.mark.parametrize(
@@ -57,11 +58,11 @@ def test_default_config_trains_the_six_models(run_snakemake, tmp_path):
 def test_paper_runs_launch_torchrun_across_their_allocation(run_snakemake, tmp_path, nodes, expect):
     extra = tmp_path / "nodes.yaml"
     extra.write_text(yaml.safe_dump({"train": {"resources": {"nodes": nodes}}}))
-    result = run_snakemake("results/runs/fat-short-streamback/summary.json", "-n", "-p", "--profile", "slurm",
+    result = run_snakemake(layout.summary_file("fat-short-streamback"), "-n", "-p", "--profile", "slurm",
                            "--directory", tmp_path, "--configfile", ROOT / "config" / "paper.yaml", extra)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     job = out[out.index("rule train:"):]
     for pattern in expect:
         assert re.search(pattern, job), pattern
-    assert "--run-name fat-short-streamback" in job and "--checkpoints results/checkpoints/fat-short-streamback" in job
+    assert "--run-name fat-short-streamback" in job and f"--checkpoints {layout.checkpoint_dir('fat-short-streamback')}" in job

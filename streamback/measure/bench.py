@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from streamback import layout
 from streamback.config import DEFAULT_CONFIG, load_config
 from streamback.errors import StreambackError
 from streamback.io import markdown_table as table_of, write_json, write_text
@@ -80,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--no-estimate", dest="estimate", action="store_false", help="skip the fake-tensor peak-memory estimate")
-    parser.add_argument("--out", type=Path, default=Path("results/bench/bench.json"), help="JSON output; the table goes beside it as .md")
+    parser.add_argument("--out", type=Path, default=layout.BENCH_FILE, help="JSON output; the table goes beside it as .md")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from streamback import layout
 from streamback.config import load_config
 from streamback.io import markdown_table as table_of, write_json, write_text
 
@@ -100,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_step_arguments(parser)
     parser.add_argument("--shapes", default=GPU_SHAPES, help=f"comma-separated shape names (default: {GPU_SHAPES})")
-    parser.add_argument("--out", type=Path, default=Path("results/bench/memory.json"), help="JSON output; the table goes beside it as .md")
+    parser.add_argument("--out", type=Path, default=layout.MEMORY_FILE, help="JSON output; the table goes beside it as .md")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from streamback import layout
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
 from streamback.train.checkpoint import TrainState, list_checkpoints, load_checkpoint, read_meta, remove_partial, save_checkpoint
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
@@ -74,8 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamback.layout import tokens_dir
-
     train_cfg = section_from_args(args, "train")
     # the model and data sections come from the config file unless given (as the rule does)
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
@@ -87,9 +86,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     return train(
         train_cfg, model_cfg, args.run_name,
-        args.data or tokens_dir(config["data"]),
-        args.outdir or Path("results") / "runs" / args.run_name,
-        args.checkpoints or Path("results") / "checkpoints" / args.run_name,
+        args.data or layout.tokens_dir(config["data"]),
+        args.outdir or layout.run_dir(args.run_name),
+        args.checkpoints or layout.checkpoint_dir(args.run_name),
     )
 
 

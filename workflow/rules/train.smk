@@ -1,10 +1,10 @@
 # Training: one job per run of the matrix in config["train"]["runs"] (streamback/runs.py), each
 # `streamback train` on the tokenized corpus (rules.tokenize).
-# Outputs: results/runs/{run}/model.pt (final fp32 weights + model_args), metrics.jsonl and
-# summary.json (the completion record). Checkpoints and the live metrics.jsonl go to
-# results/checkpoints/{run}/, which is not an output: Snakemake never deletes it when a job
-# fails, and rerunning the rule (a retry, a requeue, a new `snakemake` call) resumes from the
-# newest checkpoint there.
+# Outputs (streamback/layout.py): results/runs/{run}/model.pt (the trained model,
+# streamback/model/weights.py), metrics.jsonl and summary.json (the completion record).
+# Checkpoints and the live metrics.jsonl go to results/checkpoints/{run}/, which is not an
+# output: Snakemake never deletes it when a job fails, and rerunning the rule (a retry, a
+# requeue, a new `snakemake` call) resumes from the newest checkpoint there.
 #
 # Launch, per run, from config["train"]["resources"] (merged with train.per_run[run].resources):
 #   gpus 0            one CPU process: python -m streamback train ...
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
+from streamback import layout
 from streamback.runs import run_matrix, run_setting
 
 TRAIN = config["train"]
@@ -83,9 +84,9 @@ rule train:
     input:
         manifest=rules.tokenize.output.manifest,
     output:
-        model="results/runs/{run}/model.pt",
-        metrics=report("results/runs/{run}/metrics.jsonl", caption="../report/train_metrics.rst", category="Training", subcategory="{run}"),
-        summary=report("results/runs/{run}/summary.json", caption="../report/train_summary.rst", category="Training", subcategory="{run}"),
+        model=str(layout.model_file("{run}")),
+        metrics=report(str(layout.metrics_file("{run}")), caption="../report/train_metrics.rst", category="Training", subcategory="{run}"),
+        summary=report(str(layout.summary_file("{run}")), caption="../report/train_summary.rst", category="Training", subcategory="{run}"),
     conda:
         "../../envs/train.yaml"
     log:
@@ -110,9 +111,11 @@ rule train:
         model=params_json("model"),
         data=lambda wildcards, input: shlex.quote(str(Path(input.manifest).parent)),
         threads=lambda wildcards: train_resources(wildcards.run)["threads"],
+        outdir=lambda wildcards: layout.run_dir(wildcards.run),
+        checkpoints=lambda wildcards: layout.checkpoint_dir(wildcards.run),
     shell:
         "{params.launch} train --params {params.cfg} --model-params {params.model} --run-name {wildcards.run} "
-        "--data {params.data} --outdir results/runs/{wildcards.run} --checkpoints results/checkpoints/{wildcards.run} "
+        "--data {params.data} --outdir {params.outdir} --checkpoints {params.checkpoints} "
         "--threads {params.threads} >> {log} 2>&1"
 
 
