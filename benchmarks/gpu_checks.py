@@ -22,7 +22,7 @@ number as it finishes; a failing check does not stop the others:
    compute, activation checkpointing, compiled per block) and its rebuild error, with
    tests/test_reversible.py's tolerances.
 3. fsdp: FSDP2 (apply_fsdp) under a one-process NCCL group (gloo on the CPU): every format's
-   dtype at every boundary and the trainer's own check (`_StreamDtypeWatch`), eager and compiled
+   dtype at every boundary and the trainer's own check (`StreamDtypeWatch`), eager and compiled
    then sharded (the trainer's order), the reversible stream, and FSDP2's default policy caught.
 4. train: `torchrun --standalone --nproc-per-node 1 -m streamback train` of the checks' "medium"
    shape with compile on, at the checks' micro-batch (so Inductor's cache holds its compiled block),
@@ -84,13 +84,14 @@ import yaml
 
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config, validate_config
-from streamback.model.formats import FORMATS, StreamFormat
-from streamback.measure.bench import markdown_table as bench_table, step_seconds
 from streamback.io import markdown_table, write_json, write_text
+from streamback.measure.bench import markdown_table as bench_table
+from streamback.measure.bench import step_seconds
+from streamback.model.formats import FORMATS, StreamFormat
 from streamback.model.model import ModelArgs, Transformer
-from streamback.train.parallel import apply_activation_checkpointing, apply_compile
 from streamback.model.reversible import forward_residuals, step_back
 from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, round_to, ulp
+from streamback.train.parallel import apply_activation_checkpointing, apply_compile
 
 PARTS = ("env", "checks", "fsdp", "train", "bench")
 STREAMS = [*FORMATS, *(f + "_sr" for f in FORMATS if f != "fp32")]  # every format x rounding
@@ -300,18 +301,10 @@ def tokens(device: torch.device, sizes: Sizes, extra: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (sizes.batch, sizes.seq + extra), generator=g).to(device)
 
 
-def boundary_tensors(model) -> list:
-    """Forward hooks recording every block's input and output: the stream at each layer boundary."""
-    seen: list = []
-    for layer in model.layers:
-        layer.register_forward_hook(lambda mod, inp, out: seen.extend([inp[0], out]))
-    return seen
-
-
 def stream_verdict(seen: list, fmt: StreamFormat, n_layers: int) -> tuple[bool, str]:
     off = [k for k, h in enumerate(seen) if h.dtype != fmt.container_dtype or not fmt.is_representable(h.detach())]
     dtypes = sorted({str(h.dtype).removeprefix("torch.") for h in seen})
-    ok = len(seen) == 2 * n_layers and not off
+    ok = len(seen) == n_layers + 1 and not off
     return ok, f"{len(seen)} boundaries, dtype {'/'.join(dtypes)} (expected {str(fmt.container_dtype).removeprefix('torch.')}), {len(off)} off dtype or grid"
 
 
@@ -319,9 +312,9 @@ def check_stream_eager(report: Report, device, sizes: Sizes) -> None:
     for stream in ["baseline", *STREAMS]:
         with report.guard("stream_dtype_eager", stream):
             model = build("medium", stream, device)
-            seen = boundary_tensors(model)
-            model(tokens(device, sizes)).float().sum().backward()
-            ok, text = stream_verdict(seen, model.stream_format, model.args.n_layers)
+            with model.capture(("residual",)) as seen:
+                model(tokens(device, sizes)).float().sum().backward()
+            ok, text = stream_verdict(seen["residual"], model.stream_format, model.args.n_layers)
             grad = model.layers[0].attention.wq.weight.grad
             ok = ok and grad.dtype == torch.float32 and bool(grad.isfinite().all()) and grad.abs().sum().item() > 0
             report.record("stream_dtype_eager", stream, ok, text + ", fp32 grads finite")
@@ -348,14 +341,13 @@ def check_stream_compiled(report: Report, device, sizes: Sizes) -> None:
 def eager_vs_compiled(model, tok, compile_model) -> tuple[float, str, list]:
     """Logits of `model` eagerly, then after `compile_model(model)`: the fraction differing, a line
     saying how far and at which layer boundary the streams first part, and the compiled stream."""
-    seen = boundary_tensors(model)
-    with torch.no_grad():
+    with torch.no_grad(), model.capture(("residual",)) as stream:
         eager = model(tok)
-    eager_seen = [h.clone() for h in seen]
-    seen.clear()
+    eager_seen = stream["residual"]
     compile_model(model)
-    with torch.no_grad():
+    with torch.no_grad(), model.capture(("residual",)) as stream:
         compiled = model(tok)
+    seen = stream["residual"]
     differ = int((eager != compiled).sum())
     text = f"{differ:,} of {eager.numel():,} logits differ (max |diff| {(compiled - eager).abs().max().item():.3g})"
     parted = [k for k, (a, b) in enumerate(zip(eager_seen, seen)) if not torch.equal(a, b)]
@@ -587,7 +579,7 @@ def run_fsdp(report: Report, device, sizes: Sizes, work: Path) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from streamback.train.parallel import apply_fsdp
-    from streamback.train.trainer import _StreamDtypeWatch  # the trainer's own check of the stream's dtype
+    from streamback.train.parallel import StreamDtypeWatch  # the trainer's own check of the stream's dtype
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     with report.guard("fsdp", "process_group"):
@@ -612,12 +604,12 @@ def run_fsdp(report: Report, device, sizes: Sizes, work: Path) -> None:
                 if compiled:
                     apply_compile(model)
                 apply_fsdp(model, mesh=mesh)
-                watch = _StreamDtypeWatch(model)
-                seen = boundary_tensors(model)
-                loss = model(tok).float().sum()
+                watch = StreamDtypeWatch(model)
+                with model.capture(("residual",)) as seen:
+                    loss = model(tok).float().sum()
                 watch.check_and_remove()
                 loss.backward()
-                ok, text = stream_verdict(seen, model.stream_format, model.args.n_layers)
+                ok, text = stream_verdict(seen["residual"], model.stream_format, model.args.n_layers)
                 grad = model.layers[0].attention.wq.weight.grad
                 ok = ok and grad.dtype == torch.float32 and grad.to_local().abs().sum().item() > 0
                 report.record("fsdp_stream_dtype", name, ok, text + f"; trainer's check passed; fp32 sharded grads: {ok}")
@@ -642,7 +634,7 @@ def run_fsdp(report: Report, device, sizes: Sizes, work: Path) -> None:
             for layer in model.layers:
                 fully_shard(layer, mesh=mesh, mp_policy=policy)
             fully_shard(model, mesh=mesh, mp_policy=policy)
-            watch = _StreamDtypeWatch(model)
+            watch = StreamDtypeWatch(model)
             model(tok)
             try:
                 watch.check_and_remove()

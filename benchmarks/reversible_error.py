@@ -28,18 +28,18 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamback.config import DEFAULT_CONFIG, load_config  # noqa: E402
-from streamback.model.export_hf import load_checkpoint  # noqa: E402
 from streamback.model.model import ModelArgs, Transformer  # noqa: E402
 from streamback.model.reversible import forward_residuals, step_back  # noqa: E402
 from streamback.model.rounding import FP32, ulp  # noqa: E402
+from streamback.model.weights import read_model  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def build(args) -> tuple[ModelArgs, dict]:
     if args.checkpoint:
-        margs, state = load_checkpoint(args.checkpoint)
-        return dataclasses.replace(margs, block="streamback", stream="fp32", reversible=False), state
+        trained = read_model(args.checkpoint)
+        return dataclasses.replace(trained.args, block="streamback", stream="fp32", reversible=False), trained.state
     cfg = load_config(args.config)["model"]
     margs = ModelArgs.from_config(cfg, args.shape, args.vocab_size, block="streamback")
     if args.n_layers:

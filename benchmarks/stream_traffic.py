@@ -27,8 +27,8 @@ from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streamback.measure.bench import GPU_SHAPES, VARIANTS, flops_per_token, model_args, parse_names  # noqa: E402
 from streamback.config import DEFAULT_CONFIG, load_config  # noqa: E402
+from streamback.measure.bench import GPU_SHAPES, VARIANTS, flops_per_token, model_args, parse_names  # noqa: E402
 from streamback.measure.memory import fake_training_step  # noqa: E402
 from streamback.model.model import Transformer  # noqa: E402
 from streamback.model.reversible import storage_id  # noqa: E402

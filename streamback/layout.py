@@ -53,6 +53,9 @@ def input_files(data: dict) -> list[Path]:
 # -- training (rule train) --------------------------------------------------------------------
 
 
+MODEL_FILE, METRICS_FILE, SUMMARY_FILE = "model.pt", "metrics.jsonl", "summary.json"  # in a run's directory
+
+
 def run_dir(run: str) -> Path:
     """A trained run's outputs: model.pt, metrics.jsonl, summary.json."""
     return RESULTS / "runs" / run
@@ -60,15 +63,17 @@ def run_dir(run: str) -> Path:
 
 def model_file(run: str) -> Path:
     """The trained model (`streamback.model.weights`)."""
-    return run_dir(run) / "model.pt"
+    return run_dir(run) / MODEL_FILE
 
 
 def metrics_file(run: str) -> Path:
-    return run_dir(run) / "metrics.jsonl"
+    """One record per optimizer step (`streamback.train.metrics`); the live copy is in the checkpoint directory."""
+    return run_dir(run) / METRICS_FILE
 
 
 def summary_file(run: str) -> Path:
-    return run_dir(run) / "summary.json"
+    """The completion record of a run (final losses, tokens, time, GPU-hours)."""
+    return run_dir(run) / SUMMARY_FILE
 
 
 def checkpoint_dir(run: str) -> Path:

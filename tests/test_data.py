@@ -12,15 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import ROOT
 from streamback import layout
 from streamback.config import validate_config
 from streamback.data import tokenize as tokenize_module
 from streamback.data.corpus import corpus_table, write_part
-from streamback.data.shards import (HEADER_BYTES, TokenDataset, encode_header, read_header, read_manifest,
-                                    token_dtype, write_shard)
+from streamback.data.shards import HEADER_BYTES, TokenDataset, encode_header, read_header, read_manifest, token_dtype, write_shard
 from streamback.data.tokenize import tokenize
 from streamback.errors import StreambackError
+
+from conftest import ROOT
 
 SHARD = 4096  # small shards, so every split spans several
 

@@ -4,9 +4,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from test_drift import assert_note_findings
-
 from streamback import layout
+
+from test_drift import assert_note_findings
 
 FIGURES = layout.DRIFT_FIGURES
 

@@ -13,15 +13,7 @@ from streamback.cli import main as cli_main
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config
 from streamback.errors import StreambackError
 from streamback.model.formats import FORMATS, StreamFormat
-from streamback.model.model import (
-    ModelArgs,
-    Transformer,
-    _RMSNormFunction,
-    apply_rope,
-    count_params,
-    norm_gain_absmax,
-    rope_tables,
-)
+from streamback.model.model import STREAM_POINTS, ModelArgs, Transformer, _RMSNormFunction, apply_rope, count_params, norm_gain_absmax, rope_tables
 from streamback.train.parallel import apply_compile
 
 # every stream format, with each rounding it has (fp32 has no stochastic variant)
@@ -178,26 +170,18 @@ def test_fp32_stream_is_closer_to_fp32_compute_than_bf16_stream():
     for block in ("baseline", "streamback"):
         model = Transformer(tiny(n_layers=6, block=block))
         model.load_state_dict(reference.state_dict())
-        model.record_stream = True
-        reference.record_stream = True
-        errors[block] = (model(tok) - reference(tok)).abs().max().item()
-        assert model.stream_absmax.shape == (7,)
+        with model.capture(("residual",), fn=lambda h: h.abs().amax()) as stream:
+            errors[block] = (model(tok) - reference(tok)).abs().max().item()
+        assert len(stream["residual"]) == 7 and all(m.ndim == 0 for m in stream["residual"])
     assert errors["streamback"] < errors["baseline"]
 
 
 # --- the stream's dtype at every layer boundary -----------------------------------------------
 
 
-def boundary_tensors(model):
-    """Hooks recording every block's input and output (the stream at each layer boundary)."""
-    seen = []
-    for layer in model.layers:
-        layer.register_forward_hook(lambda mod, inp, out: seen.extend([inp[0], out[0] if isinstance(out, tuple) else out]))
-    return seen
-
-
 def assert_stream(seen, fmt, n_layers):
-    assert len(seen) == 2 * n_layers
+    """`seen`: the residuals of a forward, h_0 .. h_L (`Transformer.capture`)."""
+    assert len(seen) == n_layers + 1
     for h in seen:
         assert h.dtype == fmt.container_dtype, (fmt, h.dtype)
         assert fmt.is_representable(h.detach()), fmt
@@ -206,17 +190,17 @@ def assert_stream(seen, fmt, n_layers):
 @pytest.mark.parametrize("stream", STREAMS)
 def test_stream_dtype_eager(stream):
     model = Transformer(tiny(block="streamback", stream=stream))
-    seen = boundary_tensors(model)
-    model(tokens(model.args)).sum().backward()
-    assert_stream(seen, StreamFormat.parse(stream), 2)
+    with model.capture(("residual",)) as seen:
+        model(tokens(model.args)).sum().backward()
+    assert_stream(seen["residual"], StreamFormat.parse(stream), 2)
 
 
 def test_baseline_stream_dtype_is_the_compute_dtype():
     for compute in (torch.bfloat16, torch.float32):
         model = Transformer(tiny(), compute)
-        seen = boundary_tensors(model)
-        model(tokens(model.args))
-        assert {h.dtype for h in seen} == {compute}
+        with model.capture(("residual",)) as seen:
+            model(tokens(model.args))
+        assert {h.dtype for h in seen["residual"]} == {compute}
 
 
 @pytest.mark.slow
@@ -229,10 +213,9 @@ def test_stream_dtype_compiled():
         args = tiny() if stream == "baseline" else tiny(block="streamback", stream=stream)
         model = Transformer(args)
         apply_compile(model, backend="aot_eager_decomp_partition")
-        seen = boundary_tensors(model)
-        with torch.no_grad():
+        with torch.no_grad(), model.capture(("residual",)) as seen:
             model(tokens(args))
-        assert_stream(seen, model.stream_format, 2)
+        assert_stream(seen["residual"], model.stream_format, 2)
         assert model.stream_format == (StreamFormat("bf16") if stream == "baseline" else StreamFormat.parse(stream))
     torch._dynamo.reset()
 
@@ -254,15 +237,17 @@ def test_fsdp_stream_dtype(process_group):
     boundary, and gradients reach the fp32 master weights. FSDP2's default policy would not."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from streamback.train.parallel import apply_fsdp
+    from streamback.train.parallel import StreamDtypeWatch, apply_fsdp
 
     for stream in ["baseline", *STREAMS]:
         args = tiny() if stream == "baseline" else tiny(block="streamback", stream=stream)
         model = Transformer(args)
         apply_fsdp(model)
-        seen = boundary_tensors(model)
-        model(tokens(args)).sum().backward()
-        assert_stream(seen, model.stream_format, 2)
+        watch = StreamDtypeWatch(model)
+        with model.capture(("residual",)) as seen:
+            model(tokens(args)).sum().backward()
+        watch.check_and_remove()  # what the blocks receive, after FSDP2's hooks
+        assert_stream(seen["residual"], model.stream_format, 2)
         grad = model.layers[0].attention.wq.weight.grad
         assert grad.dtype == torch.float32 and grad.to_local().abs().sum() > 0
     assert set(norm_gain_absmax(model).values()) == {1.0}  # gathers the sharded gains
@@ -283,9 +268,11 @@ def test_fsdp_stream_dtype(process_group):
     for layer in model.layers:
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
-    seen = boundary_tensors(model)
+    watch = StreamDtypeWatch(model)
     model(tokens(model.args))
-    assert [h.dtype for h in seen[::2]] == [torch.bfloat16, torch.bfloat16]
+    assert watch.seen == [torch.bfloat16, torch.bfloat16]
+    with pytest.raises(RuntimeError, match="a wrapper casts the blocks' inputs"):
+        watch.check_and_remove()
 
 
 def test_apply_fsdp_refuses_a_param_dtype_other_than_the_compute_dtype():
@@ -322,3 +309,34 @@ def test_bench_cpu(tmp_path):
 def test_bench_refuses_unknown_names(tmp_path):
     assert cli_main(["bench", "--shapes", "gigantic", "--out", str(tmp_path / "b.json")]) == 2
     assert not (tmp_path / "b.json").exists()
+
+
+# --- the one way to read the stream: Transformer.capture ---------------------------------------
+
+
+def test_capture_gives_every_residual_and_delta_and_their_gradients():
+    model = Transformer(tiny(block="streamback", n_layers=3))
+    tok = tokens(model.args)
+    with model.capture(grad=True) as stream:
+        model(tok).logsumexp(-1).mean().backward()
+    assert [len(stream[p]) for p in STREAM_POINTS] == [4, 3, 3, 3]
+    add = model.stream_format.add
+    with torch.no_grad():
+        for i in range(3):  # h_i -> mid_i = h_i + attention_i -> h_{i+1} = mid_i + feed_forward_i, bit for bit
+            assert torch.equal(stream["mid"][i], add(stream["residual"][i], stream["attention"][i]))
+            assert torch.equal(stream["residual"][i + 1], add(stream["mid"][i], stream["feed_forward"][i]))
+    assert {h.dtype for h in stream["residual"] + stream["mid"]} == {torch.float32}
+    assert {d.dtype for d in stream["attention"] + stream["feed_forward"]} == {torch.bfloat16}
+    assert all(h.grad is not None and h.grad.shape == h.shape and h.grad.abs().sum() > 0 for h in stream["residual"])
+    # the reversible stream's forward is the same; the capture reads it through ReversibleStream.step
+    twin = Transformer(tiny(block="streamback", n_layers=3, reversible=True))
+    twin.load_state_dict(model.state_dict())
+    with twin.capture(("residual", "feed_forward")) as again:
+        twin(tok)
+    assert all(torch.equal(a.detach(), b) for a, b in zip(stream["residual"], again["residual"]))
+    assert all(torch.equal(a, b) for a, b in zip(stream["feed_forward"], again["feed_forward"]))
+    with pytest.raises(KeyError):
+        again["mid"]
+    with model.capture(("residual",)), pytest.raises(RuntimeError, match="already active"):
+        with model.capture():
+            pass

@@ -1,6 +1,7 @@
 """Parity with a peer implementation: the fp32 model and its `streamback export-hf` export loaded
 by transformers give the same logits (max abs difference under 1e-4, random weights and tokens),
-including the medium shape's head_dim 94 and tied embeddings; bad checkpoints are named."""
+including the medium shape's head_dim 94 and tied embeddings; bad model files are named; the
+model file (`streamback.model.weights`) round-trips and records the stream honestly."""
 
 import json
 
@@ -9,8 +10,9 @@ import torch
 
 from streamback.cli import main as cli_main
 from streamback.errors import StreambackError
-from streamback.model.export_hf import export, load_checkpoint, save_checkpoint
+from streamback.model.export_hf import export
 from streamback.model.model import ModelArgs, Transformer
+from streamback.model.weights import load_model, read_model, save_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,7 +35,7 @@ def hf_logits(directory, tokens):
 
 
 def assert_parity(model, tmp_path, via_cli=False):
-    save_checkpoint(model, tmp_path / "model.pt")
+    save_model(tmp_path / "model.pt", model.args, model.state_dict(), model.compute_dtype)
     out = tmp_path / "hf"
     if via_cli:
         assert cli_main(["export-hf", "--checkpoint", str(tmp_path / "model.pt"), "--out", str(out)]) == 0
@@ -51,7 +53,7 @@ def test_hf_parity(tmp_path):
     hf = assert_parity(random_model(), tmp_path, via_cli=True)
     assert type(hf).__name__ == "LlamaForCausalLM"
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["rope_theta"] == 500000.0 and config["streamback"] == {"block": "baseline", "stream": "fp32"}
+    assert config["rope_theta"] == 500000.0 and config["streamback"] == {"block": "baseline", "stream": "fp32"}  # fp32 compute
 
 
 def test_hf_parity_head_dim_94(tmp_path):
@@ -83,7 +85,7 @@ def test_bad_checkpoints_are_named(tmp_path, content, words):
     else:
         torch.save(content, path)
     with pytest.raises(StreambackError, match=words):
-        load_checkpoint(path)
+        read_model(path)
 
 
 def test_checkpoint_shape_mismatch_is_named(tmp_path):
@@ -92,5 +94,26 @@ def test_checkpoint_shape_mismatch_is_named(tmp_path):
     state["norm.weight"] = torch.ones(3)
     torch.save({"model_args": {**vars(model.args)}, "model": state}, tmp_path / "m.pt")
     with pytest.raises(StreambackError, match=r"norm.weight has shape \(3,\)"):
-        load_checkpoint(tmp_path / "m.pt")
+        read_model(tmp_path / "m.pt")
     assert cli_main(["export-hf", "--checkpoint", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_model_file_round_trip_and_honest_stream(tmp_path):
+    """A bf16-compute baseline records its bf16 stream (not ModelArgs' unused default), in the file
+    and in the export; load_model rebuilds the same model, or the same weights with another stream."""
+    model = Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=211, multiple_of=32, max_seq_len=128))
+    model.init_weights(seed=3)
+    save_model(tmp_path / "model.pt", model.args, model.state_dict())
+    assert read_model(tmp_path / "model.pt").stream == "bf16"
+    export(tmp_path / "model.pt", tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["streamback"] == {"block": "baseline", "stream": "bf16"}
+    tokens = torch.randint(0, 211, (2, 16), generator=torch.Generator().manual_seed(0))
+    loaded = load_model(tmp_path / "model.pt")
+    assert not loaded.training and loaded.compute_dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens), model(tokens))
+        as_bf16_stream = load_model(tmp_path / "model.pt", stream="bf16")
+        assert (as_bf16_stream.args.block, as_bf16_stream.stream_format.label) == ("streamback", "bf16")
+        assert torch.equal(as_bf16_stream(tokens), model(tokens))  # the baseline is a bf16 stream
+        fp32 = load_model(tmp_path / "model.pt", compute_dtype=torch.float32, stream="fp32")
+        assert fp32.stream_format.label == "fp32" and not torch.equal(fp32(tokens), model(tokens))

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from streamback.model.model import ModelArgs, Transformer
-from streamback.train.parallel import apply_activation_checkpointing, apply_compile
 from streamback.model.reversible import SavedTensorBytes, forward_residuals, step_back
 from streamback.model.rounding import FP32, ulp
+from streamback.train.parallel import apply_activation_checkpointing, apply_compile
 
 GRAD_RTOL = 1e-5
 B, T, DIM, LAYERS = 2, 24, 64, 4

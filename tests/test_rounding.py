@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from streamback.model.rounding import (BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, SPECS, round_fp32, round_to,
-                                 stochastic_noise, ulp)
+from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, SPECS, round_fp32, round_to, stochastic_noise, ulp
 
 NATIVE = [BF16, FP16, FP8_E4M3, FP8_E5M2]
 

@@ -9,8 +9,9 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
 from streamback import layout
+
+from conftest import ROOT
 
 pytestmark = [
     pytest.mark.slow,

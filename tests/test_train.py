@@ -18,15 +18,19 @@ import pytest
 import torch
 import yaml
 
-from conftest import ROOT
+from streamback import layout
+from streamback.config import validate_config
+from streamback.errors import StreambackError
+from streamback.model.weights import read_model
+from streamback.runs import run_matrix
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
-from streamback.config import validate_config
-from streamback.errors import StreambackError
 from streamback.train.metrics import DETERMINISTIC, MetricsLog, read_metrics
-from streamback.runs import run_matrix
+from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.schedule import check_wsd, wsd_lr
+
+from conftest import ROOT
 
 STEPS = 30
 MODEL = {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64}
@@ -53,8 +57,8 @@ def deterministic(records):
     return [{k: r[k] for k in DETERMINISTIC if k in r} for r in records]
 
 
-def load_model(path):
-    return torch.load(path, weights_only=True)["model"]
+def final_weights(path):
+    return read_model(path).state
 
 
 def run_inprocess(data_dir, root, run="micro-streamback", **overrides):
@@ -78,7 +82,7 @@ def reference(tokens, tmp_path_factory):
     """An uninterrupted run of micro-streamback: its metrics and final parameters."""
     root = tmp_path_factory.mktemp("reference")
     assert run_inprocess(tokens, root) == 0
-    return {"root": root, "metrics": read_metrics(root / "out" / "metrics.jsonl"), "model": load_model(root / "out" / "model.pt")}
+    return {"root": root, "metrics": read_metrics(root / "out" / layout.METRICS_FILE), "model": final_weights(root / "out" / layout.MODEL_FILE)}
 
 
 # ---- pieces ---------------------------------------------------------------------------------
@@ -184,7 +188,7 @@ def test_a_wrapper_that_casts_the_stream_is_caught():
 
     model = Transformer(ModelArgs.from_config(config()["model"], "micro", 50, block="streamback"))
     model.layers[1].register_forward_pre_hook(lambda module, args: (args[0].bfloat16(), *args[1:]))  # what FSDP2's input cast does
-    watch = train_module._StreamDtypeWatch(model)
+    watch = StreamDtypeWatch(model)
     model(torch.zeros(1, 4, dtype=torch.long))
     with pytest.raises(RuntimeError, match=r"blocks \[1\] as torch.bfloat16, not torch.float32"):
         watch.check_and_remove()
@@ -199,20 +203,22 @@ def test_run_outputs_and_same_seed_same_metrics(reference, tokens, tmp_path):
     assert records[-1]["tokens"] == STEPS * 8 * 32
     assert [r["step"] for r in records if "val_loss" in r] == [10, 20, 30]
     assert [r["step"] for r in records if "stream_absmax" in r] == [4, 8, 12, 16, 20, 24, 28]
-    assert len(records[3]["stream_absmax"]) == 3 and set(records[3]["norm_gain_absmax"]) == {
+    envelope = [records[3][k] for k in ("stream_absmax", "stream_max", "stream_min")]
+    assert all(len(v) == 3 for v in envelope) and all(a == max(hi, -lo) and lo < 0 < hi for a, hi, lo in zip(*envelope))
+    assert set(records[3]["norm_gain_absmax"]) == {
         "layers.0.attention_norm", "layers.0.ffn_norm", "layers.1.attention_norm", "layers.1.ffn_norm", "norm"}
     assert records[0]["lr"] == pytest.approx(3e-3 / 4)
     assert records[-1]["lr"] == pytest.approx(3e-3 * (1 + math.cos(math.pi * 7 / 8)) / 2)  # step 29 of 30, 7/8 into the decay
     assert records[-1]["val_loss"] < records[0]["loss"] - 1.0
-    summary = json.loads((reference["root"] / "out" / "summary.json").read_text())
+    summary = json.loads((reference["root"] / "out" / layout.SUMMARY_FILE).read_text())
     assert (summary["steps"], summary["stream"], summary["final_val_loss"]) == (STEPS, "fp32", records[-1]["val_loss"])
-    saved = torch.load(reference["root"] / "out" / "model.pt", weights_only=True)
-    assert saved["model_args"]["block"] == "streamback" and all(v.dtype == torch.float32 for v in saved["model"].values())
+    saved = read_model(reference["root"] / "out" / layout.MODEL_FILE)
+    assert saved.args.block == "streamback" and saved.stream == "fp32" and all(v.dtype == torch.float32 for v in saved.state.values())
     assert [s for s, _ in ckpt.list_checkpoints(reference["root"] / "ckpt")] == [25, 30]
 
     assert run_inprocess(tokens, tmp_path) == 0
-    assert deterministic(read_metrics(tmp_path / "out" / "metrics.jsonl")) == deterministic(records)
-    again = load_model(tmp_path / "out" / "model.pt")
+    assert deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE)) == deterministic(records)
+    again = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     assert all(torch.equal(again[k], reference["model"][k]) for k in reference["model"])
 
 
@@ -220,27 +226,27 @@ def test_activation_checkpointing_and_the_reversible_stream_train_the_same_model
     """Recomputing blocks changes nothing; rebuilding the fp32 stream by subtraction only rounding."""
     ref = deterministic(reference["metrics"])
     assert run_inprocess(tokens, tmp_path / "ac", activation_checkpointing=True) == 0
-    assert deterministic(read_metrics(tmp_path / "ac" / "out" / "metrics.jsonl")) == ref
+    assert deterministic(read_metrics(tmp_path / "ac" / "out" / layout.METRICS_FILE)) == ref
     assert run_inprocess(tokens, tmp_path / "rev", reversible=True, activation_checkpointing=True) == 0
-    records = read_metrics(tmp_path / "rev" / "out" / "metrics.jsonl")
+    records = read_metrics(tmp_path / "rev" / "out" / layout.METRICS_FILE)
     assert records[0]["loss"] == ref[0]["loss"]  # the forward pass is the plain one
     assert np.allclose([r["loss"] for r in records], [r["loss"] for r in ref], rtol=0, atol=1e-3)
-    assert torch.load(tmp_path / "rev" / "out" / "model.pt", weights_only=True)["model_args"]["reversible"]
+    assert read_model(tmp_path / "rev" / "out" / layout.MODEL_FILE).args.reversible
 
 
 def test_a_stochastically_rounded_stream_resumes_exactly(tokens, tmp_path):
     """The random bits of stochastic rounding are a function of (seed, step, rank), like the batches."""
     run = "micro-streamback-bf16_sr"
     assert run_inprocess(tokens, tmp_path, run=run) == 0
-    whole = load_model(tmp_path / "out" / "model.pt")
-    metrics = deterministic(read_metrics(tmp_path / "out" / "metrics.jsonl"))
+    whole = final_weights(tmp_path / "out" / layout.MODEL_FILE)
+    metrics = deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE))
     shutil.rmtree(tmp_path / "out")
     shutil.rmtree(ckpt.checkpoint_dir(tmp_path / "ckpt", 30))  # as if killed after the checkpoint of step 25
     assert run_inprocess(tokens, tmp_path, run=run) == 0
-    assert deterministic(read_metrics(tmp_path / "out" / "metrics.jsonl")) == metrics
-    resumed = load_model(tmp_path / "out" / "model.pt")
+    assert deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE)) == metrics
+    resumed = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["stream"] == "bf16_sr"
+    assert json.loads((tmp_path / "out" / layout.SUMMARY_FILE).read_text())["stream"] == "bf16_sr"
 
 
 def _wait_for_step(proc, metrics, step, timeout=120):
@@ -258,9 +264,9 @@ def _resume_matches(reference, tokens, root):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert "resuming from step" in err
-    records = read_metrics(root / "out" / "metrics.jsonl")
+    records = read_metrics(root / "out" / layout.METRICS_FILE)
     assert deterministic(records) == deterministic(reference["metrics"])  # every step once, same values
-    model = load_model(root / "out" / "model.pt")
+    model = final_weights(root / "out" / layout.MODEL_FILE)
     assert all(torch.equal(model[k], reference["model"][k]) for k in model)
 
 
@@ -272,7 +278,7 @@ def test_sigkill_at_a_random_step_then_rerun_equals_uninterrupted(reference, tok
     proc.kill()
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL, f"killed at step {kill_at}"
-    assert ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "out" / "model.pt").exists()
+    assert ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "out" / layout.MODEL_FILE).exists()
     _resume_matches(reference, tokens, tmp_path)
 
 
@@ -291,17 +297,14 @@ def test_sigterm_saves_and_exits_resumable(reference, tokens, tmp_path):
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tokens, tmp_path, monkeypatch, capsys):
     calls = {"n": 0}
-    real = train_module._loss
+    real = train_module.next_token_loss  # the training steps' loss (validation has its own reference to it)
 
-    def poisoned(logits, targets, reduction="mean"):
-        loss = real(logits, targets, reduction)
-        if reduction == "mean":
-            calls["n"] += 1
-            if calls["n"] == 2 * 12 - 1:  # first micro-batch of step 12
-                return loss * float("nan")
-        return loss
+    def poisoned(logits, targets):
+        calls["n"] += 1
+        loss = real(logits, targets)
+        return loss * float("nan") if calls["n"] == 2 * 12 - 1 else loss  # first micro-batch of step 12
 
-    monkeypatch.setattr(train_module, "_loss", poisoned)
+    monkeypatch.setattr(train_module, "next_token_loss", poisoned)
     assert run_inprocess(tokens, tmp_path) == train_module.EXIT_DIVERGED
     err = capsys.readouterr().err
     assert "the training loss is nan at step 12" in err and "step_000000010 (step 10)" in err
@@ -360,10 +363,10 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     proc = cli(tokens, tmp_path)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "1 process(es) x 2 micro-batches" in err, err[-3000:]
-    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    records = read_metrics(tmp_path / "out" / layout.METRICS_FILE)
     assert [r["step"] for r in records] == [r["step"] for r in ref]
     assert np.allclose([r["loss"] for r in records], [r["loss"] for r in ref], rtol=0, atol=1e-5)
     assert records[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=1e-5)
-    model = load_model(tmp_path / "out" / "model.pt")
+    model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     for key, value in reference["model"].items():
         assert torch.allclose(model[key], value, rtol=0, atol=1e-5), key

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT
 from streamback import layout
 from streamback.data.shards import TokenDataset
 from streamback.train.metrics import read_metrics
+
+from conftest import ROOT
 
 SIX = [f"{shape}-{block}" for shape in ("tiny-skinny-tall", "tiny-medium", "tiny-fat-short") for block in ("baseline", "streamback")]
 
@@ -41,7 +42,7 @@ def test_default_config_trains_the_six_models(run_snakemake, tmp_path):
         assert summary["steps"] == 60
         assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 61))
         assert summary["final_val_loss"] < unigram - 1.0, (run, summary["final_val_loss"], unigram)
-        assert (out / "model.pt").stat().st_size > 0
+        assert (out / layout.MODEL_FILE).stat().st_size > 0
         assert (tmp_path / layout.checkpoint_dir(run) / "step_000000060" / ".metadata").exists()
 
 

@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from streamback.config import add_config_arguments, section_from_args
 from streamback import layout
+from streamback.config import add_config_arguments, section_from_args
 from streamback.data import worker_pool
 from streamback.data.corpus import part_ranges, write_part
 from streamback.errors import StreambackError

@@ -24,16 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from streamback import __version__
+from streamback import __version__, layout
 from streamback.config import add_config_arguments, section_from_args
-from streamback import layout
-from streamback.data import worker_pool
 from streamback.data import tokenizer as tk
-from streamback.data.shards import (FORMAT, HEADER_BYTES, SPLITS, TokenDataset, check_shard, np_dtype,
-                                    read_manifest, shard_name, token_dtype, write_shard)
+from streamback.data import worker_pool
+from streamback.data.shards import FORMAT, HEADER_BYTES, SPLITS, TokenDataset, check_shard, np_dtype, read_manifest, shard_name, token_dtype, write_shard
 from streamback.data.sources import is_validation, open_source
 from streamback.errors import StreambackError
 from streamback.io import write_json, write_text
+from streamback.progress import Progress
 
 HELP = "tokenize the corpus (synthetic, local files or FineWeb) into token shards and manifest.json"
 
@@ -165,40 +164,6 @@ class SplitWriter:
         return {"shards": self.shards, "tokens": self.total, "documents": self.documents, "shard_tokens": self.capacity}
 
 
-# -- progress -------------------------------------------------------------------------------
-
-class Progress:
-    """Documents, tokens and tokens/s: a tqdm bar on a terminal, a log line every 30 s otherwise."""
-
-    def __init__(self, total: int | None, enabled: bool = True):
-        self.docs = self.tokens = 0
-        self.t0 = self.last = time.monotonic()
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="tok", unit_scale=True, desc="tokenize", file=sys.stderr)
-        self.enabled = enabled
-
-    def update(self, docs: int, tokens: int) -> None:
-        self.docs += docs
-        self.tokens += tokens
-        if self.bar is not None:
-            self.bar.update(tokens)
-            self.bar.set_postfix(docs=self.docs, refresh=False)
-        elif self.enabled and time.monotonic() - self.last >= 30:
-            self.last = time.monotonic()
-            print(f"tokenize: {self.line()}", file=sys.stderr, flush=True)
-
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.t0, 1e-9)
-        return f"{self.docs} documents, {self.tokens} tokens, {self.tokens / elapsed:,.0f} tokens/s, {elapsed:.1f} s"
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 # -- the stage ------------------------------------------------------------------------------
 
 def identity(data: dict, source) -> dict:
@@ -301,13 +266,14 @@ def tokenize(data: dict, out_dir: str | Path, inputs: list[Path] | None = None, 
     for writer in writers.values():
         writer.resume(say)
     budgets = [data["train_tokens"], data["val_tokens"]]
-    meter = Progress(sum(budgets) - sum(w.total for w in writers.values()) if None not in budgets else None, progress)
+    left = sum(budgets) - sum(w.total for w in writers.values()) if None not in budgets else None
+    meter = Progress("tokenize", left, unit="tokens", active=progress)
     stream_end = nonempty = 0
     try:
         stream_end, nonempty = _run(source, writers, data, tokenizer_json, eos, processes, meter)
     finally:
         meter.close()
-    say(f"done: {meter.line()}")
+    say(f"done: {nonempty:,} documents, {meter.line()}")
 
     if nonempty == 0 and not any(w.shards for w in writers.values()):
         raise StreambackError(f"empty corpus: {_describe(source)} holds no document with text")
@@ -383,7 +349,7 @@ def _run(source, writers: dict, data: dict, tokenizer_json: str, eos: int, proce
             for split, select in (("train", ~is_val), ("val", is_val)):
                 if select.any():
                     writers[split].append(index[select], lengths[select], tokens[np.repeat(select, lengths)])
-            meter.update(int(index.size), int(tokens.size))
+            meter.update(int(tokens.size), status=f"{nonempty:,} documents")
             if all(w.done for w in writers.values()):
                 break
             submit()

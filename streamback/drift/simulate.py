@@ -39,8 +39,7 @@ import pandas as pd
 import torch
 
 from streamback.errors import StreambackError
-from streamback.model.rounding import (BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatSpec, Noise, round_fp32, round_to,
-                                 stochastic_noise)
+from streamback.model.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatSpec, Noise, round_fp32, round_to, stochastic_noise
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, load_config
 from streamback.errors import StreambackError
-from streamback.io import markdown_table as table_of, write_json, write_text
+from streamback.io import markdown_table as table_of
+from streamback.io import write_json, write_text
 
 HELP = "time a training step of every shape x block x eager/compiled; tokens/s, MFU, memory"
 
@@ -185,8 +186,8 @@ def flops_per_token(model, seq_len: int) -> int:
 
 def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
     from streamback.model.model import Transformer
-    from streamback.train.parallel import apply_compile
     from streamback.model.reversible import SavedTensorBytes
+    from streamback.train.parallel import apply_compile
 
     margs = model_args(model_cfg, shape, variant, args)
     generator = torch.Generator(device=device).manual_seed(0)

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from streamback import layout
 from streamback.config import load_config
-from streamback.io import markdown_table as table_of, write_json, write_text
+from streamback.io import markdown_table as table_of
+from streamback.io import write_json, write_text
 
 HELP = "estimate the peak memory of a training step per shape x block, on the CPU (fake tensors)"
 GIB = 2**30

@@ -1,9 +1,7 @@
-"""`streamback export-hf`: a trained checkpoint -> a Hugging Face Llama model directory.
+"""`streamback export-hf`: a trained model -> a Hugging Face Llama model directory.
 
-Input, the checkpoint format agreed with the trainer (`streamback train` writes its final model
-so): a `torch.save`d dict `{"model_args": dataclasses.asdict(ModelArgs), "model":
-Transformer.state_dict()}` (fp32 master weights under the model's own, TorchTitan's, names;
-no wrapper prefixes). Output, a directory that `transformers.AutoModelForCausalLM.from_pretrained`
+Input, a trained model file (`streamback.model.weights`: fp32 master weights under the model's
+own, TorchTitan's, names, and its model_args and stream). Output, a directory that `transformers.AutoModelForCausalLM.from_pretrained`
 loads: `model.safetensors` (fp32) and `config.json`, written last (each file atomically), so a
 directory with a config.json is complete. transformers is not needed to export.
 
@@ -20,22 +18,21 @@ attention and MLP code) under a config that takes an explicit head_dim.
 
 transformers runs the residual stream in the dtype it loads the weights in, so the exported
 model is a plain Llama: loaded in fp32 it computes the StreamBack model's fp32 stream with fp32
-sublayers; in bf16 it is the baseline. `config.json` records the block and stream format under
-"streamback" for the record.
+sublayers; in bf16 it is the baseline. `config.json` records, under "streamback", the block and
+the stream the model was trained with (`bf16` for a baseline run), for the record.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
 import torch
 
-from streamback.errors import StreambackError
 from streamback.io import atomic_path, write_text
-from streamback.model.model import ModelArgs, Transformer, model_args_from_dict
+from streamback.model.model import ModelArgs
+from streamback.model.weights import read_model
 
 HELP = "export a trained checkpoint to a Hugging Face Llama directory (model.safetensors + config.json)"
 
@@ -57,7 +54,7 @@ NAMES = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", type=Path, required=True, help="the trainer's final model (torch.save'd dict with model_args and model)")
+    parser.add_argument("--checkpoint", type=Path, required=True, help="the trained model, results/runs/<run>/model.pt")
     parser.add_argument("--out", type=Path, required=True, help="output directory (created; existing files in it are replaced)")
 
 
@@ -67,38 +64,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_checkpoint(path: str | Path) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
-    """Read and check a checkpoint: its model_args must build a model whose state dict it matches."""
-    path = Path(path)
-    if not path.is_file():
-        raise StreambackError(f"checkpoint {path} does not exist")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many types for a corrupt or foreign file
-        raise StreambackError(f"checkpoint {path} cannot be read by torch.load: {err}") from None
-    if not isinstance(checkpoint, dict) or not {"model_args", "model"} <= set(checkpoint):
-        raise StreambackError(f"checkpoint {path} must be a dict with keys 'model_args' and 'model'")
-    try:
-        args = model_args_from_dict(checkpoint["model_args"])
-    except (StreambackError, TypeError) as err:
-        raise StreambackError(f"checkpoint {path}: {err}") from None
-    state = checkpoint["model"]
-    with torch.device("meta"):
-        expected = {k: v.shape for k, v in Transformer(args).state_dict().items()}
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise StreambackError(f"checkpoint {path}: state dict is missing {missing[:5]} and has unexpected {unexpected[:5]}")
-    for key, shape in expected.items():
-        if state[key].shape != shape:
-            raise StreambackError(f"checkpoint {path}: {key} has shape {tuple(state[key].shape)}, model_args give {tuple(shape)}")
-    return args, state
-
-
 def hf_architecture(args: ModelArgs) -> str:
     return "llama" if args.n_heads * args.head_dim == args.dim else "mistral"
 
 
-def hf_config(args: ModelArgs) -> dict:
+def hf_config(args: ModelArgs, stream: str) -> dict:
     """config.json for transformers (4.45+ and 5; rope given both ways, which both read)."""
     arch = hf_architecture(args)
     config = {
@@ -124,7 +94,7 @@ def hf_config(args: ModelArgs) -> dict:
         "bos_token_id": None,
         "eos_token_id": None,
         "torch_dtype": "float32",
-        "streamback": {"block": args.block, "stream": args.stream},
+        "streamback": {"block": args.block, "stream": stream},
     }
     if arch == "mistral":
         config["sliding_window"] = None
@@ -156,15 +126,10 @@ def hf_state_dict(args: ModelArgs, state: dict[str, torch.Tensor]) -> dict[str, 
 def export(checkpoint: str | Path, out: str | Path) -> None:
     from safetensors.torch import save_file
 
-    args, state = load_checkpoint(checkpoint)
+    trained = read_model(checkpoint)
+    args, state = trained.args, trained.state
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "model.safetensors") as tmp:
         save_file(hf_state_dict(args, state), str(tmp), metadata={"format": "pt"})
-    write_text(out / "config.json", json.dumps(hf_config(args), indent=2) + "\n")
-
-
-def save_checkpoint(model: Transformer, path: str | Path) -> None:
-    """Write `model` in the checkpoint format above (atomically); what the exporter reads."""
-    with atomic_path(path) as tmp:
-        torch.save({"model_args": dataclasses.asdict(model.args), "model": model.state_dict()}, tmp)
+    write_text(out / "config.json", json.dumps(hf_config(args, trained.stream), indent=2) + "\n")

@@ -41,17 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from streamback.errors import StreambackError
-from streamback.model.rounding import (
-    BF16,
-    FP4_E2M1,
-    FP8_E4M3,
-    FP8_E5M2,
-    FP16,
-    FP32,
-    ROUNDINGS,
-    FloatSpec,
-    round_to,
-)
+from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, ROUNDINGS, FloatSpec, round_to
 
 FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
 

@@ -78,7 +78,7 @@ class ModelArgs:
     max_seq_len: int = 2048
     tied_embeddings: bool = False
     block: str = "baseline"  # "baseline" | "streamback"
-    stream: str = "fp32"  # StreamFormat text for the streamback block; the baseline ignores it
+    stream: str = "fp32"  # StreamFormat text for the streamback block; the baseline's is its compute dtype's
     reversible: bool = False  # streamback with an fp32 stream only (streamback.model.reversible)
 
     def __post_init__(self):
@@ -98,6 +98,14 @@ class ModelArgs:
                 f"(got block {self.block!r}, stream {self.stream!r}): narrower streams are no larger "
                 "than the bf16 deltas they would be rebuilt from, and their rounding is not invertible"
             )
+
+    def stream_format(self, compute_dtype: torch.dtype = torch.bfloat16) -> StreamFormat:
+        """The stream this model keeps: `stream` for the streamback block, the compute dtype's for the baseline."""
+        if self.block == "streamback":
+            return StreamFormat.parse(self.stream)
+        if compute_dtype not in _DTYPE_FORMAT:
+            raise StreambackError(f"compute dtype must be one of {list(_DTYPE_FORMAT)}, got {compute_dtype}")
+        return StreamFormat.parse(_DTYPE_FORMAT[compute_dtype])
 
     @property
     def head_dim(self) -> int:
@@ -280,13 +288,51 @@ class TransformerBlock(nn.Module):
         self.feed_forward.init_weights(self.init_std, generator)
 
 
+STREAM_POINTS = ("residual", "mid", "attention", "feed_forward")
+
+
+class StreamCapture:
+    """The residual stream of the latest forward pass under `Transformer.capture`, by point:
+    `residual` (n_layers + 1 entries), `mid`, `attention`, `feed_forward` (n_layers each)."""
+
+    def __init__(self, points: tuple[str, ...], fn, grad: bool):
+        unknown = set(points) - set(STREAM_POINTS)
+        if unknown or not points:
+            raise ValueError(f"capture points must be some of {STREAM_POINTS}, got {points}")
+        self.points, self.fn, self.grad = tuple(points), fn, grad
+        self.wants_parts = any(p != "residual" for p in points)
+        self._values: dict[str, list] = {p: [] for p in self.points}
+
+    def __getitem__(self, point: str) -> list:
+        return self._values[point]
+
+    def _keep(self, point: str, tensor: torch.Tensor) -> None:
+        if point not in self._values:
+            return
+        if self.grad:
+            if tensor.requires_grad:
+                tensor.retain_grad()
+        else:
+            tensor = tensor.detach()
+        self._values[point].append(tensor if self.fn is None else self.fn(tensor))
+
+    def _begin(self, h0: torch.Tensor) -> None:
+        self._values = {p: [] for p in self.points}
+        self._keep("residual", h0)
+
+    def _layer(self, out: torch.Tensor, mid=None, attention=None, feed_forward=None) -> None:
+        for point, tensor in (("mid", mid), ("attention", attention), ("feed_forward", feed_forward), ("residual", out)):
+            if tensor is not None:
+                self._keep(point, tensor)
+
+
 class Transformer(nn.Module):
     """Llama 3 decoder: tokens [B, T] -> fp32 logits [B, T, vocab_size].
 
-    `stream_format` is the stream's format (the compute dtype's for the baseline). With
-    `record_stream = True`, each forward stores `stream_absmax`, max |h| at the n_layers + 1
-    layer boundaries (after the embedding, after each block; detached). After a forward with
-    the reversible stream (and grad enabled), `reversible_stats` holds its byte counts.
+    `stream_format` is the stream's format (the compute dtype's for the baseline).
+    `capture(...)` is the one way to read the residual stream of a forward pass (see
+    `StreamCapture`). After a forward with the reversible stream (and grad enabled),
+    `reversible_stats` holds its byte counts.
     """
 
     def __init__(self, args: ModelArgs, compute_dtype: torch.dtype = torch.bfloat16):
@@ -294,7 +340,7 @@ class Transformer(nn.Module):
         if compute_dtype not in _DTYPE_FORMAT:
             raise StreambackError(f"compute dtype must be one of {list(_DTYPE_FORMAT)}, got {compute_dtype}")
         self.args, self.compute_dtype = args, compute_dtype
-        self.stream_format = StreamFormat.parse(args.stream if args.block == "streamback" else _DTYPE_FORMAT[compute_dtype])
+        self.stream_format = args.stream_format(compute_dtype)
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(TransformerBlock(i, args, self.stream_format, compute_dtype) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
@@ -304,8 +350,7 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.record_stream = False
-        self.stream_absmax: torch.Tensor | None = None
+        self._capture: StreamCapture | None = None
         self.reversible_stats: dict[str, int] | None = None
         self.init_weights()
 
@@ -317,8 +362,7 @@ class Transformer(nn.Module):
         """
         device = self.tok_embeddings.weight.device
         generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
-        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+        self.init_buffers()
         with torch.no_grad():
             nn.init.normal_(self.tok_embeddings.weight, generator=generator)
             for layer in self.layers:
@@ -326,6 +370,12 @@ class Transformer(nn.Module):
             self.norm.reset_parameters()
             std = self.args.dim**-0.5
             nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std, generator=generator)
+
+    def init_buffers(self) -> None:
+        """Compute the RoPE tables (not saved in the state dict) on the parameters' device."""
+        device = self.tok_embeddings.weight.device
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """h_0, the stream's first residual: the token embedding in the compute dtype, entered
@@ -344,20 +394,46 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         reversible = self.args.reversible and torch.is_grad_enabled()
         stream = ReversibleStream(bottom=lambda: self.embed(tokens)) if reversible else None
-        absmax = []
+        capture = self._capture
+        parts = capture is not None and capture.wants_parts
         with stream if stream is not None else contextlib.nullcontext():
             h = self.embed(tokens)
+            if capture is not None:
+                capture._begin(h)
             for layer in self.layers:
-                if self.record_stream:
-                    absmax.append(h.detach().abs().amax().float())
-                h = stream.step(layer, h, cos, sin) if stream is not None else layer(h, cos, sin)
-            if self.record_stream:
-                absmax.append(h.detach().abs().amax().float())
-                self.stream_absmax = torch.stack(absmax)
+                if stream is not None:
+                    out = stream.step(layer, h, cos, sin)
+                else:
+                    out = layer(h, cos, sin, parts=parts)
+                if capture is not None:
+                    capture._layer(*(out if isinstance(out, tuple) else (out,)))
+                h = out[0] if isinstance(out, tuple) else out
             logits = self.output(self.norm(h, self.compute_dtype)).float()
         if stream is not None:
             self.reversible_stats = stream.stats
         return logits
+
+    @contextlib.contextmanager
+    def capture(self, points: tuple[str, ...] = STREAM_POINTS, fn=None, grad: bool = False):
+        """Capture the residual stream of every forward pass run inside the block.
+
+        Yields a `StreamCapture`, refilled by each forward (so it holds the latest one's):
+        `capture["residual"]` is h_0 .. h_L (after the embedding and after each block),
+        `capture["mid"]` the residual between each block's two sublayers, `capture["attention"]`
+        and `capture["feed_forward"]` each sublayer's output (its delta, in the compute dtype).
+        `points` chooses which are kept (asking for only "residual" leaves the blocks' code
+        unchanged, e.g. under torch.compile). Each kept tensor is `fn(tensor)` if `fn` is given
+        (e.g. a statistic, so nothing full-size is held), else the tensor. Tensors are detached,
+        unless `grad`: then they are the live tensors with their gradients retained, read
+        `.grad` after the backward pass (the reversible stream then still holds them).
+        """
+        if self._capture is not None:
+            raise RuntimeError("Transformer.capture: a capture is already active on this model")
+        self._capture = StreamCapture(points, fn, grad)
+        try:
+            yield self._capture
+        finally:
+            self._capture = None
 
 
 def norm_gain_absmax(model: nn.Module) -> dict[str, float]:

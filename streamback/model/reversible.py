@@ -93,13 +93,12 @@ def step_back(residual: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def forward_residuals(model, tokens: torch.Tensor):
     """Every residual of a forward pass, (h_0, mid_0, h_1, ..., mid_{L-1}, h_L), and the deltas
-    between consecutive ones: the ground truth a rebuild by `step_back` is measured against."""
-    T = tokens.shape[1]
-    cos, sin = model.rope_cos[:T], model.rope_sin[:T]
-    h = model.embed(tokens)
-    slots, deltas = [h], []
-    for layer in model.layers:
-        h, mid, delta0, delta1 = layer(h, cos, sin, parts=True)
+    between consecutive ones (`Transformer.capture`): the ground truth a rebuild by `step_back`
+    is measured against."""
+    with model.capture() as stream:
+        model(tokens)
+    slots, deltas = [stream["residual"][0]], []
+    for mid, h, delta0, delta1 in zip(stream["mid"], stream["residual"][1:], stream["attention"], stream["feed_forward"]):
         slots += [mid, h]
         deltas += [delta0, delta1]
     return slots, deltas
@@ -131,13 +130,14 @@ class ReversibleStream(torch.autograd.graph.saved_tensors_hooks):
         self._uses: dict[int, int] = {}  # slot -> saved tensors still to be unpacked as it
         self.stats: dict[str, int] | None = None
 
-    def step(self, block, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        out, mid, delta0, delta1 = block(h, cos, sin, parts=True)
+    def step(self, block, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Run `block` on `h`; returns its parts (out, mid, delta0, delta1), as `block(..., parts=True)`."""
+        out, mid, delta0, delta1 = parts = block(h, cos, sin, parts=True)
         slot = len(self._deltas)
         self._drop({slot: h, slot + 1: mid})
         self._deltas += [None if slot == 0 and self._bottom else delta0.detach(), delta1.detach()]
         self._known = {slot + 2: out.detach()}
-        return out
+        return parts
 
     def __exit__(self, *exc):
         super().__exit__(*exc)

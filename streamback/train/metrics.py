@@ -3,7 +3,8 @@
 Every record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
 (mean over the step's global batch), `lr`, `grad_norm` (before clipping), `tokens_per_s` and
 `elapsed_s` (the last two are wall-clock figures, the only non-deterministic fields). Some steps
-add `val_loss`, `stream_absmax` (max |h| at each layer boundary, embedding first) and
+add `val_loss`, the stream's envelope at each layer boundary (embedding first) over the step's
+global batch: `stream_absmax` (max |h|), `stream_max` (max h) and `stream_min` (min h), and
 `norm_gain_absmax` (max |gain| of each norm).
 
 Append-safe across resumes: a run resumed from the checkpoint of step s first cuts the log back
@@ -22,7 +23,7 @@ from pathlib import Path
 from streamback.errors import StreambackError
 from streamback.io import write_text
 
-DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "stream_absmax", "norm_gain_absmax")
+DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "stream_absmax", "stream_max", "stream_min", "norm_gain_absmax")
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

@@ -62,3 +62,30 @@ def apply_fsdp(model, mesh=None, param_dtype: torch.dtype = torch.bfloat16, redu
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+class StreamDtypeWatch:
+    """Checks, on the first forward, that every block receives the stream in its format's dtype.
+
+    Guards against a wrapper (FSDP2's forward-input cast) silently turning an fp32 StreamBack
+    stream into a bf16 one. The hooks are registered after FSDP2's own, so they see what the
+    block really receives.
+    """
+
+    def __init__(self, model):
+        self.expected = model.stream_format.container_dtype
+        self.seen: list[torch.dtype] = []
+        self.handles = [layer.register_forward_pre_hook(self._hook) for layer in model.layers]
+
+    def _hook(self, module, args):
+        self.seen.append(args[0].dtype)
+
+    def check_and_remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        wrong = [i for i, dtype in enumerate(self.seen) if dtype != self.expected]
+        if wrong:
+            raise RuntimeError(
+                f"the residual stream reaches blocks {wrong} as {self.seen[wrong[0]]}, not {self.expected}: "
+                "a wrapper casts the blocks' inputs (FSDP2's cast_forward_inputs?)"
+            )

@@ -37,24 +37,26 @@ import math
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from streamback import layout
-from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
-from streamback.train.checkpoint import TrainState, list_checkpoints, load_checkpoint, read_meta, remove_partial, save_checkpoint
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
 from streamback.io import atomic_path, write_json
-from streamback.train.metrics import MetricsLog
+from streamback.model.weights import save_model
+from streamback.progress import Progress
 from streamback.runs import RunSpec, run_matrix, run_setting
+from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
+from streamback.train.checkpoint import TrainState, list_checkpoints, load_checkpoint, read_meta, remove_partial, save_checkpoint
+from streamback.train.metrics import MetricsLog
+from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.schedule import check_wsd, wsd_lr
+from streamback.train.validation import next_token_loss, window_losses
 
 HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
 
@@ -166,9 +168,9 @@ def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
-def _loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy in fp32 over all positions of the micro-batch."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+def _envelope(h: torch.Tensor) -> torch.Tensor:
+    """max |h|, max h and -min h of one residual (fp32; one all-reduce of MAX serves all three)."""
+    return torch.stack([h.abs().amax(), h.amax(), -h.amin()]).float()
 
 
 class Trainer:
@@ -248,11 +250,11 @@ class Trainer:
         remove_partial(self.ckpt_dir)
         start_step, elapsed = self._resume()
         self.elapsed = elapsed
-        self.log = MetricsLog(self.ckpt_dir / "metrics.jsonl", start_step) if self.env.rank == 0 else None
-        self.progress = _Progress(self.spec.name, self.steps, start_step, self.env.rank == 0)
+        self.log = MetricsLog(self.ckpt_dir / layout.METRICS_FILE, start_step) if self.env.rank == 0 else None
+        self.progress = Progress(self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None)
         self._announce(start_step)
         step, last_saved = start_step, start_step if start_step else None
-        watch = _StreamDtypeWatch(self.model)
+        watch = StreamDtypeWatch(self.model)
         try:
             with _StopRequest() as stop:
                 while step < self.steps:
@@ -293,21 +295,22 @@ class Trainer:
             group["lr"] = lr
         torch.manual_seed(_seed(self.seed, step, env.rank, 0))
         record_stream = (step + 1) % cfg["log"]["stream_every"] == 0
-        self.model.record_stream = record_stream
         windows = train_windows(self.seed, step, self.batch_size, self.n_train)
         loss_sum = torch.zeros((), device=env.device)
-        absmax = None
-        for micro in rank_micro_batches(windows, env.rank, env.world_size, self.micro_batch_size):
-            batch = read_windows(self.train_data, micro, self.seq_len).to(env.device, non_blocking=True)
-            loss = _loss(self.model(batch[:, :-1]), batch[:, 1:])
-            if watch is not None:
-                watch.check_and_remove()
-                watch = None
-            (loss / self.accum).backward()
-            loss_sum += loss.detach()
-            if record_stream:
-                absmax = self.model.stream_absmax if absmax is None else torch.maximum(absmax, self.model.stream_absmax)
-        self.model.record_stream = False
+        envelope = None  # per layer boundary: max |h|, max h, -min h over the step's micro-batches
+        capture = self.model.capture(("residual",), fn=_envelope) if record_stream else contextlib.nullcontext()
+        with capture as stream:
+            for micro in rank_micro_batches(windows, env.rank, env.world_size, self.micro_batch_size):
+                batch = read_windows(self.train_data, micro, self.seq_len).to(env.device, non_blocking=True)
+                loss = next_token_loss(self.model(batch[:, :-1]), batch[:, 1:])
+                if watch is not None:
+                    watch.check_and_remove()
+                    watch = None
+                (loss / self.accum).backward()
+                loss_sum += loss.detach()
+                if record_stream:
+                    seen = torch.stack(stream["residual"])
+                    envelope = seen if envelope is None else torch.maximum(envelope, seen)
         # one all-reduce per step: the mean loss over the global batch and whether any rank was signalled
         agreed = env.all_reduce(torch.stack([loss_sum / self.accum, torch.tensor(float(stop.signal is not None), device=env.device)]))
         loss_value, stop_now = agreed[0].item() / env.world_size, agreed[1].item() > 0
@@ -334,7 +337,8 @@ class Trainer:
             "elapsed_s": self.elapsed,
         }
         if record_stream:
-            record["stream_absmax"] = env.all_reduce(absmax, op=dist.ReduceOp.MAX).tolist()
+            absmax, top, negated_bottom = env.all_reduce(envelope, op=dist.ReduceOp.MAX).T.tolist()
+            record.update(stream_absmax=absmax, stream_max=top, stream_min=[-v for v in negated_bottom])
             from streamback.model.model import norm_gain_absmax
 
             record["norm_gain_absmax"] = norm_gain_absmax(self.model)
@@ -345,18 +349,15 @@ class Trainer:
             record["val_loss"] = self.validate(step)
         if self.log is not None:
             self.log.append(record)
-        self.progress.update(record, self.cfg["log"]["every"])
+        val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
+        self.progress.update(1, f"loss {record['loss']:.4f}{val} lr {record['lr']:.3e} grad_norm {record['grad_norm']:.3f} "
+                                f"{record['tokens_per_s']:,.0f} tok/s", log=step % self.cfg["log"]["every"] == 0 or step == self.steps or bool(val))
 
-    @torch.no_grad()
     def validate(self, step: int) -> float:
         """Mean next-token loss over the first `val_sequences` windows of the val split (a collective)."""
         torch.manual_seed(_seed(self.seed, step, self.env.rank, 1))
-        total = torch.zeros(2, dtype=torch.float64, device=self.env.device)
-        for start in range(0, len(self.val_windows), self.micro_batch_size):
-            batch = read_windows(self.val_data, self.val_windows[start:start + self.micro_batch_size], self.seq_len).to(self.env.device)
-            total[0] += _loss(self.model(batch[:, :-1]), batch[:, 1:], reduction="sum").double()
-            total[1] += batch[:, 1:].numel()
-        total = self.env.all_reduce(total)
+        losses = window_losses(self.model, self.val_data, self.val_windows, self.seq_len, self.micro_batch_size, self.env.device)
+        total = self.env.all_reduce(torch.stack([losses.sum(), torch.tensor(float(len(losses)), dtype=torch.float64, device=self.env.device)]))
         return (total[0] / total[1]).item()
 
     # ---- checkpoints and outputs -----------------------------------------------------------
@@ -394,20 +395,19 @@ class Trainer:
         if self.env.rank != 0:
             return
         self.outdir.mkdir(parents=True, exist_ok=True)
-        with atomic_path(self.outdir / "model.pt") as tmp:
-            torch.save({"model_args": dataclasses.asdict(self.model_args), "model": state}, tmp)
-        with atomic_path(self.outdir / "metrics.jsonl") as tmp:
-            shutil.copyfile(self.ckpt_dir / "metrics.jsonl", tmp)
-        last = _last_record(self.ckpt_dir / "metrics.jsonl")
+        save_model(self.outdir / layout.MODEL_FILE, self.model_args, state, self.model.compute_dtype)
+        with atomic_path(self.outdir / layout.METRICS_FILE) as tmp:
+            shutil.copyfile(self.ckpt_dir / layout.METRICS_FILE, tmp)
+        last = _last_record(self.ckpt_dir / layout.METRICS_FILE)
         gpus = self.env.world_size if self.env.device.type == "cuda" else 0
-        write_json(self.outdir / "summary.json", {
+        write_json(self.outdir / layout.SUMMARY_FILE, {
             "run": self.spec.name, "shape": self.spec.shape, "block": self.spec.block, "stream": str(self.model.stream_format.label),
             "steps": step, "tokens": step * self.tokens_per_step, "params": count_params(self.model),
             "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
             "train_seconds": self.elapsed, "processes": self.env.world_size, "device": self.env.device.type,
             "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.ckpt_dir / f"step_{step:09d}"),
         })
-        self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / 'model.pt'}")
+        self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
     def _announce(self, start_step: int) -> None:
         from streamback.model.model import count_params
@@ -426,68 +426,3 @@ def _last_record(path: Path) -> dict:
 
     records = read_metrics(path)
     return records[-1] if records else {}
-
-
-class _StreamDtypeWatch:
-    """Checks, on the first forward, that every block receives the stream in its format's dtype.
-
-    Guards against a wrapper (FSDP2's forward-input cast) silently turning an fp32 StreamBack
-    stream into a bf16 one. The hooks are registered after FSDP2's own, so they see what the
-    block really receives.
-    """
-
-    def __init__(self, model):
-        self.expected = model.stream_format.container_dtype
-        self.seen: list[torch.dtype] = []
-        self.handles = [layer.register_forward_pre_hook(self._hook) for layer in model.layers]
-
-    def _hook(self, module, args):
-        self.seen.append(args[0].dtype)
-
-    def check_and_remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        wrong = [i for i, dtype in enumerate(self.seen) if dtype != self.expected]
-        if wrong:
-            raise RuntimeError(
-                f"the residual stream reaches blocks {wrong} as {self.seen[wrong[0]]}, not {self.expected}: "
-                "a wrapper casts the blocks' inputs (FSDP2's cast_forward_inputs?)"
-            )
-
-
-class _Progress:
-    """A tqdm bar on a terminal; plain log lines (every `log.every` steps) otherwise, e.g. in a Slurm log."""
-
-    def __init__(self, run: str, total: int, initial: int, active: bool):
-        self.run, self.total, self.active = run, total, active
-        self.bar = None
-        if active and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc=run, unit="step", dynamic_ncols=True)
-
-    def update(self, record: dict, every: int) -> None:
-        if not self.active:
-            return
-        val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"loss {record['loss']:.4f}{val} lr {record['lr']:.2e} {record['tokens_per_s']:,.0f} tok/s")
-            self.bar.update(1)
-        elif record["step"] % every == 0 or record["step"] == self.total or val:
-            print(
-                f"[{self.run}] step {record['step']}/{self.total} loss {record['loss']:.4f}{val} lr {record['lr']:.3e} "
-                f"grad_norm {record['grad_norm']:.3f} {record['tokens_per_s']:,.0f} tok/s",
-                file=sys.stderr, flush=True,
-            )
-
-    def write(self, line: str) -> None:
-        if not self.active:
-            return
-        if self.bar is not None:
-            self.bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

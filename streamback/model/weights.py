@@ -1,0 +1,102 @@
+"""The trained model's file (`results/runs/<run>/model.pt`): the one writer and reader.
+
+A `torch.save`d dict, written atomically:
+- `model_args`: `dataclasses.asdict(ModelArgs)`, the architecture, block and stream;
+- `model`: the state dict, fp32 master weights under the model's own (TorchTitan's) names, no
+  wrapper prefixes;
+- `stream`: the label of the stream the model was trained with (`bf16` for the baseline at bf16
+  compute, `fp32` for StreamBack, `mxfp8`, `nvfp4_sr`, ...);
+- `compute_dtype`: the compute dtype it was trained in (`bfloat16`).
+
+`load_model` gives a ready `Transformer` in evaluation mode: by default as trained, or in
+another compute dtype (e.g. fp32 for a reference) and with another stream format (a StreamBack
+model with a `bf16` stream computes exactly what the baseline does, so every variant of the
+same weights is one `stream` argument away).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from streamback.errors import StreambackError
+from streamback.io import atomic_path
+from streamback.model.model import ModelArgs, Transformer, model_args_from_dict
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TrainedModel:
+    """A model file's contents, checked against each other."""
+
+    args: ModelArgs
+    state: dict[str, torch.Tensor]
+    stream: str  # the StreamFormat label of the trained stream
+    compute_dtype: torch.dtype
+
+
+def save_model(path: str | os.PathLike, args: ModelArgs, state: dict[str, torch.Tensor], compute_dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write a trained model (`state`: the full, unsharded state dict) to `path`, atomically."""
+    name = next((k for k, v in DTYPES.items() if v == compute_dtype), None)
+    if name is None:
+        raise StreambackError(f"compute dtype must be one of {list(DTYPES.values())}, got {compute_dtype}")
+    record = {"model_args": dataclasses.asdict(args), "model": state, "stream": args.stream_format(compute_dtype).label, "compute_dtype": name}
+    with atomic_path(path) as tmp:
+        torch.save(record, tmp)
+
+
+def read_model(path: str | os.PathLike) -> TrainedModel:
+    """Read and check a model file: its model_args must build a model whose state dict it matches."""
+    path = Path(path)
+    if not path.is_file():
+        raise StreambackError(f"model file {path} does not exist (train the run first: rule train)")
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a corrupt or foreign file
+        raise StreambackError(f"model file {path} cannot be read by torch.load: {err}") from None
+    if not isinstance(record, dict) or not {"model_args", "model"} <= set(record):
+        raise StreambackError(f"model file {path} must be a dict with keys 'model_args' and 'model'")
+    try:
+        args = model_args_from_dict(record["model_args"])
+    except (StreambackError, TypeError) as err:
+        raise StreambackError(f"model file {path}: {err}") from None
+    compute = record.get("compute_dtype", "bfloat16")
+    if compute not in DTYPES:
+        raise StreambackError(f"model file {path}: compute_dtype {compute!r} is not one of {', '.join(DTYPES)}")
+    state = record["model"]
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in Transformer(args).state_dict().items()}
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise StreambackError(f"model file {path}: state dict is missing {missing[:5]} and has unexpected {unexpected[:5]}")
+    for key, shape in expected.items():
+        if state[key].shape != shape:
+            raise StreambackError(f"model file {path}: {key} has shape {tuple(state[key].shape)}, model_args give {tuple(shape)}")
+    stream = record.get("stream") or args.stream_format(DTYPES[compute]).label
+    return TrainedModel(args, state, stream, DTYPES[compute])
+
+
+def load_model(path: str | os.PathLike, compute_dtype: torch.dtype | None = None, stream: str | None = None,
+               device: str | torch.device = "cpu") -> Transformer:
+    """The trained model at `path`, ready for evaluation (`eval()`, on `device`).
+
+    `compute_dtype`: the dtype of the sublayers' compute (default: as trained, bf16).
+    `stream`: a StreamFormat label (e.g. `bf16`, `fp32`, `mxfp8`, `nvfp4_sr`) to keep the stream
+    in instead of the trained one; the model is then a StreamBack model with that stream (the
+    reversible stream is dropped: it changes memory, not values).
+    """
+    trained = read_model(path)
+    args = trained.args
+    if stream is not None:
+        args = dataclasses.replace(args, block="streamback", stream=stream, reversible=False)
+    with torch.device("meta"):
+        model = Transformer(args, compute_dtype or trained.compute_dtype)
+    model.to_empty(device=device)
+    model.init_buffers()
+    model.load_state_dict(trained.state)
+    return model.eval()
