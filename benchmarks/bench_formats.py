@@ -16,7 +16,7 @@ import statistics
 
 import torch
 
-from streamback.measure.bench import step_seconds
+from streamback.measure.step import step_seconds
 from streamback.model.formats import FORMATS, StreamFormat
 
 

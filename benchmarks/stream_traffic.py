@@ -28,8 +28,7 @@ from torch.utils._pytree import tree_leaves
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamback.config import DEFAULT_CONFIG, load_config  # noqa: E402
-from streamback.measure.bench import GPU_SHAPES, VARIANTS, flops_per_token, model_args, parse_names  # noqa: E402
-from streamback.measure.memory import fake_training_step  # noqa: E402
+from streamback.measure.step import GPU_SHAPES, VARIANTS, fake_training_step, flops_per_token, model_args, parse_names  # noqa: E402
 from streamback.model.model import Transformer  # noqa: E402
 from streamback.model.reversible import storage_id  # noqa: E402
 
@@ -81,7 +80,7 @@ def main() -> None:
     for shape in parse_names(args.shapes, model_cfg["shapes"], "shapes"):
         base = None
         for variant in parse_names(args.variants, VARIANTS, "variants"):
-            moved, flops = measure(model_args(model_cfg, shape, variant, args), args.batch, args.seq_len)
+            moved, flops = measure(model_args(model_cfg, shape, variant, args.vocab_size), args.batch, args.seq_len)
             floor_ms = flops / (args.tflops * 1e12) * 1e3
             base = base or (moved, args.step_ms or floor_ms)
             extra = moved - base[0]

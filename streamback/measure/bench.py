@@ -26,52 +26,33 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from streamback import layout
-from streamback.config import DEFAULT_CONFIG, load_config
+from streamback.config import load_config
 from streamback.errors import StreambackError
 from streamback.io import markdown_table as table_of
 from streamback.io import write_json, write_text
+from streamback.measure.memory import estimate_step_memory
+from streamback.measure.step import (
+    CPU_SHAPES,
+    GPU_SHAPES,
+    VARIANTS,
+    add_step_arguments,
+    flops_per_token,
+    model_args,
+    parse_names,
+    random_tokens,
+    require_positive,
+    step_seconds,
+    training_step,
+)
 
 HELP = "time a training step of every shape x block x eager/compiled; tokens/s, MFU, memory"
 
-VARIANTS = {  # name -> (block, reversible)
-    "baseline": ("baseline", False),
-    "streamback": ("streamback", False),
-    "streamback-reversible": ("streamback", True),
-}
 MODES = ("eager", "compiled")
-GPU_SHAPES = "skinny-tall,medium,fat-short"
-CPU_SHAPES = "tiny-skinny-tall,tiny-medium,tiny-fat-short"
-
-
-def parse_names(text: str, allowed, what: str) -> list[str]:
-    """The comma-separated names of `text`, each checked against `allowed` (named --`what`)."""
-    names = [n for n in text.split(",") if n]
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise StreambackError(f"--{what}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
-    return names
-
-
-def add_step_arguments(parser: argparse.ArgumentParser) -> None:
-    """The training step measured (here and by `streamback memory`): model config, variants, sizes."""
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config file whose model section names the shapes")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
-    parser.add_argument("--batch", type=int, default=4, help="micro-batch size in sequences")
-    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
-    parser.add_argument("--vocab-size", type=int, default=128256, help="vocabulary (default: the Llama 3 tokenizer's)")
-
-
-def require_positive(args: argparse.Namespace, keys) -> None:
-    for key in keys:
-        if getattr(args, key) < 1:
-            raise StreambackError(f"--{key.replace('_', '-')} must be at least 1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,8 +78,6 @@ def run(args: argparse.Namespace) -> int:
     if args.seq_len > model_cfg["max_seq_len"]:
         raise StreambackError(f"--seq-len {args.seq_len} exceeds model.max_seq_len {model_cfg['max_seq_len']} of {args.config}")
 
-    from streamback.measure.memory import estimate_step_memory
-
     matmul = matmul_flops(device)
     print(f"bf16 matmul on {device_name(device)}: {matmul / 1e12:.2f} TFLOP/s")
     rows, estimates = [], {}
@@ -108,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                 row = {"shape": shape, "variant": variant, "mode": mode}
                 row.update(bench_one(model_cfg, shape, variant, mode, args, device, matmul))
                 if args.estimate and (shape, variant) not in estimates:  # the same for every mode
-                    estimates[shape, variant] = estimate_step_memory(model_args(model_cfg, shape, variant, args), args.batch, args.seq_len)["peak"] / 2**30
+                    estimates[shape, variant] = estimate_step_memory(model_args(model_cfg, shape, variant, args.vocab_size), args.batch, args.seq_len)["peak"] / 2**30
                 row["est_peak_gib"] = estimates.get((shape, variant))
                 rows.append(row)
                 print(_format_row(row, rows), flush=True)
@@ -151,48 +130,13 @@ def matmul_flops(device: torch.device) -> float:
     return 2 * n**3 / statistics.median(step_seconds(lambda: a @ b, 20 if device.type == "cuda" else 3, device))
 
 
-def model_args(model_cfg: dict, shape: str, variant: str, args: argparse.Namespace):
-    """ModelArgs of `shape` as `variant` (a VARIANTS name), with `args.vocab_size`."""
-    from streamback.model.model import ModelArgs
-
-    block, reversible = VARIANTS[variant]
-    return ModelArgs.from_config(model_cfg, shape, args.vocab_size, block=block, reversible=reversible)
-
-
-def step_seconds(step, steps: int, device: torch.device) -> list[float]:
-    """Wall time of each of `steps` calls of `step`: CUDA events on a GPU, the host clock else."""
-    times = []
-    for _ in range(steps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-    return times
-
-
-def flops_per_token(model, seq_len: int) -> int:
-    from streamback.model.model import count_params
-
-    a = model.args
-    return 6 * count_params(model, exclude_embeddings=True) + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
-
-
 def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
     from streamback.model.model import Transformer
     from streamback.model.reversible import SavedTensorBytes
     from streamback.train.parallel import apply_compile
 
-    margs = model_args(model_cfg, shape, variant, args)
-    generator = torch.Generator(device=device).manual_seed(0)
-    tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + 1), device=device, generator=generator)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    margs = model_args(model_cfg, shape, variant, args.vocab_size)
+    tokens = random_tokens(args.vocab_size, args.batch, args.seq_len, device)
     model = None
     try:
         with torch.device(device):
@@ -202,9 +146,7 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
             apply_compile(model)
 
         def step():
-            model.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
-            loss.backward()
+            training_step(model, tokens)
 
         for _ in range(args.warmup):
             step()
@@ -217,7 +159,7 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
         model.zero_grad(set_to_none=True)
         counter = SavedTensorBytes()
         with counter:
-            logits = model(inputs)
+            logits = model(tokens[:, :-1])
         saved = sum(model.reversible_stats[k] for k in ("kept_bytes", "delta_bytes")) if margs.reversible else counter.nbytes
         del logits
         tokens_per_s = args.batch * args.seq_len / seconds

@@ -30,12 +30,12 @@ import argparse
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from streamback import layout
 from streamback.config import load_config
 from streamback.io import markdown_table as table_of
 from streamback.io import write_json, write_text
+from streamback.measure.step import GPU_SHAPES, VARIANTS, add_step_arguments, fake_training_step, model_args, parse_names, require_positive
 
 HELP = "estimate the peak memory of a training step per shape x block, on the CPU (fake tensors)"
 GIB = 2**30
@@ -60,23 +60,6 @@ def _step_peak_tracker():
     return StepPeakTracker()
 
 
-def fake_training_step(margs, batch: int, seq_len: int, watch, compute_dtype: torch.dtype = torch.bfloat16) -> None:
-    """One eager forward + backward (cross-entropy on random tokens) of `Transformer(margs)` on
-    fake tensors, run inside the context `watch(model)` returns (e.g. a dispatch mode)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from streamback.model.model import Transformer
-
-    with torch.device("meta"):
-        model = Transformer(margs, compute_dtype=compute_dtype)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model.to_empty(device="cpu")  # fake storages; no values are ever computed
-        tokens = torch.randint(0, margs.vocab_size, (batch, seq_len + 1))
-        with watch(model):
-            loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
-            loss.backward()
-
-
 def estimate_step_memory(margs, batch: int, seq_len: int, compute_dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
     """Peak bytes of one eager forward + backward of `Transformer(margs)`: `{"peak": total,
     "params": ..., "buffers": ..., "grads": ..., "activations": ..., "temporaries": ...}`, the
@@ -98,16 +81,12 @@ def estimate_step_memory(margs, batch: int, seq_len: int, compute_dtype: torch.d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamback.measure.bench import GPU_SHAPES, add_step_arguments
-
     add_step_arguments(parser)
     parser.add_argument("--shapes", default=GPU_SHAPES, help=f"comma-separated shape names (default: {GPU_SHAPES})")
     parser.add_argument("--out", type=Path, default=layout.MEMORY_FILE, help="JSON output; the table goes beside it as .md")
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamback.measure.bench import VARIANTS, model_args, parse_names, require_positive
-
     require_positive(args, ("batch", "seq_len", "vocab_size"))
     model_cfg = load_config(args.config)["model"]
     shapes = parse_names(args.shapes, model_cfg["shapes"], "shapes")
@@ -115,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for shape in shapes:
         for variant in variants:
-            margs = model_args(model_cfg, shape, variant, args)
+            margs = model_args(model_cfg, shape, variant, args.vocab_size)
             row = {"shape": shape, "variant": variant, **estimate_step_memory(margs, args.batch, args.seq_len)}
             rows.append(row)
             print(f"{shape} {variant}: {row['peak'] / GIB:.3f} GiB", flush=True)
