@@ -86,7 +86,7 @@ from streamback import layout
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config, validate_config
 from streamback.io import markdown_table, write_json, write_text
 from streamback.measure.bench import markdown_table as bench_table
-from streamback.measure.bench import step_seconds
+from streamback.measure.step import step_seconds
 from streamback.model.formats import FORMATS, StreamFormat
 from streamback.model.model import ModelArgs, Transformer
 from streamback.model.reversible import forward_residuals, step_back
@@ -578,8 +578,10 @@ def run_fsdp(report: Report, device, sizes: Sizes, work: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from streamback.train.parallel import apply_fsdp
-    from streamback.train.parallel import StreamDtypeWatch  # the trainer's own check of the stream's dtype
+    from streamback.train.parallel import (
+        StreamDtypeWatch,  # the trainer's own check of the stream's dtype
+        apply_fsdp,
+    )
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     with report.guard("fsdp", "process_group"):
