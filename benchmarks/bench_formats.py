@@ -17,7 +17,7 @@ import statistics
 import torch
 
 from streamback.measure.step import step_seconds
-from streamback.model.formats import FORMATS, StreamFormat
+from streamback.model.formats import STREAM_FORMATS, StreamFormat
 
 
 def _median_ms(fn, repeat: int, device: str) -> float:
@@ -39,7 +39,7 @@ def main() -> None:
     print(f"shape {args.shape}, device {args.device}, torch {torch.__version__}, threads {torch.get_num_threads()}")
 
     cases = []  # the first case, fp32 + fp32, is the reference
-    for name in FORMATS:
+    for name in STREAM_FORMATS:
         for rounding in ("nearest", "stochastic"):
             if (name, rounding) != ("fp32", "stochastic"):
                 fmt = StreamFormat(name, rounding)

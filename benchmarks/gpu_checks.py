@@ -87,14 +87,14 @@ from streamback.config import DEFAULT_CONFIG, ROOT, load_config, validate_config
 from streamback.io import markdown_table, write_json, write_text
 from streamback.measure.bench import markdown_table as bench_table
 from streamback.measure.step import step_seconds
-from streamback.model.formats import FORMATS, StreamFormat
+from streamback.model.formats import STREAM_LABELS, StreamFormat
 from streamback.model.model import ModelArgs, Transformer
 from streamback.model.reversible import forward_residuals, step_back
 from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, round_to, ulp
 from streamback.train.parallel import apply_activation_checkpointing, apply_compile
 
 PARTS = ("env", "checks", "fsdp", "train", "bench")
-STREAMS = [*FORMATS, *(f + "_sr" for f in FORMATS if f != "fp32")]  # every format x rounding
+STREAMS = list(STREAM_LABELS)  # every format x rounding
 SR_FORMATS = [StreamFormat.parse(s) for s in STREAMS if s.endswith("_sr")]
 NATIVE_SPECS = [BF16, FP16, FP8_E4M3, FP8_E5M2]  # formats with a torch dtype to cast to
 SR_SPECS = [BF16, FP16, FP8_E4M3, FP8_E5M2, FP4_E2M1]

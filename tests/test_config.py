@@ -5,7 +5,7 @@ import copy
 import pytest
 import yaml
 
-from streamback.config import DEFAULT_CONFIG, ROOT, load_config, validate_config
+from streamback.config import DEFAULT_CONFIG, ROOT, SCHEMA, load_config, validate_config
 from streamback.errors import StreambackError
 
 
@@ -71,8 +71,6 @@ def test_same_filled_config_as_snakemake_validate(name):
     """The package's validator (jsonschema) and the Snakefile's (Snakemake's) agree on defaults."""
     from snakemake.utils import validate
 
-    from streamback.config import SCHEMA
-
     raw = yaml.safe_load((ROOT / "config" / name).read_text())
     by_snakemake = copy.deepcopy(raw)
     validate(by_snakemake, str(SCHEMA))
@@ -86,3 +84,15 @@ def test_every_error_is_listed_with_its_key_path():
         validate_config(config)
     assert "drift.steps: 0 is less than the minimum" in str(err.value)
     assert "drift.coords: 'x' is not of type 'integer'" in str(err.value)
+
+
+def test_schema_enums_are_the_code_s_names():
+    """The schema lists stream formats and drift paths for validation; the code defines them.
+    The two must name the same things (an extra stream run is every stream but the default fp32)."""
+    from streamback.drift.simulate import PATHS
+    from streamback.model.formats import STREAM_LABELS
+
+    defs = yaml.safe_load(SCHEMA.read_text())["$defs"]
+    streams = defs["train"]["properties"]["runs"]["properties"]["streams"]["items"]["enum"]
+    assert sorted(streams) == sorted(set(STREAM_LABELS) - {"fp32"})
+    assert defs["drift"]["properties"]["paths"]["items"]["enum"] == list(PATHS)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from streamback.errors import StreambackError
-from streamback.model.formats import FORMATS, StreamFormat, quantize_mx, quantize_nvfp4
+from streamback.model.formats import STREAM_LABELS, StreamFormat, quantize_mx, quantize_nvfp4
 from streamback.model.rounding import FP8_E4M3, FP8_E5M2, round_to
 
-ALL = [StreamFormat(n, r) for n in FORMATS for r in ("nearest", "stochastic") if (n, r) != ("fp32", "stochastic")]
+ALL = [StreamFormat.parse(label) for label in STREAM_LABELS]
 STOCHASTIC = [f for f in ALL if f.rounding == "stochastic"]
 IDS = [f.label for f in ALL]
 NAN = float("nan")

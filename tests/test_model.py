@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from streamback.cli import main as cli_main
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config
 from streamback.errors import StreambackError
-from streamback.model.formats import FORMATS, StreamFormat
+from streamback.model.formats import STREAM_LABELS, StreamFormat
 from streamback.model.model import STREAM_POINTS, ModelArgs, Transformer, _RMSNormFunction, apply_rope, count_params, norm_gain_absmax, rope_tables
 from streamback.train.parallel import apply_compile
 
 # every stream format, with each rounding it has (fp32 has no stochastic variant)
-STREAMS = [f for f in FORMATS] + [f + "_sr" for f in FORMATS if f != "fp32"]
+STREAMS = list(STREAM_LABELS)
 
 
 def tiny(**kw) -> ModelArgs:

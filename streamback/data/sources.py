@@ -19,7 +19,7 @@ from streamback import layout
 from streamback.data.shards import file_sha256
 from streamback.errors import StreambackError
 
-FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text", ".md": "text"}
+FILE_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text", ".md": "text"}
 
 
 def is_validation(key: str, fraction: float) -> bool:
@@ -86,10 +86,10 @@ class FileSource:
             if not path.is_file():
                 hint = " (run `streamback corpus` or the rule corpus first)" if kind == "synthetic" else ""
                 raise StreambackError(f"corpus file {path} does not exist{hint}")
-            file_format = fmt if fmt != "auto" else FORMATS.get(path.suffix.lower())
+            file_format = fmt if fmt != "auto" else FILE_FORMATS.get(path.suffix.lower())
             if file_format is None:
                 raise StreambackError(f"corpus file {path}: unknown format {path.suffix!r}; "
-                                      f"name it {', '.join(FORMATS)} or set data.local.format")
+                                      f"name it {', '.join(FILE_FORMATS)} or set data.local.format")
             self.files.append((path, file_format))
         self.rows = {path: self._preflight(path, f) for path, f in self.files}
         if all(rows == 0 for rows in self.rows.values()):

@@ -1,6 +1,6 @@
 """Residual-stream formats: how the stream is stored between layers and how each addition is rounded.
 
-A `StreamFormat` names a number format (`FORMATS`) and a rounding (`nearest` or `stochastic`).
+A `StreamFormat` names a number format (`STREAM_FORMATS`) and a rounding (`nearest` or `stochastic`).
 The model calls `fmt.enter(x)` once after the embedding and `fmt.add(h, delta)` at every
 residual addition; both return a tensor of `fmt.container_dtype` whose values lie on the
 format's grid.
@@ -43,7 +43,7 @@ import torch
 from streamback.errors import StreambackError
 from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, ROUNDINGS, FloatSpec, round_to
 
-FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
+STREAM_FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
 
 # formats whose container dtype is the format itself (nearest add = torch's add)
 _NATIVE = ("fp32", "bf16", "fp16")
@@ -199,15 +199,15 @@ class _StraightThrough(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class StreamFormat:
-    """A residual-stream format: number format `name` (one of FORMATS) and its rounding."""
+    """A residual-stream format: number format `name` (one of STREAM_FORMATS) and its rounding."""
 
     name: str = "fp32"
     rounding: str = "nearest"
 
     def __post_init__(self):
-        if self.name not in FORMATS:
+        if self.name not in STREAM_FORMATS:
             raise StreambackError(
-                f"unknown residual-stream format {self.name!r}: expected one of {', '.join(FORMATS)}"
+                f"unknown residual-stream format {self.name!r}: expected one of {', '.join(STREAM_FORMATS)}"
             )
         if self.rounding not in ROUNDINGS:
             raise StreambackError(
@@ -229,9 +229,9 @@ class StreamFormat:
             rounding = "nearest"
             if name.endswith("_sr"):
                 name, rounding = name[: -len("_sr")], "stochastic"
-        if name not in FORMATS or rounding not in ROUNDINGS:
+        if name not in STREAM_FORMATS or rounding not in ROUNDINGS:
             raise StreambackError(
-                f"bad residual-stream format {text!r}: expected one of {', '.join(FORMATS)}, "
+                f"bad residual-stream format {text!r}: expected one of {', '.join(STREAM_FORMATS)}, "
                 f"optionally with '_sr' or ':stochastic' / ':nearest' (e.g. 'bf16_sr', 'mxfp8:stochastic')"
             )
         return cls(name, rounding)
@@ -291,3 +291,7 @@ class StreamFormat:
         if self.name == "nvfp4":
             return _on_nvfp4_grid(x)
         return bool(((_quantise(self.name, x, "nearest") == x) | torch.isnan(x)).all())
+
+
+# every stream the model can keep, by label: each format with each rounding it has (fp32 has no stochastic variant)
+STREAM_LABELS = tuple(StreamFormat(n, r).label for n in STREAM_FORMATS for r in ROUNDINGS if (n, r) != ("fp32", "stochastic"))
