@@ -191,3 +191,23 @@ def assert_note_findings(summary: pd.DataFrame) -> None:
         assert abs(sr.drift - ref.drift) < 5 * standard_error, (mu, sigma, sr.drift, ref.drift)
     # at (0.5, 1.0) the bf16 sum freezes just past 1024, where the gap doubles to 8
     assert 1024 <= start + mean.loc[(0.5, 1.0, "bf16"), "drift"] < 1040
+
+
+def test_figures_tell_every_path_apart_and_name_what_is_not_drawn():
+    """Paths whose mean curves coincide (fp32, fp32 with bf16 updates, SR, Kahan, fp16) each get a
+    row of their difference to fp32; a path that was not simulated is named on both figures."""
+    from streamback.drift.report import ratio_chart, trajectory_chart
+    from streamback.drift.simulate import trajectory_table
+
+    cfg = config(steps=40)
+    sim = simulate(cfg, compiled=False)
+    assert "fp8_e4m3" in sim.skipped
+    spec = trajectory_chart(trajectory_table(cfg, sim), cfg["start"], sim.skipped).to_dict()
+    assert any("Not drawn: fp8_e4m3" in line and "448" in line for line in spec["title"]["subtitle"])
+    top, below = spec["vconcat"]
+    rows = below["data"]["values"] if "values" in below.get("data", {}) else spec["datasets"][below["data"]["name"]]
+    assert {r["path"] for r in rows} == set(sim.paths) - {"fp32"}
+    fp32_mean = {r["step"]: r["mean"] for r in spec["datasets"][top["data"]["name"]] if r["path"] == "fp32"}
+    assert all(r["minus_fp32"] == pytest.approx(r["mean"] - fp32_mean[r["step"]]) for r in rows)
+    ratio = ratio_chart(summary_table(cfg, sim)).to_dict()
+    assert any("Not drawn: fp8_e4m3" in line for line in ratio["title"]["subtitle"])

@@ -34,29 +34,51 @@ def ratio_chart(summary: pd.DataFrame):
     bars = base.mark_bar(opacity=0.35).encode(y=alt.Y("mean(drift_ratio):Q", title="drift / fp32 drift"), color=alt.Color("path:N", sort=order, legend=None))
     dots = base.mark_circle(size=30, color="black").encode(y="drift_ratio:Q", tooltip=["path", "seed", alt.Tooltip("drift_ratio:Q", format=".4f")])
     labels = base.mark_text(dy=-8, fontSize=10).encode(y="mean(drift_ratio):Q", text=alt.Text("mean(drift_ratio):Q", format=".1%"))
+    skipped = summary[summary.drift_ratio.isna()].groupby("path", sort=False).note.first()
+    subtitle = [f"Not drawn: {path} ({note.removeprefix('not simulated: ')})." for path, note in skipped.items()]
+    title = alt.TitleParams("Drift kept by each path (dots: seeds; bars and labels: their mean)", subtitle=subtitle)
     return (bars + dots + labels).properties(width=260, height=220).facet(
-        column=alt.Column("setting:N", title=None)).properties(title="Drift kept by each path (dots: seeds; bars and labels: their mean)")
+        column=alt.Column("setting:N", title=None)).properties(title=title)
 
 
-def trajectory_chart(trajectories: pd.DataFrame, start: float, max_points: int = 200):
-    """The running value's mean over coordinates against step, per path (averaged over seeds), per setting."""
+def trajectory_chart(trajectories: pd.DataFrame, start: float, not_drawn: dict[str, str] | None = None, max_points: int = 200):
+    """The running value's mean over coordinates against step, per path (averaged over seeds), per
+    setting; below, each path's mean minus fp32's on its own scale, one row per path, so that paths
+    whose curves lie on top of each other above are told apart. `not_drawn`: path -> why it has no
+    trajectory (named in the subtitle)."""
     import altair as alt
 
     steps = sorted(trajectories.step.unique())
     keep = set(steps[:: max(1, math.ceil(len(steps) / max_points))]) | {steps[-1]}
     data = (trajectories[trajectories.step.isin(keep)].assign(setting=_setting_label)
             .groupby(["setting", "path", "step"], as_index=False)["mean"].mean())
+    reference = data[data.path == REFERENCE].set_index(["setting", "step"])["mean"]
+    data["minus_fp32"] = data["mean"].to_numpy() - reference.reindex(pd.MultiIndex.from_frame(data[["setting", "step"]])).to_numpy()
     order = [p for p in PATHS if p in set(data.path)]
+    x = alt.X("step:Q", title="step")
+    color = alt.Color("path:N", sort=order)
     lines = alt.Chart().mark_line().encode(
-        x=alt.X("step:Q", title="step"), y=alt.Y("mean:Q", title="mean running value", scale=alt.Scale(zero=False)),
-        color=alt.Color("path:N", sort=order), tooltip=["path", "step", alt.Tooltip("mean:Q", format=".1f")])
-    layers, title = [lines], "Mean running value per path (averaged over seeds)"
+        x=x, y=alt.Y("mean:Q", title="mean running value", scale=alt.Scale(zero=False)),
+        color=color, strokeDash=alt.StrokeDash("path:N", sort=order, legend=None),
+        tooltip=["path", "step", alt.Tooltip("mean:Q", format=".1f")])
+    layers = [lines]
+    subtitle = ["Above: every path (dashes tell apart lines that coincide). Below: each path's mean minus fp32's, own scale per row."]
     if start > 0:  # the next power of two up, where every format's gap doubles
         data["edge"] = 2.0 ** (math.floor(math.log2(start)) + 1)
         layers.append(alt.Chart().mark_rule(strokeDash=[4, 4], color="gray").encode(y="mean(edge):Q"))
-        title += f"; dashed: {data.edge.iloc[0]:g}, where the gap doubles"
-    return alt.layer(*layers, data=data).properties(width=260, height=220).facet(
-        column=alt.Column("setting:N", title=None)).properties(title=title)
+        subtitle.append(f"Dashed grey: {data.edge.iloc[0]:g}, where the gap doubles.")
+    for path, reason in (not_drawn or {}).items():
+        subtitle.append(f"Not drawn: {path} ({reason.removeprefix('not simulated: ')}).")
+    top = alt.layer(*layers, data=data).properties(width=260, height=220).facet(column=alt.Column("setting:N", title=None))
+    differences = alt.Chart(data[data.path != REFERENCE]).mark_line().encode(
+        x=x, y=alt.Y("minus_fp32:Q", title=None, scale=alt.Scale(zero=False)), color=color,
+        tooltip=["path", "step", alt.Tooltip("minus_fp32:Q", format=".3f")],
+    ).properties(width=260, height=55).facet(
+        row=alt.Row("path:N", sort=order, title="mean minus fp32's", header=alt.Header(labelAngle=0, labelAlign="left")),
+        column=alt.Column("setting:N", title=None),
+    ).resolve_scale(y="independent")
+    title = alt.TitleParams("Mean running value per path (averaged over seeds)", subtitle=subtitle)
+    return alt.vconcat(top, differences).properties(title=title)
 
 
 def spacing_chart(spacing: pd.DataFrame):
@@ -155,7 +177,7 @@ def write_outputs(cfg: dict, sim: Simulation, outdir: Path, seconds: float) -> N
         trajectories.to_parquet(tmp, index=False)
     with atomic_path(outdir / layout.DRIFT_FILES["spacing"]) as tmp:
         spacing.to_csv(tmp, index=False)
-    charts = dict(zip(layout.DRIFT_FIGURES, (ratio_chart(summary), trajectory_chart(trajectories, cfg["start"]), spacing_chart(spacing))))
+    charts = dict(zip(layout.DRIFT_FIGURES, (ratio_chart(summary), trajectory_chart(trajectories, cfg["start"], sim.skipped), spacing_chart(spacing))))
     for name, chart in charts.items():
         save_chart(chart, outdir / f"{name}.svg", outdir / f"{name}.png")
 
