@@ -6,7 +6,9 @@ A `torch.save`d dict, written atomically:
   wrapper prefixes;
 - `stream`: the label of the stream the model was trained with (`bf16` for the baseline at bf16
   compute, `fp32` for StreamBack, `mxfp8`, `nvfp4_sr`, ...);
-- `compute_dtype`: the compute dtype it was trained in (`bfloat16`).
+- `compute_dtype`: the compute dtype it was trained in (`bfloat16`);
+- `data` (written by the trainer): the corpus it was trained on, `{"fingerprint", "tokenizer_sha256"}`
+  of the data manifest, so an evaluation can refuse a tokenizer of another corpus.
 
 `load_model` gives a ready `Transformer` in evaluation mode: by default as trained, or in
 another compute dtype (e.g. fp32 for a reference) and with another stream format (a StreamBack
@@ -38,14 +40,19 @@ class TrainedModel:
     state: dict[str, torch.Tensor]
     stream: str  # the StreamFormat label of the trained stream
     compute_dtype: torch.dtype
+    data: dict | None = None  # {"fingerprint", "tokenizer_sha256"} of the corpus, if recorded
 
 
-def save_model(path: str | os.PathLike, args: ModelArgs, state: dict[str, torch.Tensor], compute_dtype: torch.dtype = torch.bfloat16) -> None:
-    """Write a trained model (`state`: the full, unsharded state dict) to `path`, atomically."""
+def save_model(path: str | os.PathLike, args: ModelArgs, state: dict[str, torch.Tensor], compute_dtype: torch.dtype = torch.bfloat16,
+               data: dict | None = None) -> None:
+    """Write a trained model (`state`: the full, unsharded state dict) to `path`, atomically;
+    `data`: the corpus it was trained on (see the module docstring)."""
     name = next((k for k, v in DTYPES.items() if v == compute_dtype), None)
     if name is None:
         raise StreambackError(f"compute dtype must be one of {list(DTYPES.values())}, got {compute_dtype}")
     record = {"model_args": dataclasses.asdict(args), "model": state, "stream": args.stream_format(compute_dtype).label, "compute_dtype": name}
+    if data is not None:
+        record["data"] = data
     with atomic_path(path) as tmp:
         torch.save(record, tmp)
 
@@ -78,19 +85,21 @@ def read_model(path: str | os.PathLike) -> TrainedModel:
         if state[key].shape != shape:
             raise StreambackError(f"model file {path}: {key} has shape {tuple(state[key].shape)}, model_args give {tuple(shape)}")
     stream = record.get("stream") or args.stream_format(DTYPES[compute]).label
-    return TrainedModel(args, state, stream, DTYPES[compute])
+    return TrainedModel(args, state, stream, DTYPES[compute], record.get("data"))
 
 
-def load_model(path: str | os.PathLike, compute_dtype: torch.dtype | None = None, stream: str | None = None,
+def load_model(path: str | os.PathLike | TrainedModel, compute_dtype: torch.dtype | None = None, stream: str | None = None,
                device: str | torch.device = "cpu") -> Transformer:
     """The trained model at `path`, ready for evaluation (`eval()`, on `device`).
+
+    `path` may also be what `read_model` returned, so one read of a large file serves every variant.
 
     `compute_dtype`: the dtype of the sublayers' compute (default: as trained, bf16).
     `stream`: a StreamFormat label (e.g. `bf16`, `fp32`, `mxfp8`, `nvfp4_sr`) to keep the stream
     in instead of the trained one; the model is then a StreamBack model with that stream (the
     reversible stream is dropped: it changes memory, not values).
     """
-    trained = read_model(path)
+    trained = path if isinstance(path, TrainedModel) else read_model(path)
     args = trained.args
     if stream is not None:
         args = dataclasses.replace(args, block="streamback", stream=stream, reversible=False)
@@ -100,3 +109,33 @@ def load_model(path: str | os.PathLike, compute_dtype: torch.dtype | None = None
     model.init_buffers()
     model.load_state_dict(trained.state)
     return model.eval()
+
+
+def check_corpus(trained: TrainedModel, model_file: str | os.PathLike, tokens_dir: str | os.PathLike) -> tuple[dict, Path]:
+    """(manifest, tokenizer file) of the tokenized corpus in `tokens_dir`, checked to be the one the
+    model was trained on: the tokenizer file is the one the manifest names (sha256), its vocabulary
+    fits the embedding, and the corpus fingerprint and tokenizer are those the model file records
+    (a file without that record is checked by its vocabulary only). StreambackError names what differs."""
+    import hashlib
+
+    from streamback.data.shards import read_manifest
+
+    model_file, tokens_dir = Path(model_file), Path(tokens_dir)
+    manifest = read_manifest(tokens_dir)
+    tokenizer_file = tokens_dir / manifest["tokenizer"]["file"]
+    try:
+        text = tokenizer_file.read_text()
+    except OSError as err:
+        raise StreambackError(f"tokenizer file {tokenizer_file} cannot be read: {err}") from None
+    if hashlib.sha256(text.encode()).hexdigest() != manifest["tokenizer"]["sha256"]:
+        raise StreambackError(f"tokenizer {tokenizer_file} is not the one {tokens_dir / 'manifest.json'} was made with (sha256 differs)")
+    if manifest["vocab_size"] > trained.args.vocab_size:
+        raise StreambackError(f"tokenizer {tokenizer_file} has {manifest['vocab_size']} tokens, but the embedding of {model_file} has "
+                              f"{trained.args.vocab_size} rows: not the tokenizer the run was trained with")
+    corpus = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
+    for key, value in corpus.items():
+        if trained.data is not None and trained.data.get(key) != value:
+            raise StreambackError(f"run {model_file.parent.name} ({model_file}) was trained on another corpus than {tokens_dir}: its "
+                                  f"{key} is {trained.data.get(key)}, {tokens_dir / 'manifest.json'} has {value}; "
+                                  "give the token directory it was trained on")
+    return manifest, tokenizer_file

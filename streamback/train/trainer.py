@@ -395,7 +395,9 @@ class Trainer:
         if self.env.rank != 0:
             return
         self.outdir.mkdir(parents=True, exist_ok=True)
-        save_model(self.outdir / layout.MODEL_FILE, self.model_args, state, self.model.compute_dtype)
+        manifest = self.train_data.manifest
+        save_model(self.outdir / layout.MODEL_FILE, self.model_args, state, self.model.compute_dtype,
+                   data={"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]})
         with atomic_path(self.outdir / layout.METRICS_FILE) as tmp:
             shutil.copyfile(self.ckpt_dir / layout.METRICS_FILE, tmp)
         last = _last_record(self.ckpt_dir / layout.METRICS_FILE)
