@@ -2,8 +2,12 @@
 
 Input, a trained model file (`streamback.model.weights`: fp32 master weights under the model's
 own, TorchTitan's, names, and its model_args and stream). Output, a directory that `transformers.AutoModelForCausalLM.from_pretrained`
-loads: `model.safetensors` (fp32) and `config.json`, written last (each file atomically), so a
-directory with a config.json is complete. transformers is not needed to export.
+loads: `model.safetensors` (fp32), the run's tokenizer for `transformers.AutoTokenizer`
+(`tokenizer.json` from the run's token directory, `tokenizer_config.json`,
+`special_tokens_map.json`: a fast tokenizer with the corpus's end-of-text token and no BOS, as the
+model was trained) and `config.json`, written last (each file atomically), so a directory with a
+config.json is complete: `lm_eval --model hf --model_args pretrained=<dir>` runs it as it is.
+Neither transformers nor tokenizers is needed to export.
 
 Conversion (TorchTitan's Llama 3 state-dict adapter): names map one to one; wq and wk rows are
 permuted per head from the interleaved RoPE pairs of this model (and Meta's/TorchTitan's) to
@@ -30,11 +34,12 @@ from pathlib import Path
 
 import torch
 
+from streamback.errors import StreambackError
 from streamback.io import atomic_path, write_text
 from streamback.model.model import ModelArgs
-from streamback.model.weights import read_model
+from streamback.model.weights import check_corpus, read_model
 
-HELP = "export a trained checkpoint to a Hugging Face Llama directory (model.safetensors + config.json)"
+HELP = "export a trained checkpoint to a Hugging Face Llama directory (model.safetensors, tokenizer, config.json)"
 
 # this model's parameter names -> transformers' Llama names ("{}" is the layer number)
 NAMES = {
@@ -56,10 +61,19 @@ NAMES = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", type=Path, required=True, help="the trained model, results/runs/<run>/model.pt")
     parser.add_argument("--out", type=Path, required=True, help="output directory (created; existing files in it are replaced)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="token directory of the run's corpus, whose tokenizer is exported (default: the default config's, "
+                             "results/tokens/<corpus>, if it exists)")
 
 
 def run(args: argparse.Namespace) -> int:
-    export(args.checkpoint, args.out)
+    if args.data is None:
+        from streamback import layout
+        from streamback.config import load_config
+
+        default = layout.tokens_dir(load_config()["data"])
+        args.data = default if (default / "manifest.json").is_file() else None
+    export(args.checkpoint, args.out, args.data)
     print(f"wrote {args.out / 'model.safetensors'} and {args.out / 'config.json'}")
     return 0
 
@@ -123,13 +137,37 @@ def hf_state_dict(args: ModelArgs, state: dict[str, torch.Tensor]) -> dict[str, 
     return out
 
 
-def export(checkpoint: str | Path, out: str | Path) -> None:
+def hf_tokenizer_files(manifest: dict, args: ModelArgs) -> dict[str, dict]:
+    """tokenizer_config.json and special_tokens_map.json beside the copied tokenizer.json."""
+    eos = manifest["eos_token"]
+    return {
+        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": None,
+                                  "add_bos_token": False, "model_max_length": args.max_seq_len, "clean_up_tokenization_spaces": False},
+        "special_tokens_map.json": {"eos_token": eos},
+    }
+
+
+def export(checkpoint: str | Path, out: str | Path, tokens: str | Path | None = None) -> None:
+    """Write the export directory, with the tokenizer of `tokens` (the run's token directory), which
+    a model file that records the corpus it was trained on requires (one without, e.g. random
+    weights, is exported without a tokenizer)."""
     from safetensors.torch import save_file
 
     trained = read_model(checkpoint)
     args, state = trained.args, trained.state
+    if tokens is None and trained.data is not None:
+        raise StreambackError(f"{checkpoint} was trained on a tokenized corpus: give its token directory (--data) so that the "
+                              "export carries its tokenizer")
+    corpus = check_corpus(trained, checkpoint, tokens) if tokens is not None else None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "model.safetensors") as tmp:
         save_file(hf_state_dict(args, state), str(tmp), metadata={"format": "pt"})
-    write_text(out / "config.json", json.dumps(hf_config(args, trained.stream), indent=2) + "\n")
+    config = hf_config(args, trained.stream)
+    if corpus is not None:
+        manifest, tokenizer_file = corpus
+        write_text(out / "tokenizer.json", tokenizer_file.read_text())
+        for name, content in hf_tokenizer_files(manifest, args).items():
+            write_text(out / name, json.dumps(content, indent=2) + "\n")
+        config["eos_token_id"] = manifest["eos_id"]
+    write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
