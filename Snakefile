@@ -18,6 +18,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/drift.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/eval.smk"
 
 
 rule all:

@@ -21,6 +21,9 @@ COMMANDS = {
     "export-hf": "streamback.model.export_hf",
     "bench": "streamback.measure.bench",
     "memory": "streamback.measure.memory",
+    "eval-tasks": "streamback.eval.taskdata",
+    "evaluate": "streamback.eval.stage",
+    "benchmark-table": "streamback.eval.tables",
 }
 
 

@@ -112,8 +112,26 @@ def eval_dir(run: str) -> Path:
     return EVAL_DIR / run
 
 
+EVAL_RESULTS_FILE, EVAL_SAMPLES_FILE = "results.json", "samples_{task}.jsonl"  # in a run's eval directory
+
+
 def eval_results(run: str) -> Path:
-    return eval_dir(run) / "results.json"
+    """lm-eval's results JSON for a run, as lm-eval writes it (written last: the run's completion record)."""
+    return eval_dir(run) / EVAL_RESULTS_FILE
+
+
+def eval_samples(run: str, task: str) -> Path:
+    """lm-eval's per-item samples of one task for a run (`log_samples`), one JSON object a line."""
+    return eval_dir(run) / EVAL_SAMPLES_FILE.format(task=task)
+
+
+EVAL_TASKS_DIR = EVAL_DIR / "tasks"  # not a run: run names are <shape>-<block>...
+BENCHMARK_TABLES = ("benchmarks", "benchmark_pairs")  # table(name): scores per run, and run vs baseline
+
+
+def eval_task_file(task: str) -> Path:
+    """The items of a local lm-eval task (`streamback eval-tasks`); its YAML reads this path."""
+    return EVAL_TASKS_DIR / f"{task}.jsonl"
 
 
 def table(name: str) -> Path:

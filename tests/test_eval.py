@@ -1,0 +1,501 @@
+"""The evaluation stage on real inputs: two micro models (baseline and StreamBack, 2 layers x 32,
+context 64) trained in-process for 30 steps on conftest's token shards, scored by the `streamback`
+backend (streamback.eval.scoring, streamback.eval.lm) and checked against direct computations with
+the model's forward, lm-eval's own window code, a plain greedy loop, and lm-eval's `hf` backend
+(transformers) on the exported model; bad inputs each stopped before scoring, by name; the tables."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from streamback import layout
+from streamback.config import validate_config
+from streamback.data.tokenize import tokenize
+from streamback.errors import StreambackError
+from streamback.eval import stage, tables, taskdata
+from streamback.eval.scoring import Scorer, open_run, rolling_windows
+from streamback.model.export_hf import export
+from streamback.train import trainer
+
+from conftest import ROOT
+
+MODEL = {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64}
+TRAIN = {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"]}, "seed": 7, "tokens": 30 * 8 * 32, "seq_len": 32,
+         "batch_size": 8, "micro_batch_size": 8, "optimizer": {"lr": 3e-3}, "schedule": {"warmup_steps": 4, "decay_steps": 8},
+         "checkpoint": {"every": 30, "keep": 1}, "log": {"every": 10, "stream_every": 10, "val_every": 30, "val_sequences": 8}}
+RUNS = ("micro-baseline", "micro-streamback")
+SMALL = {"local": {"seed": 1000, "pairs": 6, "documents": 8}, "bootstrap_iters": 100, "batch_size": 16}
+TEXTS = ["The dog runs.", "Mia counts to five: one, two, three, four, five.", "A cat", "Four dark friends [and three shelves (blue and heavy)] miss every song."]
+
+
+@pytest.fixture(scope="module")
+def runs(tokens, tmp_path_factory):
+    """{run: model file} of the two micro runs, trained on conftest's token shards."""
+    root = tmp_path_factory.mktemp("eval-runs")
+    cfg = validate_config({"model": MODEL, "train": TRAIN})
+    torch.set_num_threads(1)
+    for run in RUNS:
+        assert trainer.train(cfg["train"], cfg["model"], run, tokens, root / "runs" / run, root / "ckpt" / run) == 0
+    return {run: root / "runs" / run / layout.MODEL_FILE for run in RUNS}
+
+
+@pytest.fixture(scope="module")
+def other_corpora(tmp_path_factory):
+    """Token directories of the same kind of corpus tokenized otherwise: a larger vocabulary (400
+    tokens, more than the micro models' 300 rows) and a smaller one (280: fits, but another corpus)."""
+    from streamback.data.corpus import write_part
+
+    root = tmp_path_factory.mktemp("other-corpora")
+    write_part(12, 0, 300, root / "part.parquet")
+    out = {}
+    for vocab in (400, 280):
+        data = validate_config({"data": {"tokenizer": {"vocab_size": vocab}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
+        tokenize(data, root / f"tokens-{vocab}", inputs=[root / "part.parquet"], progress=False)
+        out[vocab] = root / f"tokens-{vocab}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def evaluated(runs, tokens, tmp_path_factory):
+    """Both runs through `stage.evaluate` on the five local tasks, in a working directory of their own."""
+    root = tmp_path_factory.mktemp("evaluated")
+    cfg = validate_config({"eval": SMALL})["eval"]
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        taskdata.write_tasks(cfg["tasks"], cfg["local"], corpus_seed=0)
+        results = {run: stage.evaluate(cfg, runs[run], tokens, layout.eval_dir(run)) for run in RUNS}
+    finally:
+        os.chdir(cwd)
+    return {"root": root, "cfg": cfg, "results": results}
+
+
+def scorer(runs, tokens, run="micro-baseline", dtype=torch.float32, batch_size=4):
+    opened = open_run(runs[run], tokens)
+    return Scorer(opened.model(compute_dtype=dtype), opened.tokenizer, opened.eos_id, batch_size=batch_size), opened
+
+
+def direct_loglikelihood(model, context, continuation):
+    """Sum of log-probabilities of `continuation` after `context`: one unpadded forward of exactly
+    what lm-eval's hf backend feeds a model (the last max_seq_len + 1 tokens, less the last)."""
+    whole = [*context, *continuation][-(model.args.max_seq_len + 1):]
+    with torch.inference_mode():
+        logits = model(torch.tensor([whole[:-1]]))[0].double()
+    logp = torch.log_softmax(logits, -1)
+    rows = range(len(whole) - 1 - len(continuation), len(whole) - 1)
+    ll = sum(float(logp[r, t]) for r, t in zip(rows, continuation))
+    greedy = all(int(logits[r].argmax()) == t for r, t in zip(rows, continuation))
+    return ll, greedy
+
+
+# ---- the scoring core --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-5), (torch.bfloat16, 5e-4)])
+def test_loglikelihood_equals_the_models_forward(runs, tokens, dtype, tol):
+    """Padded batches of mixed lengths give each request what its own forward gives (fp32: to
+    rounding; bf16 compute, as trained: to the last-bit noise of other matmul shapes), including
+    requests longer than the context (left-truncated) and a one-token context."""
+    sc, run = scorer(runs, tokens, dtype=dtype, batch_size=5)
+    eos = run.eos_id
+    requests = [([eos, *sc.encode(a)], sc.encode(" " + b)) for a in TEXTS for b in ("sees it.", "runs", "is happy (and the cat is not).")]
+    long_context = sc.encode(" ".join(TEXTS * 4))
+    assert len(long_context) > 64
+    requests += [([eos], sc.encode(TEXTS[1])), (long_context, sc.encode(" The end."))]
+    for (context, continuation), (ll, greedy) in zip(requests, sc.loglikelihood(requests)):
+        want_ll, want_greedy = direct_loglikelihood(sc.model, context, continuation)
+        assert ll == pytest.approx(want_ll, abs=tol * len(continuation))
+        assert ll < 0 and greedy == want_greedy
+
+
+def test_batched_equals_unbatched_and_shared_inputs_run_once(runs, tokens):
+    sc, run = scorer(runs, tokens, batch_size=64)
+    context = [run.eos_id, *sc.encode("The dog")]
+    words = [sc.encode(w) for w in (" runs.", " is happy.", " sees the cat.", " sleeps")]
+    requests = [(context, w) for w in words] + [([run.eos_id], sc.encode(t)) for t in TEXTS]
+    one_token = [(context, [t]) for t in range(5, 25)]  # 20 one-token continuations: one model input
+    batched = sc.loglikelihood(requests + one_token)
+    single = Scorer(sc.model, run.tokenizer, run.eos_id, batch_size=1).loglikelihood(requests + one_token)
+    for (a, ga), (b, gb) in zip(batched, single):
+        assert a == pytest.approx(b, abs=1e-5) and ga == gb
+
+    calls = []
+    model = sc.model
+    sc.model = lambda x: calls.append(tuple(x.shape)) or model(x)
+    sc.batch_size = 1
+    shared = sc.loglikelihood(one_token)
+    sc.model = model
+    assert len(calls) == 1, calls  # 20 requests, one row
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(torch.tensor([context]))[0, -1].double(), -1)
+    assert [ll for ll, _ in shared] == pytest.approx([float(logp[t]) for _, (t,) in one_token], abs=1e-5)
+    assert sum(g for _, g in shared) == (1 if int(logp.argmax()) in range(5, 25) else 0)
+
+
+def test_rolling_windows_are_lm_evals(runs, tokens):
+    """The windows are lm-eval's (get_rolling_token_windows + make_disjoint_window), every token is
+    scored once, and the rolling log-likelihood is the sum of the windows' direct computations."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    for length in (0, 1, 5, 63, 64, 65, 128, 129, 300):
+        seq = list(range(100, 100 + length))
+        for width in (1, 7, 64):
+            want = [make_disjoint_window(w) for w in get_rolling_token_windows(seq, 0, width, 1)]
+            got = rolling_windows(seq, 0, width)
+            assert got == [(list(a), list(b)) for a, b in want]
+            assert [t for _, cont in got for t in cont] == seq
+    sc, run = scorer(runs, tokens)
+    text = sc.encode(" ".join(TEXTS * 5))
+    assert len(text) > 2 * 64
+    windows = rolling_windows(text, run.eos_id, 64)
+    assert len(windows) >= 3 and all(len(c) + len(k) <= 65 for c, k in windows)
+    total = sum(direct_loglikelihood(sc.model, c, k)[0] for c, k in windows)
+    short = sc.encode(TEXTS[1])
+    totals = sc.rolling([text, short])
+    assert totals[0] == pytest.approx(total, abs=1e-4)
+    assert totals[1] == pytest.approx(direct_loglikelihood(sc.model, [run.eos_id], short)[0], abs=1e-5)
+
+
+def test_greedy_generation_is_the_argmax_loop(runs, tokens):
+    sc, run = scorer(runs, tokens, batch_size=3)
+    prompts = [[run.eos_id, *sc.encode(t)] for t in ("Mia counts to five: one,", "The dog", "Ben says, \"The", "A")]
+
+    def loop(prompt, steps):
+        ids = list(prompt)
+        with torch.inference_mode():
+            for _ in range(steps):
+                nxt = int(sc.model(torch.tensor([ids]))[0, -1].argmax())
+                if nxt == run.eos_id:
+                    break
+                ids.append(nxt)
+        return sc.decode(ids[len(prompt):])
+
+    plain = [loop(p, 12) for p in prompts]
+    assert sc.generate(prompts, stop=[], max_new_tokens=12) == plain
+    assert Scorer(sc.model, run.tokenizer, run.eos_id, batch_size=1).generate(prompts, stop=[], max_new_tokens=12) == plain
+    stop = (plain[0].strip() or " ")[0]  # a character the first continuation holds
+    cut = sc.generate(prompts, stop=[stop], max_new_tokens=12)
+    assert cut == [text.split(stop)[0] for text in plain]
+    with pytest.raises(StreambackError, match="max_new_tokens 64 leaves no room"):
+        sc.generate(prompts, max_new_tokens=64)
+
+
+# ---- through lm-eval -----------------------------------------------------------------------------
+
+
+def test_lm_eval_runs_the_local_tasks_with_the_streamback_model(evaluated, runs, tokens):
+    """`stage.evaluate` writes lm-eval's results and samples, and each sample's log-likelihood is the
+    scoring core's on the request lm-eval built (a sentence after the end-of-text token, a word
+    after its story, a whole story over rolling windows)."""
+    root, cfg = evaluated["root"], evaluated["cfg"]
+    sc, run = scorer(runs, tokens, dtype=torch.bfloat16)
+    for name in RUNS:
+        out = root / layout.eval_dir(name)
+        assert sorted(p.name for p in out.iterdir()) == sorted(["results.json", *(f"samples_{t}.jsonl" for t in cfg["tasks"])])
+        saved = json.loads((out / "results.json").read_text())
+        assert saved["config"]["model"] == "streamback" and saved["config"]["streamback"]["run"] == name
+        assert saved["config"]["streamback"]["stream"] == ("bf16" if name == "micro-baseline" else "fp32")
+        assert set(saved["results"]) == set(cfg["tasks"]) and saved["lm_eval_version"].startswith("0.4")
+    samples = {t: [json.loads(x) for x in (root / layout.eval_samples("micro-baseline", t)).read_text().splitlines()] for t in cfg["tasks"]}
+    assert len(samples["streamback_pairs_agreement"]) == 5 * 6 and len(samples["streamback_cloze"]) == 8
+    tol = 1e-3  # bf16 compute in other batches: the last-bit noise of other matmul shapes
+    for pair in samples["streamback_pairs_counting"]:
+        saved = [float(r[0][0]) for r in pair["resps"]]
+        assert saved == pytest.approx([sc.loglikelihood([([run.eos_id], sc.encode(s))])[0][0] for s in pair["doc"]["choices"]], abs=tol)
+        assert pair["acc"] == float(saved[0] > saved[1])
+    for cloze in samples["streamback_cloze"]:
+        context = sc.encode(cloze["doc"]["context"])
+        ll, greedy = sc.loglikelihood([(context, sc.encode(cloze["doc"]["context"] + cloze["doc"]["target"])[len(context):])])[0]
+        assert float(cloze["resps"][0][0][0]) == pytest.approx(ll, abs=tol) and cloze["acc"] == int(greedy)
+    for story in samples["streamback_perplexity"]:
+        assert float(story["resps"][0][0]) == pytest.approx(sc.rolling([sc.encode(story["doc"]["text"])])[0], abs=tol)
+
+
+@pytest.mark.slow
+def test_hf_backend_agrees_with_the_streamback_backend(runs, tokens, evaluated, tmp_path, monkeypatch):
+    """The peer cross-check: a baseline run exported with export-hf, scored by lm-eval's `hf` backend
+    (transformers, fp32) and by the `streamback` backend (fp32 compute) on the local tasks: equal
+    per-item log-likelihoods within |diff| <= 1e-6 |ll| + 1e-5 nats (transformers sums the token
+    log-probabilities in fp32, we in fp64), the same greedy flags, the same accuracies."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoTokenizer
+
+    from streamback.eval.lm import StreambackLM
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    export(runs["micro-baseline"], tmp_path / "hf", tokens)
+    hf_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    sc, run = scorer(runs, tokens)
+    for text in TEXTS:
+        assert hf_tokenizer.encode(text) == sc.encode(text)
+    assert hf_tokenizer.eos_token_id == run.eos_id and hf_tokenizer.bos_token_id is None
+    monkeypatch.chdir(evaluated["root"])
+    names = evaluated["cfg"]["tasks"]
+    manager = stage.task_manager(names, [])
+    samples = {}
+    for backend, model in (("hf", HFLM(pretrained=str(tmp_path / "hf"), dtype="float32", batch_size=8, device="cpu")),
+                           ("streamback", StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), dtype="float32", batch_size=8))):
+        results = lm_eval.simple_evaluate(model=model, tasks=list(stage.load_tasks(manager, names).values()), task_manager=manager,
+                                          log_samples=True, bootstrap_iters=0)
+        samples[backend] = results["samples"]
+    compared = 0
+    for name in names:
+        for a, b in zip(samples["hf"][name], samples["streamback"][name], strict=True):
+            assert a["doc_id"] == b["doc_id"]
+            for ra, rb in zip(a["resps"], b["resps"], strict=True):
+                va, vb = (r[0] if isinstance(r[0], (list, tuple)) else r for r in (ra, rb))
+                assert float(va[0]) == pytest.approx(float(vb[0]), rel=1e-6, abs=1e-5)
+                if len(va) > 1:
+                    assert va[1] == vb[1]
+                compared += 1
+            for metric in a["metrics"]:
+                assert a[metric] == pytest.approx(b[metric], rel=1e-6, abs=1e-5)
+    assert compared == 2 * (5 * 6 + 6 + 6) + 8 + 8
+
+
+def test_export_carries_the_runs_tokenizer(runs, tokens, tmp_path):
+    """`streamback export-hf --data` writes tokenizer files that transformers' AutoTokenizer loads as
+    the run's tokenizer (same ids, the end-of-text token, no BOS); a run's export without them is refused."""
+    from transformers import AutoTokenizer
+
+    from streamback.cli import main as cli_main
+
+    out = tmp_path / "hf"
+    assert cli_main(["export-hf", "--checkpoint", str(runs["micro-streamback"]), "--out", str(out), "--data", str(tokens)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json",
+                                                      "tokenizer_config.json"]
+    assert (out / "tokenizer.json").read_bytes() == (tokens / "tokenizer.json").read_bytes()
+    sc, run = scorer(runs, tokens, run="micro-streamback")
+    hf = AutoTokenizer.from_pretrained(out)
+    for text in TEXTS:
+        assert hf.encode(text) == sc.encode(text) and hf.decode(hf.encode(text)) == text
+    assert (hf.eos_token, hf.eos_token_id, hf.bos_token_id) == (run.manifest["eos_token"], run.eos_id, None)
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == run.eos_id
+    with pytest.raises(StreambackError, match="trained on a tokenized corpus: give its token directory"):
+        export(runs["micro-streamback"], tmp_path / "no-tokenizer")
+
+
+# ---- bad input: named before any scoring ---------------------------------------------------------
+
+
+@pytest.fixture
+def no_scoring(monkeypatch):
+    """Scoring raises: a check that passes too late shows up as this error instead of its own."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("scored before the bad input was caught")
+
+    monkeypatch.setattr(Scorer, "loglikelihood", refuse)
+    monkeypatch.setattr(Scorer, "generate", refuse)
+
+
+def run_stage(cfg_overrides, model, tokens, outdir):
+    cfg = validate_config({"eval": {**SMALL, **cfg_overrides}})["eval"]
+    return stage.evaluate(cfg, model, tokens, outdir)
+
+
+def test_bad_model_files_are_named(evaluated, runs, tokens, tmp_path, monkeypatch, no_scoring):
+    monkeypatch.chdir(evaluated["root"])
+    with pytest.raises(StreambackError, match=f"model file {tmp_path / 'none.pt'} does not exist"):
+        run_stage({}, tmp_path / "none.pt", tokens, tmp_path / "out")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a torch file" * 10)
+    with pytest.raises(StreambackError, match=f"model file {garbage} cannot be read"):
+        run_stage({}, garbage, tokens, tmp_path / "out")
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_a_tokenizer_of_another_corpus_is_refused(runs, tokens, other_corpora, no_scoring):
+    with pytest.raises(StreambackError, match=r"has 400 tokens, but the embedding of .*micro-baseline/model.pt has 300 rows"):
+        open_run(runs["micro-baseline"], other_corpora[400])
+    with pytest.raises(StreambackError, match=r"run micro-streamback \(.*\) was trained on another corpus than .*tokens-280: its fingerprint"):
+        open_run(runs["micro-streamback"], other_corpora[280])
+    with pytest.raises(StreambackError, match="another corpus"):
+        export(runs["micro-baseline"], other_corpora[280].parent / "hf-refused", other_corpora[280])
+    assert not (other_corpora[280].parent / "hf-refused" / "config.json").exists()
+
+
+def test_unknown_tasks_groups_and_missing_or_empty_items_are_named(evaluated, runs, tokens, tmp_path, monkeypatch, no_scoring):
+    monkeypatch.chdir(evaluated["root"])
+    with pytest.raises(StreambackError, match="knows no task 'streamback_pairs_agreemnt'.*close names: streamback_pairs_agreement"):
+        run_stage({"tasks": ["streamback_pairs_agreemnt"]}, runs["micro-baseline"], tokens, tmp_path / "out")
+    with pytest.raises(StreambackError, match="'streamback_local' is a group or tag"):
+        run_stage({"tasks": ["streamback_local"]}, runs["micro-baseline"], tokens, tmp_path / "out")
+    monkeypatch.chdir(tmp_path)  # no items written here
+    with pytest.raises(StreambackError, match="task streamback_cloze: its items file results/eval/tasks/streamback_cloze.jsonl does not exist"):
+        run_stage({"tasks": ["streamback_cloze"]}, runs["micro-baseline"], tokens, tmp_path / "out")
+    layout.eval_task_file("streamback_cloze").parent.mkdir(parents=True)
+    layout.eval_task_file("streamback_cloze").write_text("")
+    with pytest.raises(StreambackError, match="task streamback_cloze has no items: results/eval/tasks/streamback_cloze.jsonl is empty"):
+        run_stage({"tasks": ["streamback_cloze"]}, runs["micro-baseline"], tokens, tmp_path / "out")
+
+
+def test_a_failed_evaluation_leaves_no_results_file(evaluated, runs, tokens, tmp_path, monkeypatch):
+    """A stale results.json is removed first, and nothing is renamed into place unless lm-eval finished."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(evaluated["root"] / layout.eval_dir("micro-baseline"), out)
+    monkeypatch.chdir(evaluated["root"])
+
+    def broken(self, requests, progress=None):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(Scorer, "loglikelihood", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        run_stage({}, runs["micro-baseline"], tokens, out)
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_hub_task_offline_stops_before_scoring_naming_task_and_dataset(runs, tokens, tmp_path):
+    """config/paper.yaml's tasks need the hub: offline, with an empty cache, `streamback evaluate`
+    exits 2 naming the task and its dataset (the model was loaded and checked first)."""
+    params = json.dumps({**SMALL, "tasks": ["arc_easy", "winogrande"]})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(tmp_path / "hf-home"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "streamback", "evaluate", "--params", params, "--run-name", "micro-baseline",
+                           "--model", str(runs["micro-baseline"]), "--tokens", str(tokens), "--outdir", str(tmp_path / "out")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "task arc_easy: cannot load its dataset allenai/ai2_arc (ARC-Easy)" in proc.stderr, proc.stderr[-2000:]
+    assert "Hugging Face Hub" in proc.stderr and not (tmp_path / "out" / "results.json").exists()
+
+
+# ---- the tables ----------------------------------------------------------------------------------
+
+
+def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    monkeypatch.chdir(evaluated["root"])
+    cfg = evaluated["cfg"]
+    train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
+    benchmarks, pairs = tables.tables(cfg, train_cfg)
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "metric", "value", "stderr", "n"]
+    for row in benchmarks.itertuples():
+        saved = evaluated["results"][row.run]["results"][row.task]
+        assert row.value == saved[f"{row.metric},none"]
+        assert row.n == evaluated["results"][row.run]["n-samples"][row.task]["effective"]
+        assert (row.stream, row.block, row.shape) == (("bf16", "baseline") if row.run == "micro-baseline" else ("fp32", "streamback")) + ("micro",)
+    assert set(benchmarks.metric) == {"acc", "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte"}
+    # pairs: the 0/1 metrics only (the four accuracies), StreamBack against the baseline
+    assert list(pairs[["task", "metric"]].itertuples(index=False, name=None)) == [
+        ("streamback_pairs_agreement", "acc"), ("streamback_pairs_brackets", "acc"), ("streamback_pairs_counting", "acc"), ("streamback_cloze", "acc")]
+    for row in pairs.itertuples():
+        outcome = {run: {s["doc_id"]: s["acc"] for s in map(json.loads, layout.eval_samples(run, row.task).read_text().splitlines())} for run in RUNS}
+        a, b = ([outcome[run][i] for i in sorted(outcome[run])] for run in RUNS)
+        only_a = sum(x > y for x, y in zip(a, b))
+        only_b = sum(y > x for x, y in zip(a, b))
+        assert (row.baseline_only, row.run_only, row.n) == (only_a, only_b, len(a))
+        assert row.diff == pytest.approx(sum(b) / len(b) - sum(a) / len(a)) and row.ci_low <= row.diff <= row.ci_high
+        want_p = mcnemar([[0, only_a], [only_b, 0]], exact=True).pvalue if only_a + only_b else 1.0
+        assert row.p_mcnemar == pytest.approx(want_p) and row.tests == 4 and row.p_holm >= row.p_mcnemar
+        assert row.verdict.startswith(("no difference", "not distinguishable from noise", "distinguishable from noise"))
+
+
+def test_tables_refuse_half_written_results(evaluated, monkeypatch, tmp_path):
+    import shutil
+
+    shutil.copytree(evaluated["root"] / "results", tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    tasks = evaluated["cfg"]["tasks"]
+    path = layout.eval_results("micro-streamback")
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(StreambackError, match="results/eval/micro-streamback/results.json is not complete JSON"):
+        tables.read_results("micro-streamback", tasks)
+    path.write_text(text)
+    samples = layout.eval_samples("micro-streamback", "streamback_cloze")
+    samples.write_text("".join(samples.read_text().splitlines(keepends=True)[:-1]))
+    with pytest.raises(StreambackError, match="samples_streamback_cloze.jsonl holds 7 items, .* says 8"):
+        tables.read_results("micro-streamback", tasks)
+
+
+def test_benchmark_table_command_writes_both_tables(evaluated, tmp_path):
+    import shutil
+
+    shutil.copytree(evaluated["root"] / "results", tmp_path / "results")
+    params = json.dumps(SMALL)
+    proc = subprocess.run([sys.executable, "-m", "streamback", "benchmark-table", "--params", params, "--train-params", json.dumps(TRAIN)],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
+    assert len(pd.read_csv(tmp_path / layout.table("benchmarks"))) == 2 * 8 and len(pairs) == 4
+    assert "micro-streamback vs micro-baseline" in proc.stdout
+
+
+# ---- the local tasks -----------------------------------------------------------------------------
+
+
+def test_local_task_items_are_held_out_and_read_as_stored(tmp_path, monkeypatch):
+    from streamback.data.corpus import document_text, minimal_pairs
+
+    local = {"seed": 1000, "pairs": 3, "documents": 4}
+    agreement = taskdata.task_items("streamback_pairs_agreement", local)
+    assert len(agreement) == 5 * 3 and {i["phenomenon"] for i in agreement} == set(taskdata.PAIR_GROUPS["streamback_pairs_agreement"])
+    first = minimal_pairs("agreement_simple", 3, 1000)[0]
+    assert agreement[0] == {"phenomenon": "agreement_simple", "sentence_good": first.good, "sentence_bad": first.bad, "context": "",
+                            "choices": [first.good, first.bad], "label": 0}
+    for item, i in zip(taskdata.task_items("streamback_cloze", local), range(4)):
+        assert item["text"] == document_text(1000, i) and item["text"].startswith(item["context"] + item["target"])
+        assert item["target"].startswith(" ") and item["target"][1:].isalpha()
+    stories = [i["text"] for i in taskdata.task_items("streamback_perplexity", local)]
+    assert stories == [document_text(1000, i) for i in range(4, 8)]
+    assert not set(stories) & {document_text(0, i) for i in range(2000)}  # the corpus's own seed gives other stories
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StreambackError, match="eval.local.seed 0 is the training corpus's seed"):
+        taskdata.write_tasks(["streamback_cloze"], {**local, "seed": 0}, corpus_seed=0)
+    paths = taskdata.write_tasks(list(taskdata.LOCAL_TASKS), local, corpus_seed=0)
+    assert paths == [layout.eval_task_file(t) for t in taskdata.LOCAL_TASKS]
+
+
+def test_task_yamls_read_the_layout_paths_through_lm_evals_task_manager():
+    """Every local task is a YAML lm-eval indexes from TASKS_DIR, reading its items from the path
+    layout.eval_task_file names (the YAML is that path's one mirror, checked here), with no template."""
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_defaults=False, include_path=str(taskdata.TASKS_DIR))
+    assert set(manager.all_subtasks) == set(taskdata.LOCAL_TASKS) and "streamback_local" in manager.all_tags
+    for task in taskdata.LOCAL_TASKS:
+        cfg = manager.task_index[task].cfg
+        assert cfg["dataset_path"] == "json" and cfg["dataset_kwargs"]["data_files"] == {"test": str(layout.eval_task_file(task))}
+        assert not any("{{" in str(cfg.get(key, "")) for key in ("doc_to_text", "doc_to_target", "doc_to_choice"))
+        text = (taskdata.TASKS_DIR / f"{task}.yaml").read_text()
+        assert "data.synthetic.seed" in text and "eval-tasks" in text  # says how its items are held out
+    schema = yaml.safe_load((ROOT / "config" / "schema" / "config.schema.yaml").read_text())
+    assert schema["$defs"]["eval"]["properties"]["tasks"]["default"] == list(taskdata.LOCAL_TASKS)
+
+
+# ---- the rules -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
+    """eval_tasks, evaluate (one job per run) and benchmark_table through Snakemake on a small config:
+    a 600-story corpus, the two micro runs (12 steps), the local tasks at a few items each."""
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump({
+        "data": {"synthetic": {"documents": 600, "files": 1}, "tokenizer": {"vocab_size": 300, "train_documents": 600},
+                 "shard_tokens": 20000, "processes": 1},
+        "model": MODEL,
+        "train": {**TRAIN, "tokens": 12 * 8 * 32, "schedule": {"warmup_steps": 4, "decay_steps": 4}, "checkpoint": {"every": 12, "keep": 1},
+                  "log": {**TRAIN["log"], "val_every": 12}},
+        "eval": SMALL,
+    }))
+    targets = [layout.table(name) for name in layout.BENCHMARK_TABLES]
+    result = run_snakemake(*targets, "--cores", "2", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", small, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    benchmarks = pd.read_csv(tmp_path / layout.table("benchmarks"))
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "metric", "value", "stderr", "n"]
+    assert sorted(set(benchmarks.run)) == sorted(RUNS) and len(benchmarks) == 2 * 8
+    pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
+    assert list(pairs.run) == ["micro-streamback"] * 4 and pairs.verdict.str.contains("noise|no difference").all()
+    for run in RUNS:
+        assert json.loads((tmp_path / layout.eval_results(run)).read_text())["config"]["streamback"]["run"] == run
+        assert "wrote results/eval" in (tmp_path / "logs" / "evaluate" / f"{run}.log").read_text()

@@ -1,0 +1,102 @@
+"""The paired statistics of benchmark_pairs.csv (streamback.eval.stats) on hand-built cases with known
+answers, and against scipy and statsmodels where they have the same test."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.multitest import multipletests
+
+from streamback.eval import stats
+
+
+def test_mcnemar_exact_by_hand_and_against_statsmodels_and_scipy():
+    assert stats.mcnemar_exact(0, 6) == pytest.approx(2 / 64)  # all six discordant items one way: 2 * 2^-6
+    assert stats.mcnemar_exact(1, 9) == pytest.approx(2 * (1 + 10) / 1024)
+    assert stats.mcnemar_exact(5, 5) == 1.0 and stats.mcnemar_exact(0, 0) == 1.0
+    assert stats.mcnemar_exact(0, 5) > 0.05 > stats.mcnemar_exact(0, 6)  # six is the fewest that can reject at 5%
+    for b, c in itertools.product([0, 1, 2, 3, 7, 20, 55], [0, 1, 4, 9, 30, 61]):
+        want = mcnemar([[10, b], [c, 10]], exact=True).pvalue if b + c else 1.0
+        assert stats.mcnemar_exact(b, c) == pytest.approx(want, rel=1e-10)
+        if b + c:
+            assert stats.mcnemar_exact(b, c) == pytest.approx(sps.binomtest(b, b + c, 0.5).pvalue, rel=1e-10)
+    assert stats.discordant([1, 1, 0, 0, 1], [1, 0, 1, 1, 1]) == (1, 2)
+
+
+def test_holm_by_hand_and_against_statsmodels():
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    assert stats.holm([0.04, 0.03]) == pytest.approx([0.06, 0.06])  # step-down: never below an earlier adjusted value
+    adjusted = stats.holm([0.02, float("nan"), 0.01])
+    assert math.isnan(adjusted[1]) and adjusted[0] == pytest.approx(0.02) and adjusted[2] == pytest.approx(0.02)
+    rng = np.random.default_rng(3)
+    for m in (1, 2, 5, 9, 27):
+        p = rng.uniform(0, 0.2, m) ** 2
+        assert stats.holm(p) == pytest.approx(multipletests(p, method="holm")[1].tolist(), rel=1e-12)
+
+
+def test_paired_bootstrap_interval_known_answers():
+    same = [0, 1, 1, 0, 1] * 20
+    assert stats.paired_bootstrap_ci(same, same) == (0.0, 0.0, 0.0)
+    a = np.linspace(0, 1, 50)
+    diff, low, high = stats.paired_bootstrap_ci(a, a + 0.25)
+    assert diff == low == high == pytest.approx(0.25)  # a constant difference has no spread
+    # 10 of 100 items right in the second run only: the resampled difference is Binomial(100, 0.1) / 100,
+    # so the 95% percentile interval is its 2.5% and 97.5% quantiles
+    a, b = [0] * 100, [1] * 10 + [0] * 90
+    diff, low, high = stats.paired_bootstrap_ci(a, b, resamples=20000, seed=1)
+    assert diff == pytest.approx(0.1)
+    assert low == pytest.approx(sps.binom.ppf(0.025, 100, 0.1) / 100, abs=0.011)
+    assert high == pytest.approx(sps.binom.ppf(0.975, 100, 0.1) / 100, abs=0.011)
+    with pytest.raises(ValueError):
+        stats.paired_bootstrap_ci([1, 0], [1])
+
+
+def test_paired_bootstrap_interval_against_scipy():
+    rng = np.random.default_rng(0)
+    a = (rng.random(300) < 0.6).astype(int)
+    b = np.where(rng.random(300) < 0.15, 1 - a, a)  # 15% of the items flip
+    diff, low, high = stats.paired_bootstrap_ci(a, b, resamples=20000, seed=2)
+    ref = sps.bootstrap((a, b), lambda x, y: np.mean(y - x), paired=True, vectorized=False, n_resamples=20000,
+                        method="percentile", random_state=np.random.default_rng(5)).confidence_interval
+    assert diff == pytest.approx(np.mean(b - a))
+    assert low == pytest.approx(ref.low, abs=0.006) and high == pytest.approx(ref.high, abs=0.006)
+    half = 1.96 * np.std(b - a) / np.sqrt(len(a))  # the normal approximation, which the percentile interval nears
+    assert (high - low) / 2 == pytest.approx(half, rel=0.1)
+
+
+def _power_by_enumeration(n: int, p_disc: float, delta: float, alpha: float) -> float:
+    """Every outcome of n items (b items right in the first run only, c in the second only, the rest
+    concordant), weighted by its multinomial probability, tested with statsmodels' exact McNemar."""
+    p_c, p_b = (p_disc + delta) / 2, (p_disc - delta) / 2
+    power = 0.0
+    for b in range(n + 1):
+        for c in range(n + 1 - b):
+            prob = math.comb(n, b) * math.comb(n - b, c) * p_b**b * p_c**c * (1 - p_disc) ** (n - b - c)
+            if b + c and mcnemar([[0, b], [c, 0]], exact=True).pvalue <= alpha:
+                power += prob
+    return power
+
+
+@pytest.mark.parametrize("n, p_disc, delta", [(12, 0.5, 0.2), (20, 0.3, 0.3), (25, 0.2, 0.1), (30, 0.6, 0.0)])
+def test_mcnemar_power_equals_enumeration(n, p_disc, delta):
+    assert stats.mcnemar_power(n, p_disc, delta) == pytest.approx(_power_by_enumeration(n, p_disc, delta, 0.05), abs=1e-12)
+
+
+def test_min_detectable_difference():
+    for n, p_disc in ((200, 0.1), (1000, 0.2), (2000, 0.05)):
+        mdd = stats.min_detectable_difference(n, p_disc, tol=1e-5)
+        assert stats.mcnemar_power(n, max(p_disc, mdd), mdd) >= 0.8 > stats.mcnemar_power(n, max(p_disc, mdd - 2e-5), mdd - 2e-5)
+        # Connor (1987)'s normal approximation for paired proportions, solved for the difference
+        z_a, z_b = sps.norm.ppf(0.975), sps.norm.ppf(0.8)
+        connor = next(d for d in np.arange(1e-5, p_disc, 1e-5) if z_a * math.sqrt(p_disc) + z_b * math.sqrt(p_disc - d * d) <= d * math.sqrt(n))
+        assert mdd == pytest.approx(connor, rel=0.06) and mdd >= connor * 0.98  # the exact test is a little more conservative
+    # runs that never disagree: a difference d needs d of the items discordant, all one way, and at
+    # least six discordant items to reject; with 100 items that takes d ~ 0.08 for 80% of the time
+    mdd = stats.min_detectable_difference(100, 0.0)
+    assert sps.binom.sf(5, 100, mdd) >= 0.8 > sps.binom.sf(5, 100, mdd - 2e-4)
+    assert math.isnan(stats.min_detectable_difference(5, 0.3))  # five items can never reach p < 0.05
+    assert stats.min_detectable_difference(500, 0.1) < stats.min_detectable_difference(100, 0.1)
