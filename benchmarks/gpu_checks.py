@@ -29,6 +29,8 @@ number as it finishes; a failing check does not stop the others:
    from carried token shards (`--tokens`): exit 0, finite and falling loss, validation.
    One process never builds FSDP2 or a process group (the trainer needs WORLD_SIZE > 1): phase 3
    covers FSDP2 with NCCL.
+   eval: the `streamback` lm-eval backend's batched log-likelihood scoring (streamback.eval.scoring,
+   no lm-eval on the device): fp32 batches equal one request at a time; items/s of each paper block.
 5. bench: `streamback bench` (its CLI, one shape x mode x variant per call, in priority order:
    the issue's reference figures first) on config/paper.yaml at micro-batch 4 x 2048, until the
    time budget is spent; the rows left are listed as skipped. Goals: StreamBack >= 0.99x the
@@ -93,7 +95,7 @@ from streamback.model.reversible import forward_residuals, step_back
 from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, round_to, ulp
 from streamback.train.parallel import apply_activation_checkpointing, apply_compile
 
-PARTS = ("env", "checks", "fsdp", "train", "bench")
+PARTS = ("env", "checks", "fsdp", "train", "eval", "bench")
 STREAMS = list(STREAM_LABELS)  # every format x rounding
 SR_FORMATS = [StreamFormat.parse(s) for s in STREAMS if s.endswith("_sr")]
 NATIVE_SPECS = [BF16, FP16, FP8_E4M3, FP8_E5M2]  # formats with a torch dtype to cast to
@@ -723,6 +725,60 @@ def run_train(report: Report, device, sizes: Sizes, config: Path, tokens_dir: Pa
     report.train.update(first_loss=first, last_loss=last, val_loss=val, steps=len(records))
 
 
+# ---- evaluation: the `streamback` lm-eval backend's scoring ---------------------------------------
+
+
+def run_eval(report: Report, device, sizes: Sizes) -> None:
+    """Batched log-likelihood scoring (streamback.eval.scoring.Scorer, the core of the `streamback`
+    lm-eval model; no lm-eval needed) on random 4-choice items (contexts of 32-160 tokens,
+    continuations of 2-16): fp32-compute batches equal to one request at a time (padding and
+    positions), then items/s of each paper block in bf16 compute (GPU: fat-short, vocabulary 128,256)."""
+    from streamback.eval.scoring import Scorer
+
+    quick = sizes is QUICK
+    if report.left() < (30 if quick else 90):
+        report.record("eval", "phase", "skipped", f"{report.left():.0f} s left")
+        return
+    if quick:
+        args, items, batch = ModelArgs(**SHAPES["medium"], vocab_size=VOCAB, multiple_of=32, max_seq_len=256), 12, 8
+    else:
+        args, items, batch = ModelArgs.from_config(load_config(ROOT / "config" / "paper.yaml")["model"], "fat-short", 128256), 512, 32
+    g = torch.Generator().manual_seed(0)
+
+    def draw(low, high, count=None):
+        return torch.randint(low, high + 1, (count or 1,), generator=g).tolist()
+
+    requests = []
+    for _ in range(items):
+        context = draw(1, args.vocab_size - 1, draw(32, 160)[0])
+        requests += [(context, draw(1, args.vocab_size - 1, draw(2, 16)[0])) for _ in range(4)]
+    for block, compute in (("baseline", torch.float32), ("baseline", torch.bfloat16), ("streamback", torch.bfloat16)):
+        with report.guard("eval", f"{block} {compute}"):
+            with torch.device(device):
+                model = Transformer(dataclasses.replace(args, block=block), compute)
+            model.init_weights(0)
+            scorer = Scorer(model.eval(), None, eos_id=0, batch_size=batch)
+            if compute == torch.float32:
+                batched = scorer.loglikelihood(requests[:4 * batch])
+                single = Scorer(model, None, eos_id=0, batch_size=1).loglikelihood(requests[:4 * batch])
+                err = max(abs(a[0] - b[0]) for a, b in zip(batched, single))
+                same = all(a[1] == b[1] for a, b in zip(batched, single))
+                report.record("eval", "batched_eq_single_fp32", err <= 1e-3 and same,
+                              f"max |diff| {err:.1e} nats over {4 * batch} requests in batches of {batch}, is_greedy {'equal' if same else 'differs'}")
+                continue
+            scorer.loglikelihood(requests[:batch])  # warm-up
+            _sync(device)
+            began = time.perf_counter()
+            scorer.loglikelihood(requests)
+            _sync(device)
+            seconds = time.perf_counter() - began
+            report.record("eval", f"items_per_s_{block}", None,
+                          f"{items / seconds:,.1f} items/s ({len(requests) / seconds:,.0f} requests/s, batch {batch}, {args.n_layers} x {args.dim}, bf16 compute)")
+            del model, scorer
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
 # ---- 5. benchmark ------------------------------------------------------------------------------
 
 
@@ -919,6 +975,7 @@ def main(argv=None) -> int:
         "checks": lambda: run_checks(report, device, sizes),
         "fsdp": lambda: run_fsdp(report, device, sizes, work),
         "train": lambda: run_train(report, device, sizes, config, args.tokens, work),
+        "eval": lambda: run_eval(report, device, sizes),
         "bench": lambda: run_bench(report, device, sizes, config, work, groups),
     }
     for part in PARTS:

@@ -51,7 +51,7 @@ def test_quick_mode_runs_every_check_and_passes(quick_run):
         "env": 2, "stream_dtype_eager": 14, "round_to_nearest_eq_cast": 4, "round_to_sr_unbiased": 5, "stream_sr_unbiased": 6,
         "reversible": 5, "compiled_stream_dtype": 1, "compiled_eq_eager": 1, "finding": 1, "elementwise_compiled": 1,
         "round_to_nearest_compiled_eq_cast": 4, "stream_add_compiled": 2, "stream_sr_unbiased_compiled": 1,
-        "fsdp": 3, "fsdp_stream_dtype": 15, "train": 7, "bench": 4,
+        "fsdp": 3, "fsdp_stream_dtype": 15, "train": 7, "eval": 3, "bench": 4,
     }
     assert {g: len(s) for g, s in status.items()} == expected
     assert status["finding"] == ["INFO"] and status["train"].count("INFO") == 1  # findings, never failures
@@ -131,3 +131,20 @@ def test_bad_arguments_are_named(gpu_checks, tmp_path, capsys):
     groups = gpu_checks.bench_groups("medium:compiled,fat-short:eager", gpu_checks.GPU)
     assert groups == (("medium", "compiled", gpu_checks.VARIANTS), ("fat-short", "eager", gpu_checks.VARIANTS))
     assert gpu_checks.bench_groups(None, gpu_checks.GPU)[0] == ("fat-short", "compiled", gpu_checks.VARIANTS)
+
+
+def test_eval_phase_scores_batches_as_single_requests(tmp_path):
+    """The eval phase alone (quick, CPU): the scoring core's fp32 batches equal one request at a
+    time, and items/s of both blocks are measured (lm-eval is not imported: the device has none)."""
+    code = ("import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    cmd = [sys.executable, "-c", code, str(SCRIPT), "--device", "cpu", "--quick", "--parts", "eval", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    checks = {c["name"]: c for c in json.loads((tmp_path / "out" / "summary.json").read_text())["checks"]}
+    assert set(checks) == {"batched_eq_single_fp32", "items_per_s_baseline", "items_per_s_streamback"}
+    assert checks["batched_eq_single_fp32"]["status"] == "PASS", checks
+    for block in ("baseline", "streamback"):
+        assert checks[f"items_per_s_{block}"]["status"] == "INFO"
+        assert float(checks[f"items_per_s_{block}"]["value"].split()[0].replace(",", "")) > 0
