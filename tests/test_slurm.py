@@ -38,3 +38,68 @@ def test_profile_submits_jobs_to_slurm(run_snakemake, tmp_path):
     assert (tmp_path / layout.DRIFT_DIR / layout.DRIFT_FILES["summary"]).stat().st_size > 0
     slurm_logs = list((tmp_path / "logs" / "slurm").rglob("*.log"))
     assert slurm_logs, "the profile's slurm-logdir holds the job's Slurm log"
+
+
+def _squeue(*fields):
+    out = subprocess.run(["squeue", "-h", "-o", "|".join(fields)], capture_output=True, text=True, check=True).stdout
+    return [line.split("|") for line in out.splitlines() if line]
+
+
+def test_requeued_training_job_resumes_bit_identical(tmp_path):
+    """`scontrol requeue` of a running train job (what preemption does): the trainer saves a
+    checkpoint on SIGTERM and exits 75, Slurm runs the job again, the rerun resumes from that
+    checkpoint, and the final weights equal those of an uninterrupted run bit for bit."""
+    import sys
+    import time
+
+    import torch
+    import yaml
+
+    from streamback.config import DEFAULT_CONFIG, validate_config
+    from streamback.model.weights import read_model
+
+    run = "tiny-fat-short-streamback"
+    small = {"data": {"synthetic": {"documents": 6000, "files": 1}},
+             "train": {"runs": {"shapes": ["tiny-fat-short"], "blocks": ["streamback"], "streams": []},
+                       "tokens": 200 * 16 * 128, "checkpoint": {"every": 10, "keep": 2}, "schedule": {"warmup_steps": 10, "decay_steps": 50}}}
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
+    subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start-cluster.sh")], check=True, timeout=120)
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), str(layout.summary_file(run)), "--profile", "slurm",
+           "--slurm-no-account", "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
+           "--directory", str(tmp_path), "--configfile", str(tmp_path / "small.yaml")]
+    workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        live = tmp_path / layout.checkpoint_dir(run) / layout.METRICS_FILE
+        deadline = time.monotonic() + 400
+        while not (live.exists() and len(live.read_text().splitlines()) >= 15):  # well into the run, past a checkpoint
+            assert workflow.poll() is None and time.monotonic() < deadline, "the train job did not start"
+            time.sleep(0.5)
+        (job,) = [jid for jid, name in _squeue("%i", "%j") if name]
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        while not any(state == "PENDING" for jid, state in _squeue("%i", "%T") if jid == job):
+            time.sleep(0.5)
+        # Slurm holds a requeued job for about two minutes before it is eligible again: release it now
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+        out, _ = workflow.communicate(timeout=400)
+    finally:
+        if workflow.poll() is None:
+            workflow.kill()
+    assert workflow.returncode == 0, out[-3000:]
+    log = (tmp_path / "logs" / "train" / f"{run}.log").read_text()
+    assert "SIGTERM received: saved the checkpoint of step" in log and f"Slurm job {job}" in log
+    stopped = int(log.split("saved the checkpoint of step ")[1].split(";")[0])
+    assert 0 < stopped < 200 and f"resuming from step {stopped}" in log
+
+    # the same run, uninterrupted, outside Slurm
+    from snakemake.utils import update_config
+
+    from streamback.train.trainer import train
+
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    update_config(config, small)  # as --configfile merges it
+    config = validate_config(config)
+
+    torch.set_num_threads(1)
+    assert train(config["train"], config["model"], run, tmp_path / layout.tokens_dir(config["data"]), tmp_path / "whole", tmp_path / "whole-ckpt") == 0
+    resumed, whole = read_model(tmp_path / layout.model_file(run)).state, read_model(tmp_path / "whole" / layout.MODEL_FILE).state
+    assert all(torch.equal(resumed[k], whole[k]) for k in whole)
