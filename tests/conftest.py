@@ -1,4 +1,11 @@
-"""Shared test fixtures: the repository root, a way to run Snakemake on it, small token shards."""
+"""Shared test fixtures: the repository root, a way to run Snakemake on it, small token shards, and
+the devices a test runs on.
+
+A test that takes the `device` fixture runs once per device: on the CPU everywhere, and on CUDA
+as a test marked `gpu`, which is skipped (with its reason) where no CUDA device exists. A test
+that needs CUDA alone is marked `@pytest.mark.gpu` itself. `pytest -m gpu` selects exactly the
+runs a GPU machine adds (`benchmarks/gpu_checks.py` runs them there).
+"""
 
 import subprocess
 import sys
@@ -7,6 +14,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """torch.device of each device a test runs on (see the module docstring)."""
+    import torch
+
+    return torch.device(request.param)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip every test marked `gpu` where torch sees no CUDA device."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in gpu:
+        item.add_marker(skip)
 
 
 @pytest.fixture

@@ -1,12 +1,12 @@
 """streamback.model.rounding: nearest-even against torch's own casts, hand values, stochastic rounding's bias
-and its random bits."""
+and its random bits, the grid spacing against torch.nextafter; each on every device (conftest's `device`)."""
 
 import math
 
 import pytest
 import torch
 
-from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, SPECS, round_fp32, round_to, stochastic_noise, ulp
+from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, SPECS, round_fp32, round_to, stochastic_noise, ulp
 
 NATIVE = [BF16, FP16, FP8_E4M3, FP8_E5M2]
 
@@ -23,17 +23,17 @@ def _values(spec, n=200_000, seed=0):
 
 
 @pytest.mark.parametrize("spec", NATIVE, ids=lambda s: s.name)
-def test_nearest_matches_torch_casts(spec):
-    x = _values(spec)
+def test_nearest_matches_torch_casts(spec, device):
+    x = _values(spec).to(device)
     ours = round_to(x, spec)
     theirs = x.to(spec.dtype).float()
     assert torch.equal(ours, theirs), (x[ours != theirs][:5], ours[ours != theirs][:5], theirs[ours != theirs][:5])
 
 
-def test_nearest_matches_bf16_cast_on_every_kind_of_bit_pattern():
+def test_nearest_matches_bf16_cast_on_every_kind_of_bit_pattern(device):
     """Random 32-bit patterns: normals, fp32 subnormals, huge values that overflow to inf, NaNs."""
     bits = torch.randint(-(2**31), 2**31 - 1, (500_000,), generator=torch.Generator().manual_seed(1), dtype=torch.int64)
-    x = bits.to(torch.int32).view(torch.float32)
+    x = bits.to(torch.int32).view(torch.float32).to(device)
     ours, theirs = round_to(x, BF16), x.to(torch.bfloat16).float()
     nan = torch.isnan(x)
     assert nan.any() and torch.isnan(ours[nan]).all()
@@ -71,7 +71,9 @@ def test_nan_inf_and_range():
     for spec in SPECS.values():
         for rounding in ("nearest", "stochastic"):
             out = round_to(special, spec, rounding)
-            assert torch.isnan(out[0]) and out[1] == math.inf and out[2] == -math.inf, (spec.name, rounding)
+            top = math.inf if spec.infinities else spec.max_value  # E4M3 and E2M1 have no inf
+            assert torch.isnan(out[0]) and out[1] == top and out[2] == -top, (spec.name, rounding)
+    assert [s.name for s in SPECS.values() if not s.infinities] == ["fp8_e4m3", "fp4_e2m1"]
     # a NaN whose payload lies wholly below the cut must not be truncated into an infinity
     quiet_low = torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)
     assert torch.isnan(round_to(quiet_low, BF16)).all()
@@ -84,13 +86,13 @@ def test_nan_inf_and_range():
 
 
 @pytest.mark.parametrize("spec", [BF16, FP16, FP8_E4M3, FP8_E5M2, FP4_E2M1], ids=lambda s: s.name)
-def test_stochastic_rounding_is_unbiased_and_within_one_ulp(spec):
+def test_stochastic_rounding_is_unbiased_and_within_one_ulp(spec, device):
     """Values strictly between two grid points (subnormal range included): over many draws the mean
     error of each is within 5 standard errors of zero, and no draw moves it by a gap or more."""
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator(device=device).manual_seed(2)
     grid = round_to(_values(spec, n=4000, seed=3), spec)
-    grid = grid[(grid != 0) & (grid.abs() < spec.max_value / 2)][:64]
-    fraction = 0.05 + 0.9 * torch.rand(grid.shape, generator=g, dtype=torch.float64)
+    grid = grid[(grid != 0) & (grid.abs() < spec.max_value / 2)][:64].to(device)
+    fraction = 0.05 + 0.9 * torch.rand(grid.shape, generator=g, dtype=torch.float64, device=device)
     gap = ulp(grid, spec)  # gap above |grid|
     values = (grid.double().sign() * (grid.double().abs() + fraction * gap)).float()
     draws = 20_000
@@ -130,3 +132,49 @@ def test_stochastic_rounding_with_given_bits():
     zero, full = torch.zeros(5, dtype=torch.int32), torch.full((5,), 2**16 - 1, dtype=torch.int32)
     assert round_fp32(x, BF16, (zero, None)).tolist() == [600.0, -600.0, 600.0, 600.0, 1.0]
     assert round_fp32(x, BF16, (full, None)).tolist() == [604.0, -604.0, 600.0, 604.0, 1.0 + 2**-7]
+
+
+@pytest.mark.parametrize("spec", [FP32, BF16, FP16, FP8_E4M3, FP8_E5M2, FP4_E2M1], ids=lambda s: s.name)
+def test_ulp_against_nextafter(spec, device):
+    """ulp(x) = the gap from |x| to the next larger value of the format: torch.nextafter's fp32 gap
+    at |x| times 2^(23 - m) (the format's binades are fp32's), or the subnormal spacing below the
+    smallest normal. At every power of two in range (where a float64 log2 is inexact on CUDA), just
+    below each, and at random values; and for bf16/fp16 also nextafter in that dtype itself."""
+    powers = torch.exp2(torch.arange(spec.min_exponent - spec.mantissa_bits, math.floor(math.log2(spec.max_value)) + 1).double()).float()
+    below = torch.nextafter(powers, torch.zeros(()))
+    x = torch.cat([powers, below, _values(spec, n=20_000, seed=5)])
+    x = torch.cat([x, -x]).to(device)
+    ax = x.abs()
+    fp32_gap = (torch.nextafter(ax, torch.full((), math.inf, device=device)) - ax).double()
+    expected = torch.where(ax >= 2.0**spec.min_exponent, fp32_gap * 2.0 ** (23 - spec.mantissa_bits), 2.0 ** (spec.min_exponent - spec.mantissa_bits))
+    got = ulp(x, spec)
+    assert got.device == x.device and got.dtype == torch.float64
+    assert torch.equal(got, expected), (x[got != expected][:5], got[got != expected][:5], expected[got != expected][:5])
+    if spec in (BF16, FP16):  # directly in the dtype: the gap above each value on its grid
+        grid = x.to(spec.dtype)
+        grid = grid[grid.abs() < spec.max_value]
+        step = (torch.nextafter(grid.abs(), torch.full((), math.inf, dtype=spec.dtype, device=device)).double() - grid.abs().double())
+        assert torch.equal(ulp(grid.float(), spec), step)
+    assert torch.isnan(ulp(torch.tensor([math.inf, -math.inf, math.nan], device=device), spec)).all()
+
+
+def test_fp8_e4m3_has_no_infinity_like_torchs_cast(device):
+    """E4M3 has no inf encoding: +-inf and finite overflow both become +-448, as torch's
+    float8_e4m3fn cast makes them (and PTX cvt.satfinite); NaN stays NaN. The stream format then
+    refuses inf as off its grid. E5M2 has infinities and keeps them (as torch's cast does)."""
+    x = torch.tensor([math.inf, -math.inf, math.nan, 1e30, -500.0, 464.0, 448.0, 1.0], device=device)
+    ours, theirs = round_to(x, FP8_E4M3), x.to(torch.float8_e4m3fn).float()
+    assert ours[:2].tolist() == [448.0, -448.0] and torch.isnan(ours[2]) and torch.isnan(theirs[2])
+    keep = ~torch.isnan(x)
+    assert torch.equal(ours[keep], theirs[keep])
+    for rounding in ("nearest", "stochastic"):
+        assert round_to(x[:2], FP8_E4M3, rounding).tolist() == [448.0, -448.0]
+    e5m2 = round_to(x[:2], FP8_E5M2)
+    assert torch.equal(e5m2, x[:2].to(torch.float8_e5m2).float()) and e5m2.tolist() == [math.inf, -math.inf]
+
+    from streamback.model.formats import StreamFormat
+
+    fmt = StreamFormat("fp8_e4m3")
+    inf = torch.full((2, 8), math.inf, device=device)
+    assert not fmt.is_representable(inf.to(fmt.container_dtype))
+    assert fmt.enter(inf).eq(448.0).all() and fmt.add(fmt.enter(torch.zeros(2, 8, device=device)), inf).eq(448.0).all()

@@ -39,6 +39,7 @@ class FloatSpec:
     max_value: float  # largest finite magnitude
     saturate: bool  # out-of-range values clamp to +-max_value (else they become inf)
     dtype: torch.dtype | None = None  # native torch dtype, if one exists
+    infinities: bool = True  # has +-inf encodings; without them +-inf rounds to +-max_value
 
     @property
     def smallest_subnormal(self) -> float:
@@ -49,11 +50,14 @@ class FloatSpec:
 FP32 = FloatSpec("fp32", 23, -126, float(torch.finfo(torch.float32).max), False, torch.float32)
 BF16 = FloatSpec("bf16", 7, -126, float(torch.finfo(torch.bfloat16).max), False, torch.bfloat16)
 FP16 = FloatSpec("fp16", 10, -14, 65504.0, False, torch.float16)
-# OCP 8-bit formats. E4M3 has no infinities (max 448); MX and NVFP4 saturate on conversion.
-FP8_E4M3 = FloatSpec("fp8_e4m3", 3, -6, 448.0, True, torch.float8_e4m3fn)
+# OCP 8-bit formats, converted with saturation (OCP "satfinite", PTX cvt.satfinite): finite values
+# beyond the range clamp to +-max. E4M3 has no infinities, so +-inf becomes +-448 too (torch's
+# float8_e4m3fn cast does the same); E5M2 keeps +-inf (torch's cast agrees) while its finite
+# overflow saturates (torch's cast gives inf there). NaN stays NaN in both.
+FP8_E4M3 = FloatSpec("fp8_e4m3", 3, -6, 448.0, True, torch.float8_e4m3fn, infinities=False)
 FP8_E5M2 = FloatSpec("fp8_e5m2", 2, -14, 57344.0, True, torch.float8_e5m2)
-# OCP MX FP4 element: E2M1, values {0, 0.5, 1, 1.5, 2, 3, 4, 6}, no inf/NaN encodings.
-FP4_E2M1 = FloatSpec("fp4_e2m1", 1, 0, 6.0, True, None)
+# OCP MX FP4 element: E2M1, values {0, 0.5, 1, 1.5, 2, 3, 4, 6}, no inf/NaN encodings (+-inf -> +-6).
+FP4_E2M1 = FloatSpec("fp4_e2m1", 1, 0, 6.0, True, None, infinities=False)
 
 SPECS = {s.name: s for s in (FP32, BF16, FP16, FP8_E4M3, FP8_E5M2, FP4_E2M1)}
 
@@ -64,7 +68,8 @@ def round_to(
     rounding: str = "nearest",
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Round `x` onto `spec`'s grid; returns fp32 (NaN stays NaN, +-inf stays +-inf)."""
+    """Round `x` onto `spec`'s grid; returns fp32 (NaN stays NaN; +-inf stays +-inf, or becomes
+    +-max_value in a format without infinities)."""
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
     x = x.float()
@@ -119,7 +124,8 @@ def round_fp32(x: torch.Tensor, spec: FloatSpec, noise: Noise | None = None) -> 
         out = out.clamp(-spec.max_value, spec.max_value)
     elif spec.min_exponent > -126:  # bf16 shares fp32's exponent range: overflow carries into inf
         out = torch.where(out.abs() > spec.max_value, out * math.inf, out)
-    return torch.where(magnitude < math.inf, out, x)  # NaN (never < inf) and +-inf pass through
+    special = x if spec.infinities else x.clamp(-spec.max_value, spec.max_value)  # clamp keeps NaN
+    return torch.where(magnitude < math.inf, out, special)  # NaN (never < inf) and +-inf
 
 
 def _round_subnormal(x, spec, noise):
@@ -131,7 +137,14 @@ def _round_subnormal(x, spec, noise):
 
 
 def ulp(x: torch.Tensor, spec: FloatSpec) -> torch.Tensor:
-    """Spacing of `spec`'s grid at |x| (the gap to the next representable magnitude)."""
-    ax = x.double().abs()
-    exponent = torch.floor(torch.log2(ax.clamp_min(math.ldexp(1.0, spec.min_exponent))))
-    return torch.exp2(exponent - spec.mantissa_bits)
+    """Spacing of `spec`'s grid at |x| (the gap to the next representable magnitude), float64;
+    +-inf and NaN give NaN.
+
+    The exponent is read exactly (`frexp`) and the power of two built from its bit pattern:
+    float64 `log2` is not exact at powers of two on every device (CUDA's gives log2(64) just
+    below 6, which halved the gap there).
+    """
+    ax = x.double().abs().clamp_min(math.ldexp(1.0, spec.min_exponent))
+    exponent = torch.frexp(ax).exponent.long() - 1 - spec.mantissa_bits  # |x| in [2^(e-1), 2^e)
+    gap = ((exponent + 1023) << 52).view(torch.float64)  # within float64's normal range
+    return torch.where(ax < math.inf, gap, math.nan)
