@@ -178,36 +178,58 @@ def test_nvfp4_zeros_nan_and_tiny_blocks():
     torch.testing.assert_close(out[32:34], torch.tensor([3.0, -1.5]), rtol=2.0**-17, atol=0)
 
 
-def _e4m3(t):
-    return t.float().clamp(-448, 448).to(torch.float8_e4m3fn).double()
+def _nvfp4_recipe(x):
+    """NVIDIA's NVFP4 recipe written out directly, as Transformer Engine's reference quantiser does
+    it (fp32 arithmetic, torch's saturating float8_e4m3fn cast, E2M1 by its midpoint table with
+    ties to even): the E4M3 block scales b, the E2M1 codes q, and the exact values q * b *
+    fp32(amax_tensor / 2688) (float64), for x [rows, 16 * k]."""
+    x = x.float()
+    blocks = x.unflatten(-1, (-1, 16))
+    fp32_max = torch.tensor(torch.finfo(torch.float32).max, device=x.device)
+    amax = x.abs().max()
+    encode = torch.min(torch.div(torch.tensor(448.0 * 6.0, device=x.device), amax), fp32_max)
+    decode = torch.div(1.0, encode)
+    b = torch.min(torch.div(blocks.abs().amax(-1, keepdim=True), 6.0) * encode, fp32_max)
+    b = b.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    scaled = (blocks * torch.min(torch.div(1.0, b * decode), fp32_max)).clamp(-6, 6)
+    bounds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=x.device)
+    values = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], device=x.device)
+    index = torch.bucketize(scaled.abs(), bounds)  # at a midpoint, the lower value ...
+    tie = torch.isin(scaled.abs(), bounds[1::2])  # ... but 0.75, 1.75, 3.5 go up to the even one
+    q = torch.copysign(values[index + tie.long()], scaled)
+    exact = q.double() * b.double() * (amax / 2688.0).double()  # the decode scale the recipe's GEMM applies (fp32)
+    return b, q, exact.flatten(-2)
 
 
-def _e2m1(t):
-    """Nearest E2M1 value, ties to the even mantissa, saturating at 6 (float64 search)."""
-    grid = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)
-    odd = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1], dtype=torch.float64)
-    distance = (t.abs().clamp(max=6).unsqueeze(-1) - grid).abs() + odd * 1e-12
-    return torch.copysign(grid[distance.argmin(-1)], t)
-
-
-def _nvfp4_reference(x):
-    """Peer NVFP4 in float64 with torch's native E4M3 cast for the block scales."""
-    width = x.shape[-1]
-    blocks = torch.nn.functional.pad(x, (0, -width % 16)).double().unflatten(-1, (-1, 16))
-    mantissa, exponent = math.frexp((x.abs().max() / 2688.0).item())  # fp32 division, as in the recipe
-    tensor_scale = math.ldexp(round(mantissa * 2**18), exponent - 18)
-    block_scale = _e4m3(blocks.abs().amax(-1, keepdim=True) / 6 / tensor_scale)
-    decode = block_scale * tensor_scale
-    out = _e2m1(blocks / torch.where(decode > 0, decode, 1.0)) * decode
-    return out.flatten(-2)[..., :width].float()
-
-
-def test_nvfp4_matches_peer_reference():
+def test_nvfp4_matches_nvidias_recipe(device):
+    """Element codes and block scales equal the recipe's bit for bit, and the values differ from
+    its q * b * amax / 2688 only by the one per-tensor factor of the 18-bit decode scale (< 2^-18):
+    1.6M random elements over 2^-12 .. 2^12 per row (E4M3-subnormal and zero block scales
+    included), blocks placed across an E4M3 rounding midpoint (where computing the block scale by
+    dividing by a rounded tensor scale, as this code once did, lands on the other side), and a
+    tensor so small that its decode scale is an fp32 subnormal."""
     gen = torch.Generator().manual_seed(2)
-    # per-row magnitudes over 2^-12 .. 2^12 so some blocks hit E4M3-subnormal and zero scales;
-    # width 40 = 2 x 16 + a short block of 8
-    x = torch.randn(64, 40, generator=gen) * torch.exp2(torch.randint(-12, 12, (64, 1), generator=gen).float())
-    torch.testing.assert_close(quantize_nvfp4(x), _nvfp4_reference(x), rtol=0, atol=0)
+    random = torch.randn(1600, 1024, generator=gen) * torch.exp2(torch.randint(-12, 12, (1600, 1), generator=gen).float())
+    # amax 6: S = 448, so a block of amax v gets b = E4M3(v / 6 * 448); 68 is the midpoint of 64 and 72
+    mid = 68.0 * 6 / 448
+    near = torch.nextafter(torch.full((64,), mid), torch.tensor(0.0))
+    for k in range(1, 64):
+        near[k] = torch.nextafter(near[k - 1], torch.tensor(1.0))
+    crossing = torch.zeros(64, 16)
+    crossing[:, 0], crossing[0, 1], crossing[:, 2] = near, 6.0, near / 3
+    tiny = torch.randn(8, 32, generator=gen) * 1e-36
+    for x in (random, crossing, tiny):
+        x = x.to(device)
+        ours = quantize_nvfp4(x)
+        b, q, exact = _nvfp4_recipe(x)
+        if x is not tiny:
+            s = float(quantize_nvfp4(x.abs().max().reshape(1, 1).expand(1, 16).contiguous())[0, 0]) / 2688  # the 18-bit decode scale
+            assert torch.equal(ours.double(), (q.double() * b.double() * s).flatten(-2))  # the recipe's codes, bit for bit
+            assert abs(s / (x.abs().max().double().item() / 2688) - 1) < 2.0**-18
+        else:  # decode scale subnormal: kept as it is, so values are the recipe's up to fp32's subnormal spacing
+            assert ((ours.double() - exact).abs() <= 2.0**-146).all()
+    b, _, _ = _nvfp4_recipe(crossing)
+    assert set(b[1:, 0, 0].tolist()) == {64.0, 72.0}  # the blocks do straddle the midpoint
 
 
 # ---------------------------------------------------------------- stochastic rounding

@@ -16,9 +16,10 @@ format's grid.
   `quantize_mx`. Held in fp32: the E8M0 scale (2^-127..2^127) times E4M3 elements spans values
   down to 2^-136, below bf16's smallest subnormal (2^-133) but exact in fp32 (2^-149).
 - `nvfp4`: NVIDIA NVFP4 (E2M1 elements, k = 16, E4M3 block scale, fp32 tensor scale), see
-  `quantize_nvfp4`. Held in fp32: the product of an E2M1 element, an E4M3 block scale and the
-  tensor scale has 2 + 4 + 18 significant bits (the tensor scale is kept to 18 bits for this).
-  The tensor scale is per stream tensor, so it is shared by every token of the micro-batch.
+  `quantize_nvfp4`: the recipe's element codes and block scales, bit for bit. Held in fp32: the
+  product of an E2M1 element, an E4M3 block scale and the tensor decode scale has 2 + 4 + 18
+  significant bits (the decode scale is kept to 18 bits for this). The tensor scale is per
+  stream tensor, so it is shared by every token of the micro-batch.
 
 Stochastic rounding (any format but fp32) adds in fp32 and rounds the sum with
 `streamback.rounding.round_to(..., "stochastic")`, the package's one SR implementation; for the
@@ -65,9 +66,10 @@ E8M0_MIN_EXPONENT = -127  # E8M0 encodes 2^-127 .. 2^127 and NaN
 NVFP4_BLOCK = 16
 NVFP4_ELEMENT_MAX = 6.0  # E2M1
 NVFP4_SCALE_MAX = 448.0  # E4M3
-# The tensor scale is rounded to 18 significant bits (17 stored), so element x block scale x
-# tensor scale (2 + 4 + 18 bits) is exact in the fp32 container: the stream holds NVFP4 values
-# exactly and quantising them again gives them back. Changes the scale by < 2^-18 relative.
+# The tensor decode scale the stream's values carry is rounded to 18 significant bits (17 stored),
+# so element x block scale x decode scale (2 + 4 + 18 bits) is exact in the fp32 container: the
+# stream holds NVFP4 values exactly and quantising them again gives them back. The codes are the
+# recipe's; only this one per-tensor factor differs from it, by < 2^-18 relative.
 _TENSOR_SCALE = FloatSpec("nvfp4_tensor_scale", 17, -126, FP32.max_value, False)
 _E2M1_POSITIVE = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -128,34 +130,38 @@ def quantize_nvfp4(
 ) -> torch.Tensor:
     """NVFP4 (E2M1 elements, k = 16 along the last dim); dequantised fp32 values.
 
-    Two-level scaling as in NVIDIA's recipe (NVIDIA, "Pretraining Large Language Models with
-    NVFP4", arXiv:2509.25149, and Transformer Engine's NVFP4 reference quantiser, which encodes
-    with 2688 / amax_tensor): tensor scale s = amax_tensor / (448 * 6) in fp32 (here rounded to
-    18 significant bits, see `_TENSOR_SCALE`); block scale b = round_E4M3(amax_block / 6 / s),
-    saturating at 448; elements q = round_E2M1(x / (b * s)) saturating at +-6; value = q * b * s.
-    The same arithmetic as TE's up to the last fp32 bits of the scales. Rounding of the
-    block scale to nearest can put the top of a block just above 6 (b * s < amax_block / 6), so
-    it clips to 6, as in the recipe. A block whose scale underflows E4M3 (amax_block below about
-    amax_tensor * 2^-10 / 448) is zeros. NaN/Inf elements are left out of the tensor amax and
-    make their own block all NaN (the MX rule). An all-zero tensor is zeros. `rounding` applies
-    to the elements; both scales are always rounded to nearest.
+    NVIDIA's recipe (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv:2509.25149),
+    with the fp32 arithmetic of Transformer Engine's NVFP4 reference quantiser, so that element
+    codes and block scales equal the recipe's bit for bit: tensor encode scale S = 2688 /
+    amax_tensor (2688 = 448 * 6; at most fp32's max) and decode scale D = 1 / S; block scale
+    b = round_E4M3(amax_block / 6 * S), saturating at 448; elements q = round_E2M1(x * (1 / (b * D)))
+    saturating at +-6. The value held is q * b * s with s = amax_tensor / 2688 (the decode scale
+    the recipe's GEMM applies) rounded to 18 significant bits, so that it is exact in fp32 (see
+    `_TENSOR_SCALE`); below fp32's normal range s is kept as it is (the container cannot hold such
+    values exactly anyway). Rounding of the block scale to nearest can put the top of a block just
+    above 6, so it clips to 6, as in the recipe. A block whose scale underflows E4M3 (amax_block
+    below about amax_tensor * 2^-10 / 448) is zeros. NaN/Inf elements are left out of the tensor
+    amax and make their own block all NaN (the MX rule). An all-zero tensor is zeros. `rounding`
+    applies to the elements; both scales are always rounded to nearest.
     """
     x = x.float()
     tensor_amax = torch.where(torch.isfinite(x), x.abs(), 0.0).amax()
-    tensor_scale = round_to(tensor_amax / (NVFP4_SCALE_MAX * NVFP4_ELEMENT_MAX), _TENSOR_SCALE)
-    tensor_scale = torch.where(tensor_amax > 0, tensor_scale, 1.0)
-    return _unblock([_nvfp4_blocks(b, tensor_scale, rounding, generator) for b in _blocks(x, NVFP4_BLOCK)])
+    encode = (NVFP4_SCALE_MAX * NVFP4_ELEMENT_MAX / tensor_amax).clamp(max=FP32.max_value)  # S
+    value_scale = tensor_amax / (NVFP4_SCALE_MAX * NVFP4_ELEMENT_MAX)
+    value_scale = torch.where(value_scale >= 2.0**-126, round_to(value_scale, _TENSOR_SCALE), value_scale)
+    scales = (encode, 1.0 / encode, value_scale)
+    return _unblock([_nvfp4_blocks(b, *scales, rounding, generator) for b in _blocks(x, NVFP4_BLOCK)])
 
 
 def _nvfp4_blocks(
-    blocks: torch.Tensor, tensor_scale: torch.Tensor, rounding: str, generator: torch.Generator | None
+    blocks: torch.Tensor, encode, decode, value_scale, rounding: str, generator: torch.Generator | None
 ) -> torch.Tensor:
     finite = torch.isfinite(blocks)
     block_amax = torch.where(finite, blocks.abs(), 0.0).amax(dim=-1, keepdim=True)
-    block_scale = round_to(block_amax / NVFP4_ELEMENT_MAX / tensor_scale, FP8_E4M3)
-    decode = block_scale * tensor_scale  # exact: 4 + 18 significant bits
-    elements = round_to(blocks / torch.where(decode > 0, decode, 1.0), FP4_E2M1, rounding, generator)
-    out = torch.where(decode > 0, elements * decode, 0.0)
+    block_scale = round_to(block_amax / NVFP4_ELEMENT_MAX * encode, FP8_E4M3)  # overflow (inf) -> 448
+    element_encode = (1.0 / (block_scale * decode)).clamp(max=FP32.max_value)  # a zero scale: fp32's max
+    elements = round_to(blocks * element_encode, FP4_E2M1, rounding, generator)
+    out = elements * (block_scale * value_scale)  # exact: 2 + 4 + 18 bits
     return torch.where(finite.all(dim=-1, keepdim=True), out, torch.nan)
 
 
