@@ -185,6 +185,20 @@ def test_greedy_generation_is_the_argmax_loop(runs, tokens):
     with pytest.raises(StreambackError, match="max_new_tokens 64 leaves no room"):
         sc.generate(prompts, max_new_tokens=64)
 
+    # through the lm-eval model: requests grouped by their generation arguments, greedy only
+    from lm_eval.api.instance import Instance
+
+    from streamback.eval.lm import StreambackLM
+
+    lm = StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), dtype="float32", batch_size=3)
+    texts = ["Mia counts to five: one,", "The dog", "Ben says, \"The", "A"]
+    kwargs = [{"until": [stop], "max_gen_toks": 12}, {"until": [], "max_gen_toks": 12}, {"until": [stop], "max_gen_toks": 12}, {"max_gen_toks": 5}]
+    requests = [Instance("generate_until", {}, (t, k), i) for i, (t, k) in enumerate(zip(texts, kwargs))]
+    want = [sc.generate([lm.tok_encode(t)], stop=k.get("until", []), max_new_tokens=k["max_gen_toks"])[0] for t, k in zip(texts, kwargs)]
+    assert lm.generate_until(requests) == want
+    with pytest.raises(StreambackError, match="greedy only"):
+        lm.generate_until([Instance("generate_until", {}, ("A", {"do_sample": True, "temperature": 0.7}), 0)])
+
 
 # ---- through lm-eval -----------------------------------------------------------------------------
 

@@ -71,7 +71,6 @@ class StreambackLM(TemplateLM):
         self.model = self.run.model(compute_dtype=DTYPES[dtype] if dtype else None, stream=stream, device=self._device)
         self.scorer = Scorer(self.model, self.run.tokenizer, self.run.eos_id, batch_size=_batch_size(batch_size),
                              max_length=int(max_length) if max_length is not None else None)
-        self.tokenizer = self.run.tokenizer
 
     # -- what lm-eval asks of a model ---------------------------------------------------------
     @property
