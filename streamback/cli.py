@@ -14,13 +14,17 @@ import sys
 from streamback.errors import StreambackError
 
 COMMANDS = {
+    "check": "streamback.config",
     "drift": "streamback.drift.stage",
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
     "train": "streamback.train.trainer",
+    "training-curves": "streamback.train.curves",
     "export-hf": "streamback.model.export_hf",
     "bench": "streamback.measure.bench",
     "memory": "streamback.measure.memory",
+    "analyze": "streamback.analysis.stage",
+    "import-hf": "streamback.model.import_hf",
     "eval-tasks": "streamback.eval.taskdata",
     "evaluate": "streamback.eval.stage",
     "benchmark-table": "streamback.eval.tables",

@@ -81,6 +81,21 @@ def checkpoint_dir(run: str) -> Path:
     return RESULTS / "checkpoints" / run
 
 
+# in a run's checkpoint directory, beside its step_* checkpoints (streamback.train.checkpoint):
+TRAINER_LOCK = "trainer.lock"  # flock'ed by the live trainer; says its PID and host
+VERIFIED_SHARDS = "verified-shards.json"  # the token shards this run has hashed (streamback.data.shards)
+TRAIN_LOG = "train.log"  # every attempt's log, appended (rule train links logs/train/<run>.log to it)
+
+
+def train_log(run: str) -> Path:
+    """The whole story of a run over all its attempts (Snakemake replaces logs/train/<run>.log)."""
+    return checkpoint_dir(run) / TRAIN_LOG
+
+
+TRAINING_TABLE = "training_curves"  # table(name): every run's loss, validation loss, grad norm per step
+TRAINING_FIGURES = ("training_loss", "training_grad_norm")  # figure(name, suffix)
+
+
 def hf_dir(run: str) -> Path:
     """A run exported to Hugging Face format (`streamback export-hf`)."""
     return RESULTS / "hf" / run
@@ -142,3 +157,31 @@ def table(name: str) -> Path:
 def figure(name: str, suffix: str) -> Path:
     """A figure of the study: results/figures/<name>.<suffix> (svg or png)."""
     return FIGURES_DIR / f"{name}.{suffix}"
+
+
+# -- analyses (rules in workflow/rules/analysis.smk; `streamback analyze <kind>`) --------------
+
+ANALYSIS_TABLES = {  # kind -> the tables it writes, table(name)
+    "layer-error": ("layer_error",),
+    "envelope": ("envelope", "envelope_training"),
+    "swallowed": ("swallowed",),
+    "loss-difference": ("loss_difference", "loss_curves"),
+}
+FIGURE_SUFFIXES = ("svg", "png")
+
+
+def analysis_figures(kind: str, runs: list[str], shapes: list[str]) -> list[str]:
+    """The figure names `kind` draws for these runs (layer error, envelope over training: one per
+    run) and shapes (swallowed updates, loss difference: one per shape; envelope: one for all)."""
+    return {
+        "layer-error": [f"layer_error-{run}" for run in runs],
+        "envelope": ["envelope"] + [f"envelope_training-{run}" for run in runs],
+        "swallowed": [f"swallowed-{shape}" for shape in shapes],
+        "loss-difference": [f"loss_difference-{shape}" for shape in shapes],
+    }[kind]
+
+
+def analysis_outputs(kind: str, runs: list[str], shapes: list[str]) -> list[Path]:
+    """Every file `streamback analyze <kind>` writes: its tables, then each figure as .svg and .png."""
+    return [table(name) for name in ANALYSIS_TABLES[kind]] + [
+        figure(name, suffix) for name in analysis_figures(kind, runs, shapes) for suffix in FIGURE_SUFFIXES]
