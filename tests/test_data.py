@@ -1,5 +1,6 @@
 """The tokenize stage: shards and manifest against independent references (the corpus texts,
-hashlib, the tokenizer's own encode), determinism, resume, budgets, bad input, the FineWeb path."""
+hashlib, the tokenizer's own encode), determinism, resume, budgets, bad input, the FineWeb path;
+shard verification (a changed byte, an id outside the vocabulary: named, never read)."""
 
 import hashlib
 import json
@@ -14,9 +15,11 @@ from tokenizers import Tokenizer
 
 from streamback import layout
 from streamback.config import validate_config
+from streamback.data import shards as shards_module
 from streamback.data import tokenize as tokenize_module
 from streamback.data.corpus import corpus_table, write_part
-from streamback.data.shards import HEADER_BYTES, TokenDataset, encode_header, read_header, read_manifest, token_dtype, write_shard
+from streamback.data.generate import generate
+from streamback.data.shards import HEADER_BYTES, TokenDataset, encode_header, read_header, read_manifest, read_record, token_dtype, write_record, write_shard
 from streamback.data.tokenize import tokenize
 from streamback.errors import StreambackError
 
@@ -46,6 +49,20 @@ def split_documents(data_dir, split) -> list[list[int]]:
 
 def shard_bytes(data_dir) -> dict:
     return {p.name: p.read_bytes() for p in sorted(data_dir.glob("*.bin"))}
+
+
+def flip_bit(path, offset):
+    """Change one bit of a file in place (size, and the header if offset >= HEADER_BYTES, intact)."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def copy_tokens(source, target):
+    target.mkdir()
+    for path in source.iterdir():
+        (target / path.name).write_bytes(path.read_bytes())
+    return target
 
 
 @pytest.fixture(scope="module")
@@ -138,12 +155,30 @@ def test_resume_after_an_interrupted_run(corpus, tmp_path, monkeypatch):
     assert shard_bytes(out) == shard_bytes(corpus["out"])
 
 
-def test_rerun_with_a_complete_manifest_does_nothing(corpus, tmp_path):
+def test_resume_keeps_only_shards_whose_tokens_match(corpus, tmp_path, capsys):
+    """One changed token byte (size and header intact): the shard and those after it are written
+    again, so the corruption never reaches a manifest that lists the original hash."""
+    out = copy_tokens(corpus["out"], tmp_path / "tokens")
+    (out / "manifest.json").unlink()  # as after a killed run
+    flip_bit(out / "train-00002.bin", HEADER_BYTES + 11)
+    manifest = tokenize(config(), out, inputs=corpus["files"])
+    assert "not resuming from train-00002.bin: the sha256 of its tokens differs from its header's" in capsys.readouterr().err
+    assert shard_bytes(out) == shard_bytes(corpus["out"]) and manifest["splits"] == corpus["manifest"]["splits"]
+
+
+def test_rerun_with_a_complete_manifest_does_nothing(corpus, tmp_path, capsys):
     out = tmp_path / "tokens"
     tokenize(config(), out, inputs=corpus["files"], progress=False)
     stamp = {p.name: p.stat().st_mtime_ns for p in out.glob("*.bin")}
     tokenize(config(), out, inputs=corpus["files"], progress=False)
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.bin")} == stamp
+    # "nothing to do" only when every shard matches its sha256: a changed byte is found and repaired
+    flip_bit(out / "val-00000.bin", HEADER_BYTES + 3)
+    tokenize(config(), out, inputs=corpus["files"])
+    err = capsys.readouterr().err
+    assert f"redoing {out / 'manifest.json'}: shard {out / 'val-00000.bin'}: the sha256 of its tokens is" in err
+    assert "not resuming from val-00000.bin: the sha256 of its tokens differs" in err
+    assert shard_bytes(out) == shard_bytes(corpus["out"])
     # a different config does not reuse them
     tokenize(config(val_fraction=0.3), out, inputs=corpus["files"], progress=False)
     assert read_manifest(out)["splits"]["val"]["documents"] != corpus["manifest"]["splits"]["val"]["documents"]
@@ -237,7 +272,7 @@ def test_bad_corpus_files(tmp_path, name, content, message):
         path.write_bytes(content)
     with pytest.raises(StreambackError, match=message):
         tokenize(config(source="local", local={"files": [str(path)]}), tmp_path / "tokens", progress=False)
-    assert not list(tmp_path.glob("tokens/*.bin"))
+    assert not (tmp_path / "tokens").exists()  # a failed run leaves no (empty) output directory
 
 
 @pytest.mark.parametrize("tokenizer, message", [
@@ -258,17 +293,90 @@ def test_tokenizer_that_cannot_be_loaded(corpus, tmp_path, tokenizer, message):
     (lambda d: (d / "train-00001.bin").unlink(), r"shard .*train-00001\.bin listed in .*manifest\.json is missing"),
     (lambda d: (d / "val-00000.bin").write_bytes((d / "val-00000.bin").read_bytes()[:-2]), r"val-00000\.bin is \d+ bytes, its header promises"),
     (lambda d: (d / "train-00000.bin").write_bytes(b"not a shard"), r"train-00000\.bin has no streamback header"),
-    (lambda d: (d / "train-00002.bin").write_bytes((lambda b: b[:-1] + bytes([b[-1] ^ 1]))((d / "train-00002.bin").read_bytes())), r"train-00002\.bin: the sha256 of its tokens differs"),
     (lambda d: (d / "train-00000.bin").write_bytes((d / "train-00001.bin").read_bytes()), r"train-00000\.bin: header says .*expected"),
 ])
-def test_shards_that_do_not_match_their_manifest(corpus, tmp_path, damage, message):
-    out = tmp_path / "tokens"
-    out.mkdir()
-    for path in corpus["out"].iterdir():
-        (out / path.name).write_bytes(path.read_bytes())
+def test_shards_whose_header_or_size_do_not_match(corpus, tmp_path, damage, message):
+    out = copy_tokens(corpus["out"], tmp_path / "tokens")
     damage(out)
     with pytest.raises(StreambackError, match=message):
-        TokenDataset(out, "val" if "val" in message else "train", verify=True)
+        TokenDataset(out, "val" if "val" in message else "train")
+
+
+def test_a_changed_byte_is_found_before_it_is_read(corpus, tmp_path):
+    out = copy_tokens(corpus["out"], tmp_path / "tokens")
+    flip_bit(out / "train-00002.bin", HEADER_BYTES + 2 * 5)  # the sixth token of the third shard
+    ds = TokenDataset(out, "train")
+    good = TokenDataset(corpus["out"], "train")
+    np.testing.assert_array_equal(ds.read(0, 100), good.read(0, 100))  # shards 0 and 1 are intact
+    message = r"shard .*train-00002\.bin: the sha256 of its tokens is [0-9a-f]{16}\.\.\., .*manifest\.json records [0-9a-f]{16}"
+    for _ in range(2):  # refused every time, never remembered as good
+        with pytest.raises(StreambackError, match=message):
+            ds.read(ds.starts[2], 8)
+    with pytest.raises(StreambackError, match=r"1 token shard\(s\) in .* do not match manifest\.json:\n  " + message):
+        TokenDataset(out, "train").verify(threads=2)
+    with pytest.raises(StreambackError, match="streamback tokenize"):  # the message says how to repair it
+        TokenDataset(out, "train").verify()
+
+
+def test_a_token_id_outside_the_vocabulary_is_named(corpus, tmp_path):
+    """A manifest whose vocabulary is smaller than its shards' ids (hashes intact): named per shard
+    with the largest id, checked against numpy's own max of the raw shard."""
+    out = copy_tokens(corpus["out"], tmp_path / "tokens")
+    manifest = json.loads((out / "manifest.json").read_text())
+    largest = {p.name: int(np.fromfile(p, "<u2", offset=HEADER_BYTES).max()) for p in sorted(out.glob("train-*.bin"))}
+    manifest["vocab_size"] = max(largest.values())  # the largest id is now one past the end
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    ds = TokenDataset(out, "train")
+    with pytest.raises(StreambackError) as err:
+        ds.verify()
+    bad = [name for name, top in largest.items() if top >= manifest["vocab_size"]]
+    assert bad and str(err.value).count("outside the vocabulary") == len(bad)
+    for name in bad:
+        assert f"{name}: it holds token id {largest[name]}, outside the vocabulary of {manifest['vocab_size']} ids" in str(err.value)
+    with pytest.raises(StreambackError, match="outside the vocabulary"):
+        ds.read(ds.starts[int(bad[0][6:11])], 1)
+
+
+def test_each_shard_is_hashed_once_per_process(corpus, tmp_path, monkeypatch):
+    out = copy_tokens(corpus["out"], tmp_path / "tokens")
+    real, hashed = shards_module.scan_tokens, []
+    monkeypatch.setattr(shards_module, "scan_tokens", lambda path, dtype: hashed.append(path.name) or real(path, dtype))
+    ds = TokenDataset(out, "train")
+    ds.read(0, ds.num_tokens)
+    ds.read(0, 10)
+    TokenDataset(out, "train").verify()
+    TokenDataset(out, "train").read(0, ds.num_tokens)
+    assert sorted(hashed) == [p.name for p in ds.paths]
+    (out / "train-00001.bin").write_bytes((out / "train-00001.bin").read_bytes())  # same bytes, written again
+    TokenDataset(out, "train").verify()
+    assert hashed[len(ds.paths):] == ["train-00001.bin"]  # a file written since is hashed again
+
+
+def test_a_verification_record_spares_only_unchanged_shards(corpus, tmp_path, monkeypatch):
+    out = copy_tokens(corpus["out"], tmp_path / "tokens")
+    ds = TokenDataset(out, "train")
+    ds.verify()
+    write_record(tmp_path / "record.json", ds.verified_record())
+    record = read_record(tmp_path / "record.json")
+    assert len(record) == len(ds.paths) and read_record(tmp_path / "absent.json") == {}
+    monkeypatch.setattr(shards_module, "_VERIFIED", {})  # as in a new process
+    assert TokenDataset(out, "train").unverified(record) == []
+    monkeypatch.setattr(shards_module, "_VERIFIED", {})
+    flip_bit(out / "train-00001.bin", HEADER_BYTES)
+    assert TokenDataset(out, "train").unverified(record) == [1]  # its stamp changed: hashed again
+    record[str((out / "train-00000.bin").resolve())]["sha256"] = "0" * 64
+    monkeypatch.setattr(shards_module, "_VERIFIED", {})
+    assert TokenDataset(out, "train").unverified(record) == [0, 1]  # a record never overrides the manifest
+
+
+def test_unwritable_output_directories_are_named_before_any_work(corpus, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StreambackError, match=rf"token directory {blocker}/tokens is not writable \(Not a directory\)"):
+        tokenize(config(), blocker / "tokens", inputs=corpus["files"], progress=False)
+    data = config(synthetic={"documents": 10, "files": 1})
+    with pytest.raises(StreambackError, match=rf"corpus directory {blocker}/corpus is not writable"):
+        generate(data, blocker / "corpus")
 
 
 def test_cli_reports_bad_input(tmp_path):

@@ -12,6 +12,7 @@ from streamback.config import add_config_arguments, section_from_args
 from streamback.data import worker_pool
 from streamback.data.corpus import part_ranges, write_part
 from streamback.errors import StreambackError
+from streamback.io import output_dir
 
 HELP = "write the synthetic corpus (a probabilistic English grammar) as FineWeb-style parquet"
 
@@ -23,12 +24,13 @@ def generate(data: dict, out_dir: str | Path | None = None, processes: int = 1) 
     if out_dir is not None:
         paths = [Path(out_dir) / p.name for p in paths]
     tasks = [(synthetic["seed"], a, b, p) for (a, b), p in zip(part_ranges(synthetic["documents"], len(paths)), paths)]
-    if processes > 1:
-        with worker_pool(min(processes, len(tasks))) as pool:
-            pool.starmap(write_part, tasks)
-    else:
-        for task in tasks:
-            write_part(*task)
+    with output_dir(paths[0].parent, "corpus directory"):  # checked before any work
+        if processes > 1:
+            with worker_pool(min(processes, len(tasks))) as pool:
+                pool.starmap(write_part, tasks)
+        else:
+            for task in tasks:
+                write_part(*task)
     return paths
 
 
@@ -40,7 +42,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     data = section_from_args(args, "data")
-    processes = args.processes or data["processes"]
+    processes = data["processes"] if args.processes is None else args.processes
     if processes < 1:
         raise StreambackError(f"--processes must be at least 1, got {processes}")
     t0 = time.monotonic()

@@ -9,7 +9,11 @@ that sha256 (check one with `tail -c +1025 train-00000.bin | sha256sum`), the vo
 the end-of-document id, the dtype, the tokenizer file, the exact source and the config.
 
 `TokenDataset(data_dir, split)` checks the shards against the manifest and reads any token
-range as int64 through memory maps.
+range as int64 through memory maps. Verification - the sha256 of every shard's tokens against the
+manifest and every token id against the vocabulary - lives here and nowhere else: a process
+hashes a shard once (`_VERIFIED` remembers it by path and file stamp), and the trainer shares the
+work among its ranks and keeps a verification record so that a resume re-hashes only shards whose
+file changed since (`unverified`, `scan`, `accept`, `read_record`/`write_record`).
 """
 
 from __future__ import annotations
@@ -17,17 +21,24 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from streamback.errors import StreambackError
-from streamback.io import atomic_path
+from streamback.io import atomic_path, write_json
 
 MAGIC = b"SBTOKv1\n"
 HEADER_BYTES = 1024
 FORMAT = "streamback-tokens/1"
+RECORD_FORMAT = "streamback-verified-shards/1"
 SPLITS = ("train", "val")
+_BLOCK = 1 << 24  # bytes read at a time when hashing (a multiple of every token size)
+
+# Shards this process has hashed and found good: resolved path -> (file stamp, sha256, largest id).
+_VERIFIED: dict[str, tuple[list[int], str, int]] = {}
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -83,12 +94,49 @@ def write_shard(path: str | Path, tokens: np.ndarray, meta: dict) -> str:
 
 def file_sha256(path: str | Path, offset: int = 0) -> str:
     """sha256 of a file's bytes from `offset` on."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    digest, block = hashlib.sha256(), bytearray(_BLOCK)
+    view = memoryview(block)
+    with open(path, "rb", buffering=0) as f:
         f.seek(offset)
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
+        while n := f.readinto(block):
+            digest.update(view[:n])
     return digest.hexdigest()
+
+
+def scan_tokens(path: str | Path, dtype: np.dtype) -> tuple[str, int]:
+    """(sha256 of a shard's token bytes, its largest token id, -1 if it has none), in one read."""
+    digest, top = hashlib.sha256(), -1
+    block = bytearray(_BLOCK)
+    view = memoryview(block)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(HEADER_BYTES)
+        while n := f.readinto(block):
+            digest.update(view[:n])  # hashlib and numpy release the GIL: threads scan shards in parallel
+            whole = n - n % dtype.itemsize
+            if whole:
+                top = max(top, int(np.frombuffer(view[:whole], dtype=dtype).max()))
+    return digest.hexdigest(), top
+
+
+def file_stamp(path: str | Path) -> list[int]:
+    """[size, mtime_ns, ctime_ns, inode]: what the filesystem says about a file's contents. Any
+    write changes it (ctime cannot be set back), and so does a copy or a restore."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def read_record(path: str | Path) -> dict:
+    """A verification record (`write_record`): {resolved shard path: {"stamp", "sha256", "max_id"}};
+    empty if it is missing or unreadable (then everything is hashed again)."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record.get("shards", {}) if isinstance(record, dict) and record.get("format") == RECORD_FORMAT else {}
+
+
+def write_record(path: str | Path, shards: dict) -> None:
+    write_json(path, {"format": RECORD_FORMAT, "shards": shards})
 
 
 def check_shard(path: Path, expect: dict) -> dict:
@@ -121,12 +169,16 @@ def read_manifest(data_dir: str | Path) -> dict:
 class TokenDataset:
     """One split of a tokenized corpus, read through memory maps.
 
-    Opening checks every shard against the manifest (header fields and file size; with
-    verify=True also the sha256 of each file) and raises StreambackError naming the file that
-    does not match.
+    Opening checks every shard against the manifest (header fields and file size). Before a
+    shard's tokens are first read, the sha256 of its tokens is checked against the manifest and
+    every token id against the vocabulary (once per process, so reading a few windows costs only
+    the shards they touch); a StreambackError names the shard that does not match. `verify()`
+    checks every shard up front (`threads` at a time) and names every bad one; the trainer does
+    the same with `unverified`, `scan` and `accept`, sharing the hashing among its ranks.
+    `verify=False` reads without checking (for tests of the checks themselves).
     """
 
-    def __init__(self, data_dir: str | Path, split: str, verify: bool = False):
+    def __init__(self, data_dir: str | Path, split: str, verify: bool = True):
         if split not in SPLITS:
             raise StreambackError(f"unknown split {split!r}; a tokenized corpus has {', '.join(SPLITS)}")
         self.data_dir = Path(data_dir)
@@ -143,8 +195,7 @@ class TokenDataset:
                                "split": split, "index": index,
                                "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
                                "fingerprint": self.manifest["fingerprint"]})
-            if verify and file_sha256(path, HEADER_BYTES) != entry["sha256"]:
-                raise StreambackError(f"shard {path}: the sha256 of its tokens differs from {self.data_dir / 'manifest.json'}")
+        self.sha256 = [entry["sha256"] for entry in entries]
         sizes = [entry["tokens"] for entry in entries]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
         self.num_tokens: int = self.starts[-1]
@@ -152,9 +203,87 @@ class TokenDataset:
             raise StreambackError(f"{self.data_dir / 'manifest.json'}: {split} shards hold {self.num_tokens} tokens, "
                                   f"the manifest says {self.manifest['splits'][split]['tokens']}")
         self._maps: list[np.memmap | None] = [None] * len(self.paths)
+        self._verify_on_read = verify
+
+    # ---- verification -----------------------------------------------------------------------
+
+    def verify(self, threads: int = 1, shards=None) -> None:
+        """Hash the shards (default: all) not yet verified by this process, `threads` at a time;
+        StreambackError naming every bad one."""
+        problems = self.accept(self.scan(self.unverified(shards=shards), threads))
+        if problems:
+            raise StreambackError(self.explain(problems))
+
+    def unverified(self, record: dict | None = None, shards=None) -> list[int]:
+        """Indices of the shards (default: all) this process has not verified, leaving out those
+        that `record` (`read_record`) vouches for: same file stamp, the manifest's sha256, ids in
+        the vocabulary."""
+        todo = []
+        for k in range(len(self.paths)) if shards is None else shards:
+            path = self.paths[k]
+            key, stamp = str(path.resolve()), file_stamp(path)
+            known = _VERIFIED.get(key) or (record or {}).get(key)
+            if known is not None:
+                known = (known["stamp"], known["sha256"], known["max_id"]) if isinstance(known, dict) else known
+                if list(known[0]) == stamp and known[1] == self.sha256[k] and known[2] < self.vocab_size:
+                    _VERIFIED[key] = (stamp, known[1], known[2])
+                    continue
+            todo.append(k)
+        return todo
+
+    def scan(self, shards, threads: int = 1) -> dict[str, dict]:
+        """Hash and bound-scan the shards with these indices, `threads` at a time: per resolved
+        path {"index", "stamp", "sha256", "max_id"} (the stamp is taken before reading)."""
+        def one(k):
+            stamp = file_stamp(self.paths[k])
+            digest, top = scan_tokens(self.paths[k], self.dtype)
+            return str(self.paths[k].resolve()), {"index": k, "stamp": stamp, "sha256": digest, "max_id": top}
+
+        shards = list(shards)
+        if threads > 1 and len(shards) > 1:
+            with ThreadPoolExecutor(min(threads, len(shards))) as pool:
+                return dict(pool.map(one, shards))
+        return dict(map(one, shards))
+
+    def accept(self, scans: dict[str, dict]) -> list[str]:
+        """Check scans (`scan`, possibly from several processes) against the manifest and the
+        vocabulary: one line per bad shard; the good ones are remembered as verified."""
+        problems, manifest = [], self.data_dir / "manifest.json"
+        for key, result in sorted(scans.items(), key=lambda item: item[1]["index"]):
+            path, want = self.paths[result["index"]], self.sha256[result["index"]]
+            wrong = []
+            if result["sha256"] != want:
+                wrong.append(f"the sha256 of its tokens is {result['sha256'][:16]}..., {manifest} records {want[:16]}... "
+                             "(the file changed after tokenize wrote it)")
+            if result["max_id"] >= self.vocab_size:
+                wrong.append(f"it holds token id {result['max_id']}, outside the vocabulary of {self.vocab_size} ids in {manifest}")
+            if wrong:
+                problems.append(f"shard {path}: " + "; ".join(wrong))
+            else:
+                _VERIFIED[key] = (result["stamp"], result["sha256"], result["max_id"])
+        return problems
+
+    def explain(self, problems: list[str]) -> str:
+        """The error for shards that failed verification: each one, then what to do."""
+        return (f"{len(problems)} token shard(s) in {self.data_dir} do not match manifest.json:\n  "
+                + "\n  ".join(problems)
+                + "\nRepair them by rerunning the data stage with the same config (`streamback tokenize`, or "
+                  "`snakemake --forcerun tokenize`): it keeps the shards that pass and rewrites from the first that fails.")
+
+    def verified_record(self) -> dict:
+        """The verification record entries of this split's shards that this process has verified."""
+        entries = {}
+        for path in self.paths:
+            key = str(path.resolve())
+            if key in _VERIFIED:
+                stamp, digest, top = _VERIFIED[key]
+                entries[key] = {"stamp": stamp, "sha256": digest, "max_id": top}
+        return entries
 
     def _map(self, k: int) -> np.memmap:
         if self._maps[k] is None:
+            if self._verify_on_read:
+                self.verify(shards=[k])
             self._maps[k] = np.memmap(self.paths[k], dtype=self.dtype, mode="r", offset=HEADER_BYTES,
                                       shape=(self.starts[k + 1] - self.starts[k],))
         return self._maps[k]

@@ -8,7 +8,8 @@ scaled by `val_fraction` so both splits finish shards at a similar pace) and sto
 budget, cutting the last document. Shards are written under a temporary name and renamed when
 complete; each header records where in the source stream it ends and a fingerprint of what
 produced it (config, source, tokenizer). A rerun keeps the leading complete shards with the
-same fingerprint, deletes the rest and continues from the recorded position.
+same fingerprint whose tokens still match their sha256, deletes the rest and continues from the
+recorded position; over a complete manifest it hashes every shard before it finds nothing to do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import sys
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
 
@@ -28,10 +30,22 @@ from streamback import __version__, layout
 from streamback.config import add_config_arguments, section_from_args
 from streamback.data import tokenizer as tk
 from streamback.data import worker_pool
-from streamback.data.shards import FORMAT, HEADER_BYTES, SPLITS, TokenDataset, check_shard, np_dtype, read_manifest, shard_name, token_dtype, write_shard
+from streamback.data.shards import (
+    FORMAT,
+    HEADER_BYTES,
+    SPLITS,
+    TokenDataset,
+    check_shard,
+    file_sha256,
+    np_dtype,
+    read_manifest,
+    shard_name,
+    token_dtype,
+    write_shard,
+)
 from streamback.data.sources import is_validation, open_source
 from streamback.errors import StreambackError
-from streamback.io import write_json, write_text
+from streamback.io import output_dir, write_json, write_text
 from streamback.progress import Progress
 
 HELP = "tokenize the corpus (synthetic, local files or FineWeb) into token shards and manifest.json"
@@ -90,21 +104,28 @@ class SplitWriter:
         self.resume_at: tuple[int, int] | None = None  # (stream index, tokens of it already written)
         self.done = False
 
-    def resume(self, say) -> None:
-        """Keep the leading complete shards made with the same fingerprint; delete the rest."""
-        index, header = 0, None
+    def resume(self, say, threads: int = 1) -> None:
+        """Keep the leading complete shards made with the same fingerprint whose tokens still
+        match the sha256 in their header (hashed `threads` at a time); delete the rest."""
         expect = {**self.meta, "split": self.split, "tokens": self.capacity}
-        while (path := self.out_dir / shard_name(self.split, index)).exists():
+        headers = []
+        while (path := self.out_dir / shard_name(self.split, len(headers))).exists():
             try:
-                header = check_shard(path, {**expect, "index": index})
+                headers.append((path, check_shard(path, {**expect, "index": len(headers)})))
             except StreambackError as err:
                 say(f"not resuming from {path.name}: {err}")
                 break
-            self.shards.append({"file": path.name, "tokens": header["tokens"], "sha256": header["sha256"]})
-            self.total += header["tokens"]
-            self.documents = header["documents"]
-            self.resume_at = (header["next_document"], header["next_offset"])
-            index += 1
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            digests = pool.map(lambda path: file_sha256(path, HEADER_BYTES), [path for path, _ in headers])
+            for (path, header), digest in zip(headers, digests):
+                if digest != header["sha256"]:
+                    say(f"not resuming from {path.name}: the sha256 of its tokens differs from its header's (the file "
+                        "changed after it was written); it and the shards after it are written again")
+                    break
+                self.shards.append({"file": path.name, "tokens": header["tokens"], "sha256": header["sha256"]})
+                self.total += header["tokens"]
+                self.documents = header["documents"]
+                self.resume_at = (header["next_document"], header["next_offset"])
         for stale in sorted(self.out_dir.glob(f"{self.split}-*.bin")):
             if stale.name not in {s["file"] for s in self.shards}:
                 stale.unlink()
@@ -229,7 +250,9 @@ def tokenize(data: dict, out_dir: str | Path, inputs: list[Path] | None = None, 
              progress: bool = True) -> dict:
     """Run the stage; returns the manifest (also written to `out_dir`/manifest.json)."""
     out_dir = Path(out_dir)
-    processes = processes or data["processes"]
+    processes = data["processes"] if processes is None else processes
+    if processes < 1:
+        raise StreambackError(f"processes must be at least 1, got {processes}")
     os.environ.setdefault("RAYON_NUM_THREADS", str(processes))  # BPE training threads
 
     def say(message: str) -> None:
@@ -237,7 +260,11 @@ def tokenize(data: dict, out_dir: str | Path, inputs: list[Path] | None = None, 
             print(f"tokenize: {message}", file=sys.stderr, flush=True)
 
     source = open_source(data, inputs)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with output_dir(out_dir, "token directory"):  # checked before any work; removed if this run fails and leaves it empty
+        return _tokenize(data, source, out_dir, processes, progress, say)
+
+
+def _tokenize(data: dict, source, out_dir: Path, processes: int, progress: bool, say) -> dict:
     _clear_temporaries(out_dir)
     tokenizer_json, eos_token, eos, tokenizer_entry, vocab_size = _tokenizer(data, source, say)
     dtype = token_dtype(vocab_size)
@@ -249,22 +276,24 @@ def tokenize(data: dict, out_dir: str | Path, inputs: list[Path] | None = None, 
         try:
             manifest = read_manifest(out_dir)
             if manifest["fingerprint"] == fingerprint:
-                for split in SPLITS:
-                    TokenDataset(out_dir, split)
-                say(f"{manifest_path} is complete and matches the config: nothing to do")
+                for split in SPLITS:  # every shard hashed against the manifest
+                    dataset = TokenDataset(out_dir, split)
+                    problems = dataset.accept(dataset.scan(dataset.unverified(), processes))
+                    if problems:
+                        raise StreambackError("; ".join(problems))
+                say(f"{manifest_path} is complete, matches the config and every shard matches its sha256: nothing to do")
                 return manifest
         except StreambackError as err:
             say(f"redoing {manifest_path}: {err}")
         manifest_path.unlink()
 
-    write_text(out_dir / "tokenizer.json", tokenizer_json)
     meta = {"dtype": dtype, "tokenizer_sha256": tokenizer_entry["sha256"], "fingerprint": fingerprint}
     writers = {
         "train": SplitWriter(out_dir, "train", data["shard_tokens"], data["train_tokens"], meta),
         "val": SplitWriter(out_dir, "val", val_shard_tokens(data), data["val_tokens"], meta),
     }
     for writer in writers.values():
-        writer.resume(say)
+        writer.resume(say, processes)
     budgets = [data["train_tokens"], data["val_tokens"]]
     left = sum(budgets) - sum(w.total for w in writers.values()) if None not in budgets else None
     meter = Progress("tokenize", left, unit="tokens", active=progress)
@@ -302,6 +331,7 @@ def tokenize(data: dict, out_dir: str | Path, inputs: list[Path] | None = None, 
         "config": data,
         "fingerprint": fingerprint,
     }
+    write_text(out_dir / "tokenizer.json", tokenizer_json)  # with the manifest: a run that fails before leaves no stray files
     write_json(manifest_path, manifest)
     say(f"wrote {manifest_path}: " + ", ".join(f"{s} {w.total} tokens in {len(w.shards)} shards" for s, w in writers.items()))
     return manifest

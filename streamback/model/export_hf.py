@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from streamback.errors import StreambackError
-from streamback.io import atomic_path, write_text
+from streamback.io import atomic_path, output_dir, write_text
 from streamback.model.model import ModelArgs
 from streamback.model.weights import check_corpus, read_model
 
@@ -153,21 +153,21 @@ def export(checkpoint: str | Path, out: str | Path, tokens: str | Path | None = 
     weights, is exported without a tokenizer)."""
     from safetensors.torch import save_file
 
-    trained = read_model(checkpoint)
-    args, state = trained.args, trained.state
-    if tokens is None and trained.data is not None:
-        raise StreambackError(f"{checkpoint} was trained on a tokenized corpus: give its token directory (--data) so that the "
-                              "export carries its tokenizer")
-    corpus = check_corpus(trained, checkpoint, tokens) if tokens is not None else None
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / "model.safetensors") as tmp:
-        save_file(hf_state_dict(args, state), str(tmp), metadata={"format": "pt"})
-    config = hf_config(args, trained.stream)
-    if corpus is not None:
-        manifest, tokenizer_file = corpus
-        write_text(out / "tokenizer.json", tokenizer_file.read_text())
-        for name, content in hf_tokenizer_files(manifest, args).items():
-            write_text(out / name, json.dumps(content, indent=2) + "\n")
-        config["eos_token_id"] = manifest["eos_id"]
-    write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
+    with output_dir(out, "export directory"):  # checked before a model that may be large is read
+        trained = read_model(checkpoint)
+        args, state = trained.args, trained.state
+        if tokens is None and trained.data is not None:
+            raise StreambackError(f"{checkpoint} was trained on a tokenized corpus: give its token directory (--data) so that the "
+                                  "export carries its tokenizer")
+        corpus = check_corpus(trained, checkpoint, tokens) if tokens is not None else None
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(hf_state_dict(args, state), str(tmp), metadata={"format": "pt"})
+        config = hf_config(args, trained.stream)
+        if corpus is not None:
+            manifest, tokenizer_file = corpus
+            write_text(out / "tokenizer.json", tokenizer_file.read_text())
+            for name, content in hf_tokenizer_files(manifest, args).items():
+                write_text(out / name, json.dumps(content, indent=2) + "\n")
+            config["eos_token_id"] = manifest["eos_id"]
+        write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
