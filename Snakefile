@@ -2,16 +2,33 @@
 # Thin by design: config, validation, one rule file per stage, and the default target.
 # The science lives in the `streamback` package; rules only call its CLI.
 
+import sys
 from pathlib import Path
 
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
+
+from streamback.config import read_config_file, validate_config
+from streamback.errors import StreambackError
+from streamback.runs import check_runs
 
 min_version("9.0")
 
-configfile: str(Path(workflow.basedir) / "config" / "config.yaml")
+DEFAULT_CONFIG = Path(workflow.basedir) / "config" / "config.yaml"
+try:
+    read_config_file(DEFAULT_CONFIG)  # a YAML error with its file, line and column (Snakemake's own names neither)
+except StreambackError as err:
+    sys.exit(f"Error: {err}")
 
+configfile: str(DEFAULT_CONFIG)
 
-validate(config, "config/schema/config.schema.yaml")
+# Before any job starts (and in a dry run): the project's own validator (one line per bad key,
+# defaults filled in) and the cross-key check of every run; the message alone, no traceback.
+try:
+    config.update(validate_config(config))
+    check_runs(config["train"], config["model"], config["data"])
+except StreambackError as err:
+    merged = " merged with ".join(str(f) for f in [DEFAULT_CONFIG.relative_to(workflow.basedir), *workflow.overwrite_configfiles])
+    sys.exit(f"Error in the config ({merged}): {err}")
 
 
 include: "workflow/rules/common.smk"

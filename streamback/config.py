@@ -1,9 +1,12 @@
 """Configuration: loading and validating against `config/schema/config.schema.yaml`.
 
-The schema is the one statement of every key, type, range and default. The Snakefile validates
-with `snakemake.utils.validate`; the CLI and the tests call `load_config`/`validate_config` here,
-which apply the same schema with jsonschema alone (so `streamback train` and `bench` run where
-Snakemake is not installed, e.g. a bare GPU node), and fill the same defaults (tested).
+The schema is the one statement of every key, type, range and default. The Snakefile, the CLI
+and the tests all call `validate_config` here (one line per bad key, with its path and what is
+allowed), which applies the schema with jsonschema alone (so `streamback train` and `bench` run
+where Snakemake is not installed, e.g. a bare GPU node) and fills the defaults exactly as
+`snakemake.utils.validate` would (tested). `read_config_file` names the file, line and column of
+a YAML error. What no single key can say (a run's shape, batch and schedule fit together) is
+`streamback.runs.check_runs`.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ def validate_config(config: dict) -> dict:
     """Validate `config` (a copy is filled with the schema's defaults and returned).
 
     Uses jsonschema directly, so the CLI needs no Snakemake (a GPU node may have torch and
-    little else); the Snakefile validates with `snakemake.utils.validate`, and
-    tests/test_config.py checks that the two fill the shipped configs identically.
+    little else); tests/test_config.py checks that it fills the shipped configs exactly as
+    `snakemake.utils.validate` does.
     """
     if not SCHEMA.exists():
         raise StreambackError(f"schema {SCHEMA} not found: install streamback from its repository (pip install -e .)")
@@ -61,18 +64,29 @@ def validate_config(config: dict) -> dict:
     return config
 
 
-def load_config(path: str | Path = DEFAULT_CONFIG) -> dict:
-    """Read a YAML config file and validate it."""
+def read_config_file(path: str | Path) -> dict:
+    """A YAML config file as a dict (not validated); StreambackError naming the file, and for
+    invalid YAML the line and column (Snakemake's own message names neither)."""
     path = Path(path)
     try:
         config = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise StreambackError(f"config file {path} does not exist") from None
+    except OSError as err:
+        raise StreambackError(f"config file {path} cannot be read: {err.strerror or err}") from None
     except yaml.YAMLError as err:
-        raise StreambackError(f"config file {path} is not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = ": ".join(str(part) for part in (getattr(err, "context", None), getattr(err, "problem", None)) if part) or str(err)
+        raise StreambackError(f"config file {path}{where} is not valid YAML: {what}") from None
     if not isinstance(config, dict):
         raise StreambackError(f"config file {path} must hold a mapping of sections, got {type(config).__name__}")
-    return validate_config(config)
+    return config
+
+
+def load_config(path: str | Path = DEFAULT_CONFIG) -> dict:
+    """Read a YAML config file and validate it."""
+    return validate_config(read_config_file(path))
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, section: str) -> None:
@@ -96,3 +110,38 @@ def section_from_json(text: str, section: str, flag: str = "--params") -> dict:
     except json.JSONDecodeError as err:
         raise StreambackError(f"{flag} is not valid JSON: {err}") from None
     return validate_config({section: params})[section]
+
+
+def merge_config(base: dict, override: dict) -> dict:
+    """`override` merged into a copy of `base` key by key, nested mappings recursively: what
+    `snakemake --configfile FILE` does with FILE over config/config.yaml."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_config(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+# ---- `streamback check` ---------------------------------------------------------------------
+
+HELP = "check config files as the Snakefile does (YAML with file and line, the schema, every run's model and recipe)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("configfiles", nargs="*", type=Path, metavar="FILE",
+                        help=f"files merged key by key over {DEFAULT_CONFIG.relative_to(ROOT)}, in order, as `snakemake --configfile FILE ...`")
+
+
+def run(args: argparse.Namespace) -> int:
+    from streamback.runs import check_runs, run_matrix
+
+    config = read_config_file(DEFAULT_CONFIG)
+    for path in args.configfiles:
+        config = merge_config(config, read_config_file(path))
+    config = validate_config(config)
+    check_runs(config["train"], config["model"], config["data"])
+    runs = run_matrix(config["train"])
+    print(f"config OK ({' + '.join(map(str, [DEFAULT_CONFIG.relative_to(ROOT), *args.configfiles]))}): {len(runs)} runs: {', '.join(runs)}")
+    return 0

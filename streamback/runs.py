@@ -6,6 +6,12 @@ format (`{shape}-streamback-{format}`, e.g. `medium-streamback-mxfp8`, `fat-shor
 Each run may override how it is executed (`per_run`: micro-batch size, activation
 checkpointing, torch.compile, Slurm resources), never the recipe, so every run of a matrix is trained the same way. Standard library only: the
 Snakemake rules import it to name their jobs.
+
+`check_runs` is the one cross-key check of the model, train and data sections: every run of the
+matrix can be built (its shape exists and its heads fit its width) and trained (the sequence
+fits the model, the batch splits into micro-batches on every process, the schedule fits the
+steps, the data holds the token budget). The Snakefile calls it before any job starts (so
+`snakemake -n` fails on it) and `streamback train` before it touches anything.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamback.errors import StreambackError
+from streamback.train.schedule import check_wsd
 
 
 @dataclass(frozen=True)
@@ -46,3 +53,108 @@ def run_setting(train_cfg: dict, run: str, key: str):
     if key == "resources":
         return {**train_cfg["resources"], **override.get("resources", {})}
     return override.get(key, train_cfg[key])
+
+def run_processes(train_cfg: dict, run: str) -> int:
+    """How many training processes the rule starts for `run`: gpus x nodes, or one CPU process."""
+    res = run_setting(train_cfg, run, "resources")
+    return res["gpus"] * res["nodes"] if res["gpus"] else 1
+
+
+def num_windows(num_tokens: int, seq_len: int) -> int:
+    """How many windows of seq_len + 1 tokens (overlapping by one) a split of num_tokens holds."""
+    return max(0, (num_tokens - 1) // seq_len)
+
+
+def train_steps(train_cfg: dict) -> int:
+    """Optimizer steps of a run: train.tokens // (batch_size x seq_len)."""
+    return train_cfg["tokens"] // (train_cfg["batch_size"] * train_cfg["seq_len"])
+
+
+def data_passes(train_cfg: dict, split_tokens: int) -> float:
+    """How many times a run reads a train split of `split_tokens` tokens: its steps x batch_size
+    windows over the windows the split holds (inf if it holds none)."""
+    windows = num_windows(split_tokens, train_cfg["seq_len"])
+    needed = train_steps(train_cfg) * train_cfg["batch_size"]
+    return needed / windows if windows else float("inf")
+
+
+def token_budget_problem(train_cfg: dict, split_tokens: int, where: str) -> str | None:
+    """Why a run cannot train on a train split of `split_tokens` tokens (`where` names it), or
+    None: it would read some windows more than once and train.repeat_data does not allow it."""
+    passes = data_passes(train_cfg, split_tokens)
+    if passes <= 1 or (train_cfg["repeat_data"] and passes < float("inf")):
+        return None
+    steps, batch, seq_len = train_steps(train_cfg), train_cfg["batch_size"], train_cfg["seq_len"]
+    if passes == float("inf"):
+        return f"{where} holds {split_tokens:,} tokens, less than one window of train.seq_len + 1 = {seq_len + 1} tokens"
+    return (f"train.tokens ({train_cfg['tokens']:,}) takes {steps:,} steps x {batch} windows of {seq_len + 1} tokens = "
+            f"{steps * batch:,} windows, but {where} holds {split_tokens:,} tokens = {num_windows(split_tokens, seq_len):,} "
+            f"windows: the run would read its data {passes:.2f} times. Lower train.tokens, tokenize more data "
+            "(data.train_tokens), or set train.repeat_data: true to repeat it on purpose")
+
+
+def shape_problems(dim: int, n_heads: int, n_kv_heads: int) -> list[str]:
+    """Why a model of this width and these heads cannot be built (empty if it can): grouped-query
+    attention needs n_kv_heads to divide n_heads; RoPE rotates pairs, so head_dim = dim // n_heads
+    must be even and at least 2. `ModelArgs` raises the same."""
+    problems = []
+    if n_heads % n_kv_heads:
+        problems.append(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}) (grouped-query attention)")
+    head_dim = dim // n_heads
+    if head_dim < 2:
+        problems.append(f"head_dim = dim // n_heads = {dim} // {n_heads} = {head_dim} is too small: RoPE rotates pairs, "
+                        "so it must be at least 2; raise dim or lower n_heads")
+    elif head_dim % 2:
+        problems.append(f"head_dim = dim // n_heads = {dim} // {n_heads} = {head_dim} is odd: RoPE rotates pairs, so it must be even")
+    return problems
+
+
+def check_runs(train_cfg: dict, model_cfg: dict, data_cfg: dict | None = None, processes: int | None = None,
+               only: str | None = None) -> None:
+    """Raise StreambackError listing, one line each, every reason a run of the matrix (or only the
+    run `only`) cannot be built or trained with these validated sections. `processes`: the number
+    of training processes (default: each run's from train.resources); `data_cfg` adds the static
+    data checks (token budgets given in it; the trainer checks the tokenized counts itself)."""
+    problems = []
+    try:
+        runs = run_matrix(train_cfg)
+    except StreambackError as err:
+        problems.append(str(err))
+        runs = {}
+    if only is not None:
+        if only not in runs and runs:
+            problems.append(f"run {only!r} is not in the train.runs matrix: {', '.join(runs)}")
+        runs = {name: spec for name, spec in runs.items() if name == only}
+    shapes = model_cfg["shapes"]
+    for shape in dict.fromkeys(spec.shape for spec in runs.values()):
+        if shape not in shapes:
+            problems.append(f"train.runs.shapes: {shape!r} is not a shape of model.shapes ({', '.join(shapes)})")
+            continue
+        s = shapes[shape]
+        problems += [f"model.shapes.{shape}: {p}" for p in shape_problems(s["dim"], s["n_heads"], s["n_kv_heads"])]
+    seq_len, batch = train_cfg["seq_len"], train_cfg["batch_size"]
+    if seq_len > model_cfg["max_seq_len"]:
+        problems.append(f"train.seq_len ({seq_len}) exceeds model.max_seq_len ({model_cfg['max_seq_len']}), the length of "
+                        "RoPE's table: raise model.max_seq_len or lower train.seq_len")
+    try:
+        check_wsd(train_steps(train_cfg), train_cfg["schedule"]["warmup_steps"], train_cfg["schedule"]["decay_steps"])
+    except StreambackError as err:
+        problems.append(str(err))
+    split = {}  # (micro-batch size, processes) -> runs whose batch does not split that way
+    for name in runs:
+        micro, procs = run_setting(train_cfg, name, "micro_batch_size"), processes or run_processes(train_cfg, name)
+        if batch % (micro * procs):
+            split.setdefault((micro, procs), []).append(name)
+    for (micro, procs), names in split.items():
+        problems.append(f"train.batch_size ({batch}) must be a multiple of micro_batch_size ({micro}) x processes ({procs}) "
+                        f"= {micro * procs}; it is not for {', '.join(names)}")
+    if data_cfg is not None and runs:
+        if data_cfg["train_tokens"] is not None:
+            problem = token_budget_problem(train_cfg, data_cfg["train_tokens"], "data.train_tokens")
+            problems += [problem] if problem else []
+        most = max(processes or run_processes(train_cfg, name) for name in runs)
+        if data_cfg["val_tokens"] is not None and num_windows(data_cfg["val_tokens"], seq_len) < most:
+            problems.append(f"data.val_tokens ({data_cfg['val_tokens']}) holds fewer than one validation sequence of "
+                            f"train.seq_len + 1 = {seq_len + 1} tokens per process ({most})")
+    if problems:
+        raise StreambackError("the runs cannot be trained as configured:\n  " + "\n  ".join(problems))

@@ -31,3 +31,30 @@ def test_bad_params_name_the_problem():
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert "stepz" in result.stderr
+
+
+def test_check_names_the_file_and_line_of_invalid_yaml(tmp_path, capsys):
+    """What Snakemake cannot say about a --configfile: `streamback check FILE` reads the files as
+    Snakemake merges them and names the file, line and column of a YAML error."""
+    bad = tmp_path / "small.yaml"
+    bad.write_text("train:\n  seq_len: 64\n  tokens: [1, 2\n")
+    assert main(["check", str(bad)]) == 2
+    assert f"streamback check: error: config file {bad}, line 4, column 1 is not valid YAML" in capsys.readouterr().err
+    bad.write_text("train: {batch_size: 12}\n")
+    assert main(["check", str(bad)]) == 2
+    assert "train.batch_size (12) must be a multiple of micro_batch_size (16) x processes (1)" in capsys.readouterr().err
+    bad.write_text("train: {runs: {shapes: [tiny-medium], streams: [mxfp8]}}\n")
+    assert main(["check", str(bad)]) == 0
+    assert capsys.readouterr().out == f"config OK (config/config.yaml + {bad}): 3 runs: tiny-medium-baseline, tiny-medium-streamback, tiny-medium-streamback-mxfp8\n"
+
+
+def test_check_merges_config_files_as_snakemake_does():
+    from snakemake.utils import update_config as snakemake_update
+
+    from streamback.config import merge_config
+
+    base = {"a": {"b": 1, "c": {"d": 2, "e": [1, 2]}}, "f": 3}
+    override = {"a": {"c": {"d": 5}, "g": None}, "f": {"h": 1}}
+    expected = {"a": {"b": 1, "c": {"d": 2, "e": [1, 2]}}, "f": 3}
+    snakemake_update(expected, override)
+    assert merge_config(base, override) == expected and base["a"]["c"]["d"] == 2

@@ -1,5 +1,9 @@
 """The Snakemake workflow: both configs dry-run; a bad config stops it before any job."""
 
+import shutil
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -31,6 +35,47 @@ def test_bad_config_stops_before_any_job(run_snakemake, tmp_path):
     out = result.stderr + result.stdout
     assert "steps" in out and "minimum" in out
     assert not (tmp_path / "results").exists()
+
+
+def test_runs_that_cannot_be_trained_stop_a_dry_run(run_snakemake, tmp_path):
+    """The cross-key check (streamback.runs.check_runs) runs before any job: `snakemake -n` fails,
+    naming each problem, in a few lines (no traceback, no job list)."""
+    bad = {
+        "model": {"shapes": {"tiny-medium": {"n_layers": 2, "dim": 12, "n_heads": 8, "n_kv_heads": 3}}},
+        "train": {"batch_size": 12, "seq_len": 4096, "schedule": {"warmup_steps": 40, "decay_steps": 40}},
+    }
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    result = run_snakemake("-n", "--directory", tmp_path, "--configfile", tmp_path / "bad.yaml")
+    out = result.stderr + result.stdout
+    assert result.returncode != 0
+    for words in ["model.shapes.tiny-medium: n_heads (8) must be a multiple of n_kv_heads (3)",
+                  "model.shapes.tiny-medium: head_dim = dim // n_heads = 12 // 8 = 1 is too small",
+                  "train.seq_len (4096) exceeds model.max_seq_len (2048)",
+                  "warmup_steps (40) + decay_steps (40) exceed the run's",
+                  "train.batch_size (12) must be a multiple of micro_batch_size (16) x processes (1)"]:
+        assert words in out, words
+    assert f"config/config.yaml merged with {tmp_path / 'bad.yaml'}" in out
+    assert len(out.splitlines()) < 12 and "Traceback" not in out and "rule " not in out
+
+
+def test_an_invalid_yaml_config_is_named_with_its_line(run_snakemake, tmp_path):
+    """Snakemake's own message for invalid YAML names neither file nor line; the Snakefile reads its
+    config file first. (A --configfile is read by Snakemake before the Snakefile runs: `streamback
+    check FILE` names its line, tested in test_cli.py.)"""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "workflow", repo / "workflow")
+    shutil.copytree(ROOT / "config", repo / "config")
+    shutil.copy(ROOT / "Snakefile", repo / "Snakefile")
+    lines = (repo / "config" / "config.yaml").read_text().splitlines()
+    at = lines.index("drift:") + 2
+    lines[at] = "\t" + lines[at].lstrip()  # indented with a tab
+    (repo / "config" / "config.yaml").write_text("\n".join(lines) + "\n")
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-n", "--directory", str(tmp_path)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    out = result.stderr + result.stdout
+    assert result.returncode != 0
+    assert f"config file {repo / 'config' / 'config.yaml'}, line {at + 1}, column 1 is not valid YAML" in out, out
+    assert len(out.splitlines()) < 5
 
 
 def test_override_file_merges_over_the_default(run_snakemake, tmp_path):

@@ -58,6 +58,7 @@ from streamback.errors import StreambackError
 from streamback.model.capture import STREAM_POINTS, StreamCapture
 from streamback.model.formats import StreamFormat
 from streamback.model.reversible import ReversibleStream
+from streamback.runs import shape_problems
 
 BLOCKS = ("baseline", "streamback")
 _DTYPE_FORMAT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -88,10 +89,9 @@ class ModelArgs:
                 raise StreambackError(f"model {key} must be a positive integer, got {getattr(self, key)!r}")
         if self.block not in BLOCKS:
             raise StreambackError(f"model block {self.block!r} is not one of {', '.join(BLOCKS)}")
-        if self.n_heads % self.n_kv_heads:
-            raise StreambackError(f"model n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        if self.head_dim < 2 or self.head_dim % 2:
-            raise StreambackError(f"model head_dim = dim // n_heads = {self.head_dim} must be even (RoPE rotates pairs)")
+        problems = shape_problems(self.dim, self.n_heads, self.n_kv_heads)
+        if problems:
+            raise StreambackError("model: " + "; ".join(problems))
         fmt = StreamFormat.parse(self.stream)
         if self.reversible and (self.block != "streamback" or fmt.name != "fp32"):
             raise StreambackError(
