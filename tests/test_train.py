@@ -1,14 +1,19 @@
 """The trainer: schedule, batches, metrics log and checkpoints against hand-computed values; whole
 runs for determinism, resume after SIGKILL and SIGTERM, divergence, bad input, and FSDP2 on two
-gloo processes against one process. Runs use a micro model (2 layers x 32) on a small synthetic
-corpus tokenized by the data stage."""
+gloo processes against one process; integrity: corrupt shards and checkpoints named and never
+used (the previous good checkpoint resumes bit-identically), a second trainer refused, unwritable
+directories and data budgets found before training. Runs use a micro model (2 layers x 32) on a
+small synthetic corpus tokenized by the data stage."""
 
+import hashlib
 import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -176,8 +181,14 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
     assert not (tmp_path / ".tmp_step_000000020").exists()
 
     fresh_model, fresh_opt, fresh_state = _linear_state(1)
-    meta = ckpt.load_checkpoint(ckpt.checkpoint_dir(tmp_path, 15), fresh_state)
-    assert meta == {"tag": 15, "step": 15}
+    path = ckpt.checkpoint_dir(tmp_path, 15)
+    meta = ckpt.load_checkpoint(path, fresh_state)
+    assert (meta["tag"], meta["step"]) == (15, 15)
+    files = sorted(p.name for p in path.iterdir() if p.name != "meta.json")
+    assert files == [".metadata", "__0_0.distcp"] and sorted(meta["files"]) == files
+    for name in files:  # recorded inside the atomic write, checked here against hashlib
+        data = (path / name).read_bytes()
+        assert meta["files"][name] == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     assert torch.equal(fresh_model.weight, model.weight)
     for p, q in zip(model.parameters(), fresh_model.parameters()):
         assert torch.equal(optimizer.state[p]["exp_avg_sq"], fresh_opt.state[q]["exp_avg_sq"])
@@ -370,3 +381,150 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     for key, value in reference["model"].items():
         assert torch.allclose(model[key], value, rtol=0, atol=1e-5), key
+
+
+# ---- integrity --------------------------------------------------------------------------------
+
+
+def flip_bit(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _edit_meta(path):
+    meta = json.loads(path.read_text())
+    meta["elapsed_s"] += 1.0  # a plausible value, valid JSON: only the seal tells
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda d: flip_bit(d / "__0_0.distcp", 5000), "the sha256 of __0_0.distcp differs from the one meta.json recorded"),
+    (lambda d: (d / "__0_0.distcp").write_bytes((d / "__0_0.distcp").read_bytes()[:-100]), r"__0_0.distcp is [\d,]+ bytes, meta.json records"),
+    (lambda d: (d / ".metadata").unlink(), ".metadata is missing"),
+    (lambda d: _edit_meta(d / "meta.json"), "meta.json does not match its own sha256"),
+    (lambda d: (d / "meta.json").write_text('{"step": 3'), "meta.json is not valid JSON"),
+])
+def test_a_corrupt_checkpoint_is_named_and_the_previous_one_resumes_exactly(reference, tokens, tmp_path, capsys, damage, problem):
+    shutil.copytree(reference["root"] / "ckpt", tmp_path / "ckpt")
+    newest = ckpt.checkpoint_dir(tmp_path / "ckpt", 30)
+    damage(newest)
+    assert run_inprocess(tokens, tmp_path) == 0
+    err = capsys.readouterr().err
+    aside = tmp_path / "ckpt" / "corrupt-step_000000030"
+    assert re.search(rf"checkpoint {newest}: {problem}.*; moved aside to {aside}, resuming from .*step_000000025 instead", err), err
+    assert "resuming from step 25" in err and aside.is_dir()
+    model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
+    assert all(torch.equal(model[k], reference["model"][k]) for k in model)  # steps 26-30 redone: the same bits
+    assert deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE)) == deterministic(reference["metrics"])
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "ckpt")] == [25, 30]
+
+
+def test_when_no_checkpoint_passes_the_run_stops_and_moves_nothing(reference, tokens, tmp_path):
+    shutil.copytree(reference["root"] / "ckpt", tmp_path / "ckpt")
+    for step in (25, 30):
+        flip_bit(ckpt.checkpoint_dir(tmp_path / "ckpt", step) / "__0_0.distcp", 7000)
+    with pytest.raises(StreambackError) as err:
+        run_inprocess(tokens, tmp_path)
+    assert "no checkpoint in" in str(err.value) and "delete" in str(err.value)
+    assert "step_000000030: the sha256 of __0_0.distcp" in str(err.value) and "step_000000025: the sha256 of __0_0.distcp" in str(err.value)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "ckpt")] == [25, 30] and not (tmp_path / "out").exists()
+
+
+def test_a_corrupt_shard_stops_the_run_before_training(tokens, tmp_path):
+    data = tmp_path / "tokens"
+    shutil.copytree(tokens, data)
+    flip_bit(data / "train-00001.bin", 1024 + 20)
+    with pytest.raises(StreambackError, match=r"shard .*train-00001\.bin: the sha256 of its tokens is .*manifest\.json records"):
+        run_inprocess(data, tmp_path)
+    assert not ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "ckpt" / "metrics.jsonl").exists()
+    assert not (tmp_path / "ckpt" / layout.VERIFIED_SHARDS).exists()
+
+
+def test_verified_shards_are_recorded_and_a_changed_one_is_hashed_again(tokens, tmp_path, capsys, monkeypatch):
+    from streamback.data import shards
+
+    data = tmp_path / "tokens"
+    shutil.copytree(tokens, data)
+    overrides = {"tokens": 5 * 8 * 32, "schedule": {"warmup_steps": 1, "decay_steps": 1}}
+    assert run_inprocess(data, tmp_path, **overrides) == 0
+    n = len(list(data.glob("*.bin")))
+    assert f"hashed {n} (" in capsys.readouterr().err
+    record = shards.read_record(tmp_path / "ckpt" / layout.VERIFIED_SHARDS)
+    assert sorted(record) == sorted(str(p.resolve()) for p in data.glob("*.bin"))
+    monkeypatch.setattr(shards, "_VERIFIED", {})  # a new process
+    shutil.rmtree(tmp_path / "out")
+    assert run_inprocess(data, tmp_path, **overrides) == 0
+    err = capsys.readouterr().err
+    assert "hashed 0 (0.0 MB)" in err and f"; {n} unchanged since this run verified them" in err
+    monkeypatch.setattr(shards, "_VERIFIED", {})
+    flip_bit(data / "val-00000.bin", 1024 + 2)
+    shutil.rmtree(tmp_path / "out")
+    with pytest.raises(StreambackError, match=r"val-00000\.bin: the sha256"):
+        run_inprocess(data, tmp_path, **overrides)
+
+
+def test_a_second_trainer_on_the_run_is_refused_naming_the_first(tokens, tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    ready, told = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # the first trainer, as far as the lock goes
+        try:
+            handle = ckpt.lock_run(tmp_path / "ckpt")
+            os.write(told, b"locked")
+            time.sleep(120)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready, 6) == b"locked"
+        with pytest.raises(StreambackError, match=rf"another trainer is training this run: .*trainer.lock is locked by PID {holder} "
+                                                  rf"on host {socket.gethostname()}"):
+            run_inprocess(tokens, tmp_path)
+        assert not ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "ckpt" / "metrics.jsonl").exists()
+    finally:
+        os.kill(holder, signal.SIGKILL)  # no chance to clean up: the kernel releases the lock
+        os.waitpid(holder, 0)
+    handle = ckpt.lock_run(tmp_path / "ckpt")
+    assert f"PID {os.getpid()}" in (tmp_path / "ckpt" / layout.TRAINER_LOCK).read_text()
+    handle.close()
+
+
+def test_unwritable_directories_are_found_before_training(tokens, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cfg = config()
+    with pytest.raises(StreambackError, match=rf"output directory {blocker}/out is not writable \(Not a directory\)"):
+        train_module.train(cfg["train"], cfg["model"], "micro-streamback", tokens, blocker / "out", tmp_path / "ckpt")
+    assert not ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "ckpt" / "metrics.jsonl").exists()
+    with pytest.raises(StreambackError, match=rf"checkpoint directory {blocker}/ckpt is not writable"):
+        train_module.train(cfg["train"], cfg["model"], "micro-streamback", tokens, tmp_path / "out", blocker / "ckpt")
+    assert not (tmp_path / "out").exists()
+
+
+def test_threads_and_the_status_file_on_the_command_line(tmp_path, capsys):
+    from streamback.cli import main
+
+    status = tmp_path / "status"
+    assert main(["train", "--run-name", "tiny-medium-baseline", "--threads", "0", "--status-file", str(status)]) == 2
+    assert "streamback train: error: --threads must be at least 1, got 0" in capsys.readouterr().err
+    assert status.read_text() == "2\n"
+
+
+def test_a_token_budget_larger_than_the_data_is_refused_or_repeated_on_purpose(tokens, tmp_path, capsys):
+    from streamback.data.tokenize import tokenize
+
+    data = validate_config({"data": {"tokenizer": {"kind": "file", "file": str(tokens / "tokenizer.json")}, "val_fraction": 0.1,
+                                     "train_tokens": 3000, "val_tokens": 1000, "processes": 1}})["data"]
+    small = tokenize(data, tmp_path / "small", inputs=[tokens.parent / "part.parquet"], progress=False)
+    tokens = tmp_path / "small"
+    windows = (small["splits"]["train"]["tokens"] - 1) // 32
+    steps, batch = 4, 32
+    big = {"tokens": steps * batch * 32, "batch_size": batch, "micro_batch_size": 16, "schedule": {"warmup_steps": 1, "decay_steps": 1}}
+    assert steps * batch > windows  # the run reads more windows than the split holds
+    with pytest.raises(StreambackError, match=rf"{steps * batch:,} windows, but the train split of .* holds .* = {windows:,} windows: "
+                                              rf"the run would read its data {steps * batch / windows:.2f} times"):
+        run_inprocess(tokens, tmp_path, **big)
+    assert not ckpt.list_checkpoints(tmp_path / "ckpt")
+    assert run_inprocess(tokens, tmp_path, repeat_data=True, **big) == 0
+    assert f"train.repeat_data is on: the run reads its train split {steps * batch / windows:.2f} times" in capsys.readouterr().err
+

@@ -1,23 +1,40 @@
-"""Crash-safe training checkpoints with torch.distributed.checkpoint (DCP); keep the last K.
+"""Crash-safe, verified training checkpoints with torch.distributed.checkpoint (DCP); keep the last K.
 
 A checkpoint of step s is the directory `<root>/step_<s, 9 digits>/`: DCP's shards and
 `.metadata` (model parameters and AdamW state, fp32, sharded as FSDP2 holds them, so each rank
-writes its own part and a resume may use another number of ranks) plus `meta.json` (the step and
-the run's identity). It is written under a temporary name `<root>/.tmp_step_<s>/`, every file
-fsynced, and renamed into place by rank 0 only after every rank has finished: the rename is
-atomic, so a crash at any moment leaves either the complete checkpoint or none, and a resume
-only ever looks at `step_*` directories. Leftover temporary directories are removed when a run
-starts. The newest checkpoint is loaded on resume; older ones beyond the last K are deleted.
+writes its own part and a resume may use another number of ranks) plus `meta.json` (the step,
+the run's identity, and the size and sha256 of every other file, sealed by the sha256 of its own
+fields). It is written under a temporary name `<root>/.tmp_step_<s>/`, every file fsynced and
+hashed (each rank hashes the files it wrote), and renamed into place by rank 0 only after every
+rank has finished: the rename is atomic, so a crash at any moment leaves either the complete
+checkpoint or none, and a resume only ever looks at `step_*` directories. Leftover temporary
+directories are removed when a run starts; older checkpoints beyond the last K are deleted.
+
+A resume (`load_newest`) verifies the newest checkpoint before loading it (the ranks share the
+hashing): a missing, truncated or changed file, or a meta.json that does not match its seal,
+names the checkpoint and the file; the checkpoint is moved aside to `<root>/corrupt-step_<s>/`
+(kept for a look, never loaded or pruned) and the previous one is tried. If none passes,
+nothing is moved and the run stops.
+
+`lock_run` takes an exclusive lock on the run's checkpoint directory (`flock` on its
+`trainer.lock`, released by the kernel when the process ends however it ends), so a second
+trainer on the same run is refused with the PID and host of the one that holds it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import re
 import shutil
+import socket
+import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch.distributed as dist
@@ -25,9 +42,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from streamback import layout
+from streamback.data.shards import file_sha256
 from streamback.errors import StreambackError
 
 _NAME = re.compile(r"^step_(\d{9})$")
+_RANK_FILE = re.compile(r"^__(\d+)_")  # DCP's FileSystemWriter names rank r's files __<r>_<k>.distcp
+META, SEAL, CORRUPT_PREFIX = "meta.json", "meta_sha256", "corrupt-"
+_HASH_THREADS = 4
 
 
 class TrainState(Stateful):
@@ -42,6 +64,14 @@ class TrainState(Stateful):
 
     def load_state_dict(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+class CorruptCheckpoint(StreambackError):
+    """A checkpoint whose files do not match what its meta.json recorded when it was written."""
+
+    def __init__(self, path: Path, problems: list[str]):
+        self.path, self.problems = path, problems
+        super().__init__(f"checkpoint {path}: " + "; ".join(problems))
 
 
 def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
@@ -61,9 +91,22 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _gather(obj) -> list:
+    """`obj` from every rank, in rank order (a collective)."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 @contextlib.contextmanager
@@ -82,6 +125,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _seal(meta: dict) -> str:
+    """sha256 of meta.json's fields other than the seal (canonical JSON)."""
+    return hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != SEAL}, sort_keys=True).encode()).hexdigest()
+
+
+def _hash_files(directory: Path, names: list[str]) -> dict[str, dict]:
+    """{name: {"bytes", "sha256"}} of these files of `directory`, a few at a time."""
+    def one(name):
+        path = directory / name
+        return name, {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+    with ThreadPoolExecutor(_HASH_THREADS) as pool:
+        return dict(pool.map(one, names))
+
+
 def remove_partial(root: str | os.PathLike) -> None:
     """Delete temporary directories a crashed save left behind (rank 0; all ranks wait)."""
     root = Path(root)
@@ -92,7 +150,8 @@ def remove_partial(root: str | os.PathLike) -> None:
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta: dict, keep: int) -> Path:
-    """Write the checkpoint of `step` atomically (a collective: every rank calls it); prune to `keep`."""
+    """Write the checkpoint of `step` atomically, with the sha256 of every file (a collective:
+    every rank calls it); prune to the newest `keep`."""
     root = Path(root)
     final = checkpoint_dir(root, step)
     if final.exists():  # already saved (a resumed run that ends where it started)
@@ -104,11 +163,18 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta:
         tmp.mkdir(parents=True)
     _barrier()
     with _one_process_quietly():
-        dcp.save({"train": state}, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
-    _barrier()
+        written = dcp.save({"train": state}, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+    # each rank hashes the files it wrote (still in its page cache); rank 0 also DCP's .metadata
+    names = sorted({info.relative_path for info in written.storage_data.values()} | {".metadata"})
+    mine = [n for n in names if _owner(n, _world()) == _rank()]
+    files = {}
+    for part in _gather(_hash_files(tmp, mine)):
+        files.update(part)
     if _rank() == 0:
-        with open(tmp / "meta.json", "w") as f:
-            json.dump({**meta, "step": step}, f, indent=2, sort_keys=True)
+        record = {**meta, "step": step, "files": files}
+        record[SEAL] = _seal(record)
+        with open(tmp / META, "w") as f:
+            json.dump(record, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
@@ -120,19 +186,139 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta:
     return final
 
 
+def _owner(name: str, world: int) -> int:
+    """The rank that hashes file `name` of a checkpoint when it is written: the rank that wrote it."""
+    m = _RANK_FILE.match(name)
+    return int(m.group(1)) % world if m else 0
+
+
 def read_meta(path: Path) -> dict:
+    """A checkpoint's meta.json, checked against its seal; CorruptCheckpoint if it cannot be trusted."""
     try:
-        return json.loads((path / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise StreambackError(f"checkpoint {path} has no readable meta.json ({err}); delete it to resume from an older one") from None
+        meta = json.loads((path / META).read_text())
+    except OSError as err:
+        raise CorruptCheckpoint(path, [f"{META} cannot be read ({err.strerror or err})"]) from None
+    except ValueError as err:
+        raise CorruptCheckpoint(path, [f"{META} is not valid JSON ({err})"]) from None
+    if not isinstance(meta, dict):
+        raise CorruptCheckpoint(path, [f"{META} does not hold an object"])
+    if SEAL in meta and meta[SEAL] != _seal(meta):
+        raise CorruptCheckpoint(path, [f"{META} does not match its own sha256 (it changed after it was written)"])
+    return meta
+
+
+def verify_checkpoint(path: Path) -> dict:
+    """Check every file of the checkpoint at `path` against the sizes and sha256 its meta.json
+    recorded (a collective: the ranks share the files); returns the meta.json, or raises
+    CorruptCheckpoint naming each file that is missing, has another size or other contents.
+    A checkpoint written before hashes were recorded has no "files" and is returned unchecked."""
+    meta = read_meta(path)
+    files = meta.get("files")
+    if files is None:
+        return meta
+    names = sorted(files)
+    mine = names[_rank()::_world()]
+    problems = []
+    for name in mine:
+        want, file = files[name], path / name
+        if not file.is_file():
+            problems.append(f"{name} is missing")
+        elif (size := file.stat().st_size) != want["bytes"]:
+            problems.append(f"{name} is {size:,} bytes, {META} records {want['bytes']:,} (truncated or overwritten)")
+        elif file_sha256(file) != want["sha256"]:
+            problems.append(f"the sha256 of {name} differs from the one {META} recorded (its contents changed after it was written)")
+    problems = sorted(p for part in _gather(problems) for p in part)
+    if problems:
+        raise CorruptCheckpoint(path, problems)
+    return meta
 
 
 def load_checkpoint(path: Path, state: TrainState) -> dict:
-    """Load the checkpoint at `path` into `state` (a collective); returns its meta.json."""
-    meta = read_meta(path)
+    """Verify the checkpoint at `path` and load it into `state` (a collective); returns its meta.json."""
+    meta = verify_checkpoint(path)
+    _load(path, state)
+    return meta
+
+
+def _load(path: Path, state: TrainState) -> None:
     try:
         with _one_process_quietly():
             dcp.load({"train": state}, storage_reader=dcp.FileSystemReader(path))
     except Exception as err:  # DCP raises CheckpointException and others with the failing rank's cause
         raise StreambackError(f"checkpoint {path} cannot be loaded into this model: {err}") from err
-    return meta
+
+
+def load_newest(root: str | os.PathLike, state: TrainState, accept=None, say=print) -> dict | None:
+    """Load the newest checkpoint under `root` that passes `verify_checkpoint` into `state` (a
+    collective) and return its meta.json; None if there is no checkpoint. Each newer one that
+    fails is named through `say`, with what is wrong, and moved aside to corrupt-step_<s>.
+    `accept(path, meta)` may refuse the one found by raising StreambackError (e.g. it belongs to
+    another recipe): that stops the run, it does not fall back. If every checkpoint fails,
+    StreambackError lists them all and nothing is moved."""
+    root = Path(root)
+    failed: list[CorruptCheckpoint] = []
+    for _, path in reversed(list_checkpoints(root)):
+        try:
+            meta = verify_checkpoint(path)
+        except CorruptCheckpoint as err:
+            failed.append(err)
+            continue
+        if accept is not None:
+            accept(path, meta)
+        if "files" not in meta:
+            say(f"checkpoint {path} has no content hashes (written by an older streamback): loaded without verification")
+        _load(path, state)
+        for err in failed:
+            aside = _set_aside(err.path)
+            say(f"{err}; moved aside to {aside}, resuming from {path} instead")
+        return meta
+    if failed:
+        raise StreambackError(
+            f"no checkpoint in {root} passes its check, so the run cannot resume:\n  " + "\n  ".join(map(str, failed))
+            + f"\nRestore them from a copy, or delete {root} to start the run over")
+    return None
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename a corrupt checkpoint out of the step_* namespace (rank 0; all ranks wait)."""
+    aside = path.with_name(CORRUPT_PREFIX + path.name)
+    if _rank() == 0:
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.replace(path, aside)
+    _barrier()
+    return aside
+
+
+# ---- the run's lock ---------------------------------------------------------------------------
+
+
+def lock_run(root: str | os.PathLike, say=print):
+    """Hold an exclusive lock on the checkpoint directory `root` for as long as this process
+    lives (keep the returned file open); StreambackError naming the PID and host of the process
+    that holds it. Returns None, after saying so, on a filesystem without flock (e.g. Lustre
+    mounted without -o flock), where only the user can keep two trainers apart."""
+    path = Path(root) / layout.TRAINER_LOCK
+    handle = open(path, "a+")  # noqa: SIM115 (held open: the lock lasts as long as the file is open)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise StreambackError(
+            f"another trainer is training this run: {path} is locked by {holder}. Two trainers on one run would overwrite "
+            "each other's checkpoints. Wait for it or stop it (its lock goes with it), then rerun") from None
+    except OSError as err:
+        if err.errno not in (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            handle.close()
+            raise
+        say(f"warning: cannot lock {path} ({err.strerror}): this filesystem has no flock, so nothing stops a second "
+            "trainer on this run; make sure only one runs")
+        handle.close()
+        return None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"PID {os.getpid()} on host {socket.gethostname()} (since {time.strftime('%Y-%m-%d %H:%M:%S %Z')})\n")
+    handle.flush()
+    return handle

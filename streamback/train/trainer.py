@@ -10,8 +10,16 @@ is trained is `model.shapes[shape]` with the run's block and stream (`streamback
 Resumable and reproducible: batches (`streamback.train.batches`) and the random numbers of stochastic
 rounding (reseeded every step from (seed, step, rank)) depend only on the step, so a run resumed
 from a checkpoint computes what an uninterrupted one would. A run starts from the newest complete
-checkpoint under its checkpoint directory, if there is one; it saves one every
-`checkpoint.every` steps and at the end (`streamback.train.checkpoint`: atomic, the last K kept).
+checkpoint under its checkpoint directory that passes its content hashes, if there is one (a
+corrupt one is named and set aside); it saves one every `checkpoint.every` steps and at the end
+(`streamback.train.checkpoint`: atomic, hashed, the last K kept).
+
+Before the first step, in this order: every run setting is checked (`streamback.runs.check_runs`),
+the output and checkpoint directories are checked for writing, the run's checkpoint directory is
+locked (a second trainer on the run is refused, naming the PID and host of the first), and every
+token shard is verified against the manifest - sha256 and vocabulary bound, the ranks sharing the
+hashing - except those the run's verification record (`verified-shards.json` in the checkpoint
+directory) vouches for, whose files have not changed since this run hashed them.
 
 Exit statuses:
 - 0: done; the final model, metrics and summary are in the output directory.
@@ -22,7 +30,9 @@ Exit statuses:
   averages each step's loss), so the grace time must cover one step plus one save. Slurm
   requeues a preempted job submitted with --requeue (the profile's `slurm-requeue`), Snakemake
   resubmits a failed one (`retries`), and a site may add 75 to slurm.conf's RequeueExit; each
-  way the rerun resumes from this checkpoint. Under torchrun the status is torchrun's own.
+  way the rerun resumes from this checkpoint. torchrun reports a worker's failure as 1 whatever
+  its status: with `--status-file` the trainer also writes its status there, and the rule's
+  shell exits with it.
 - 3: the loss or the gradient norm was NaN or infinite. Nothing of that step is applied or
   saved; the newest checkpoint is the last good state.
 - 2: bad input (config, data, checkpoint), reported before training starts where possible.
@@ -37,6 +47,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -46,16 +57,17 @@ import torch.distributed as dist
 
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
+from streamback.data.shards import TokenDataset, read_record, write_record
 from streamback.errors import StreambackError
-from streamback.io import atomic_path, write_json
+from streamback.io import atomic_path, writable_dir, write_json, write_text
 from streamback.model.weights import save_model
 from streamback.progress import Progress
-from streamback.runs import RunSpec, run_matrix, run_setting
+from streamback.runs import RunSpec, check_runs, data_passes, run_matrix, run_setting, token_budget_problem, train_steps
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
-from streamback.train.checkpoint import TrainState, list_checkpoints, load_checkpoint, read_meta, remove_partial, save_checkpoint
+from streamback.train.checkpoint import TrainState, load_newest, lock_run, remove_partial, save_checkpoint
 from streamback.train.metrics import MetricsLog
 from streamback.train.parallel import StreamDtypeWatch
-from streamback.train.schedule import check_wsd, wsd_lr
+from streamback.train.schedule import wsd_lr
 from streamback.train.validation import next_token_loss, window_losses
 
 HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
@@ -74,9 +86,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outdir", type=Path, default=None, help="for model.pt, metrics.jsonl and summary.json (default: results/runs/<run>)")
     parser.add_argument("--checkpoints", type=Path, default=None, help="checkpoints and the live metrics.jsonl (default: results/checkpoints/<run>)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
+    parser.add_argument("--status-file", type=Path, default=None,
+                        help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own")
 
 
 def run(args: argparse.Namespace) -> int:
+    status = None
+    try:
+        status = _run(args)
+        return status
+    except StreambackError:
+        status = 2
+        raise
+    finally:
+        if args.status_file is not None and status is not None and int(os.environ.get("RANK", "0")) == 0:
+            with contextlib.suppress(OSError):
+                write_text(args.status_file, f"{status}\n")
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.threads is not None and args.threads < 1:
+        raise StreambackError(f"--threads must be at least 1, got {args.threads}")
     train_cfg = section_from_args(args, "train")
     # the model and data sections come from the config file unless given (as the rule does)
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
@@ -96,15 +126,31 @@ def run(args: argparse.Namespace) -> int:
 
 def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints) -> int:
     """Train `run_name` to its end or to a stop signal; returns the exit status (see the docstring)."""
-    runs = run_matrix(train_cfg)
-    if run_name not in runs:
-        raise StreambackError(f"run {run_name!r} is not in the train.runs matrix: {', '.join(runs)}")
+    check_runs(train_cfg, model_cfg, processes=int(os.environ.get("WORLD_SIZE", "1")), only=run_name)
     env = _Distributed.start()
+    outdir, checkpoints, lock = Path(outdir), Path(checkpoints), None
     try:
-        trainer = Trainer(runs[run_name], train_cfg, model_cfg, Path(data_dir), Path(outdir), Path(checkpoints), env)
+        # found now, not after the last step: every rank writes checkpoints, rank 0 the outputs
+        env.agree(_error_of(writable_dir, checkpoints, "checkpoint directory"), "the checkpoint directory check")
+        env.agree(_error_of(writable_dir, outdir, "output directory", keep=False) if env.rank == 0 else None,
+                  "the output directory check")
+        error = None
+        if env.rank == 0:  # rank 0 holds the run's lock (an open file) while it trains
+            try:
+                lock = lock_run(checkpoints, lambda message: _say(run_name, message))
+            except StreambackError as err:
+                error = str(err)
+        env.agree(error, "locking the run")
+        trainer = Trainer(run_matrix(train_cfg)[run_name], train_cfg, model_cfg, Path(data_dir), outdir, checkpoints, env)
         return trainer.fit()
     finally:
+        if lock is not None:
+            lock.close()
         env.close()
+
+
+def _say(run_name: str, message: str) -> None:
+    print(f"[{run_name}] {message}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -132,6 +178,22 @@ class _Distributed:
         if self.world_size > 1:
             dist.all_reduce(tensor, op=op)
         return tensor
+
+    def gather(self, obj) -> list:
+        """`obj` (picklable) from every rank, in rank order."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def agree(self, error: str | None, what: str) -> None:
+        """Raise StreambackError on every rank if any rank has an `error` (its own, or that `what` failed elsewhere)."""
+        failed = self.all_reduce(torch.tensor(float(error is not None), device=self.device)).item()
+        if error is not None:
+            raise StreambackError(error)
+        if failed:
+            raise StreambackError(f"{what} failed on another rank (see its message)")
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -177,35 +239,33 @@ class Trainer:
     """One run: the model, its optimizer, the data, checkpoints and metrics, and the loop."""
 
     def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: _Distributed):
-        from streamback.data.shards import TokenDataset
         from streamback.model.model import ModelArgs
 
         self.spec, self.cfg, self.env = spec, cfg, env
         self.outdir, self.ckpt_dir = outdir, ckpt_dir
         self.seq_len, self.batch_size, self.seed = cfg["seq_len"], cfg["batch_size"], cfg["seed"]
-        self.micro_batch_size = run_setting(cfg, spec.name, "micro_batch_size")
-        per_step = self.micro_batch_size * env.world_size
-        if self.batch_size % per_step:
-            raise StreambackError(
-                f"train.batch_size ({self.batch_size}) must be a multiple of micro_batch_size ({self.micro_batch_size}) "
-                f"x processes ({env.world_size}) for run {spec.name}"
-            )
-        self.accum = self.batch_size // per_step
+        self.micro_batch_size = run_setting(cfg, spec.name, "micro_batch_size")  # check_runs: it divides the batch
+        self.accum = self.batch_size // (self.micro_batch_size * env.world_size)
         self.tokens_per_step = self.batch_size * self.seq_len
-        self.steps = cfg["tokens"] // self.tokens_per_step
-        check_wsd(self.steps, cfg["schedule"]["warmup_steps"], cfg["schedule"]["decay_steps"])
-        if self.seq_len > model_cfg["max_seq_len"]:
-            raise StreambackError(f"train.seq_len ({self.seq_len}) exceeds model.max_seq_len ({model_cfg['max_seq_len']})")
+        self.steps = train_steps(cfg)
 
         self.train_data = TokenDataset(data_dir, "train")
         self.val_data = TokenDataset(data_dir, "val")
         self.n_train = num_windows(self.train_data.num_tokens, self.seq_len)
         if self.n_train < 1:
             raise StreambackError(f"{data_dir}: the train split has {self.train_data.num_tokens} tokens, fewer than train.seq_len + 1")
+        problem = token_budget_problem(cfg, self.train_data.num_tokens, f"the train split of {data_dir}")
+        if problem:
+            raise StreambackError(problem)
+        passes = data_passes(cfg, self.train_data.num_tokens)
+        if passes > 1:
+            self.say(f"train.repeat_data is on: the run reads its train split {passes:.2f} times ({self.steps * self.batch_size:,} "
+                     f"windows of the {self.n_train:,} it holds), each pass in a new order")
         n_val = num_windows(self.val_data.num_tokens, self.seq_len)
         self.val_windows = val_windows(n_val, cfg["log"]["val_sequences"], env.rank, env.world_size)
         if len(self.val_windows) < 1:
             raise StreambackError(f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process")
+        self._verify_data()
 
         reversible = cfg["reversible"] and spec.block == "streamback" and spec.stream == "fp32"
         self.model_args = ModelArgs.from_config(
@@ -225,6 +285,36 @@ class Trainer:
             **{key: cfg[key] for key in ("seed", "tokens", "seq_len", "batch_size", "optimizer", "schedule")},
             "data": self.train_data.manifest["fingerprint"],  # what the data stage tokenized, and how
         }
+
+    def say(self, message: str) -> None:
+        """A line in the run's log (rank 0)."""
+        if self.env.rank == 0:
+            _say(self.spec.name, message)
+
+    def _verify_data(self) -> None:
+        """Hash every token shard the run's verification record does not vouch for (the ranks share
+        them), check sha256 and vocabulary bound against the manifest, and record the good ones."""
+        started, record_path = time.perf_counter(), self.ckpt_dir / layout.VERIFIED_SHARDS
+        record = read_record(record_path)
+        problems, hashed, count, total = [], 0, 0, 0
+        for dataset in (self.train_data, self.val_data):
+            todo = dataset.unverified(record)
+            scans = {}
+            for part in self.env.gather(dataset.scan(todo[self.env.rank::self.env.world_size], torch.get_num_threads())):
+                scans.update(part)
+            problems += dataset.accept(scans)
+            hashed += sum(dataset.paths[k].stat().st_size for k in todo)
+            count, total = count + len(todo), total + len(dataset.paths)
+        if problems:
+            raise StreambackError(self.train_data.explain(problems))
+        verified = {**self.train_data.verified_record(), **self.val_data.verified_record()}
+        if verified != record and self.env.rank == 0:
+            write_record(record_path, verified)
+        seconds = time.perf_counter() - started
+        kept = f"; {total - count} unchanged since this run verified them ({record_path})" if count < total else ""
+        self.say(f"token shards verified: all {total} in {self.train_data.data_dir} match manifest.json (sha256, every id "
+                 f"below the vocabulary of {self.train_data.vocab_size}); hashed {count} ({hashed / 1e6:,.1f} MB) in "
+                 f"{seconds:.1f} s on {self.env.world_size} process(es){kept}")
 
     def _build_model(self):
         from streamback.model.model import Transformer
@@ -363,19 +453,17 @@ class Trainer:
     # ---- checkpoints and outputs -----------------------------------------------------------
 
     def _resume(self) -> tuple[int, float]:
-        found = list_checkpoints(self.ckpt_dir)
-        if not found:
-            return 0, 0.0
-        step, path = found[-1]
-        meta = read_meta(path)
-        changed = sorted(k for k in self.identity if meta.get("identity", {}).get(k) != self.identity[k])
-        if changed:
-            raise StreambackError(
-                f"checkpoint {path} belongs to another recipe: {', '.join(changed)} differ from this config. "
-                f"Restore the config, or delete {self.ckpt_dir} to start the run over"
-            )
-        load_checkpoint(path, self.state)
-        return step, float(meta.get("elapsed_s", 0.0))
+        """(step, elapsed seconds) of the newest checkpoint that passes its check, now loaded; (0, 0) if none."""
+        def same_recipe(path, meta):
+            changed = sorted(k for k in self.identity if meta.get("identity", {}).get(k) != self.identity[k])
+            if changed:
+                raise StreambackError(
+                    f"checkpoint {path} belongs to another recipe: {', '.join(changed)} differ from this config. "
+                    f"Restore the config, or delete {self.ckpt_dir} to start the run over"
+                )
+
+        meta = load_newest(self.ckpt_dir, self.state, accept=same_recipe, say=self.say)
+        return (0, 0.0) if meta is None else (meta["step"], float(meta.get("elapsed_s", 0.0)))
 
     def _save(self, step: int) -> None:
         if self.log is not None:
@@ -421,6 +509,15 @@ class Trainer:
             f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type}; "
             f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.ckpt_dir}"
         )
+
+
+def _error_of(check, *args, **kwargs) -> str | None:
+    """The message of the StreambackError `check(*args, **kwargs)` raises, or None."""
+    try:
+        check(*args, **kwargs)
+    except StreambackError as err:
+        return str(err)
+    return None
 
 
 def _last_record(path: Path) -> dict:
