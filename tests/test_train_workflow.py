@@ -2,7 +2,14 @@
 each ends well below the unigram baseline; the launch lines the paper config gives Slurm."""
 
 import json
+import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,3 +74,63 @@ def test_paper_runs_launch_torchrun_across_their_allocation(run_snakemake, tmp_p
     for pattern in expect:
         assert re.search(pattern, job), pattern
     assert "--run-name fat-short-streamback" in job and f"--checkpoints {layout.checkpoint_dir('fat-short-streamback')}" in job
+
+
+def _job_processes(directory, snakemake: int) -> dict[int, list[bytes]]:
+    """{pid: argv} of the processes of the job Snakemake runs in `directory` (not Snakemake itself)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int(proc.name) != snakemake and os.readlink(proc / "cwd") == str(directory):
+                found[int(proc.name)] = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_requeue_status_under_torchrun_and_the_log_of_every_attempt(run_snakemake, tokens, tmp_path):
+    """Rule train with 2 "GPUs" (torchrun, 2 CPU processes on gloo): SIGUSR1 to torchrun makes the
+    trainers save and exit 75, which torchrun reports as 1; the rule exits 75 all the same. The
+    rerun resumes, and logs/train/<run>.log holds both attempts (Snakemake deletes a job's log
+    before each attempt; the rule keeps them in results/checkpoints/<run>/train.log)."""
+    shutil.copy(tokens.parent / "part.parquet", tmp_path / "part.parquet")
+    shutil.copytree(tokens, tmp_path / "tokens")  # newer than its input: the tokenize rule has nothing to do
+    config = {
+        "data": {"source": "local", "local": {"files": [str(tmp_path / "part.parquet")]}, "dir": str(tmp_path / "tokens")},
+        "model": {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64},
+        "train": {"runs": {"shapes": ["micro"], "blocks": ["streamback"], "streams": []}, "tokens": 40 * 8 * 32, "seq_len": 32,
+                  "batch_size": 8, "micro_batch_size": 4, "schedule": {"warmup_steps": 4, "decay_steps": 8},
+                  "checkpoint": {"every": 5, "keep": 2}, "log": {"every": 10, "stream_every": 10, "val_every": 20, "val_sequences": 16},
+                  "resources": {"gpus": 2, "threads": 1}},
+    }
+    (tmp_path / "micro.yaml").write_text(yaml.safe_dump(config))
+    target = layout.summary_file("micro-streamback")
+    args = (target, "--cores", "2", "--directory", tmp_path, "--configfile", tmp_path / "micro.yaml")
+    snakemake = subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *map(str, args)],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    live = tmp_path / layout.checkpoint_dir("micro-streamback") / layout.METRICS_FILE
+    deadline = time.time() + 300
+    while not (live.exists() and len(live.read_text().splitlines()) >= 8):
+        assert snakemake.poll() is None and time.time() < deadline, snakemake.communicate()[0][-3000:]
+        time.sleep(0.05)
+    job = _job_processes(tmp_path, snakemake.pid)  # the rule's shell, torchrun and its two workers
+    assert sum(argv[1:3] == [b"-m", b"torch.distributed.run"] for argv in job.values()) == 1, job
+    for pid in job:  # as Slurm signals every process of a job (sbatch --signal=USR1@<s>, or SIGTERM at its time limit)
+        os.kill(pid, signal.SIGUSR1)
+    out, _ = snakemake.communicate(timeout=300)
+    assert snakemake.returncode != 0, out[-3000:]
+    log = tmp_path / "logs" / "train" / "micro-streamback.log"
+    first = log.read_text()
+    assert "exiting with status 75 to be resumed" in first and "2 process(es)" in first
+    assert first.rstrip().endswith("=== attempt ended with status 75 (the launcher returned 1)"), first[-2000:]
+
+    result = run_snakemake(*args, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    story = log.read_text()
+    assert story.startswith(first) and story.count("=== attempt started") == 2
+    assert "resuming from step" in story.split("=== attempt started")[2]
+    assert story.rstrip().endswith("=== attempt ended with status 0 (the launcher returned 0)")
+    assert os.path.samefile(log, tmp_path / layout.train_log("micro-streamback"))
+    assert json.loads((tmp_path / target).read_text())["steps"] == 40
+    assert not list((tmp_path / layout.checkpoint_dir("micro-streamback")).glob(".exit-status*"))

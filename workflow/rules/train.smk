@@ -13,7 +13,14 @@
 #                     being the job's first node (scontrol show hostnames); see _slurm below.
 # torchrun forwards SIGTERM and SIGUSR1 to the trainers (PET_SIGNALS_TO_HANDLE) and waits up to
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for them to save a checkpoint before killing them.
-# The log is appended to, so it tells the whole story of a run resumed over several jobs.
+# The log tells the whole story of a run resumed over several jobs: Snakemake deletes a job's log
+# before every attempt, so each attempt appends to results/checkpoints/{run}/train.log (kept
+# with the checkpoints) and logs/train/{run}.log is a hard link to it (a copy where the two are on
+# different filesystems). torchrun reports a failed worker as status 1, so the trainer also writes
+# its own status (75: stopped to be requeued, 3: diverged, 2: bad input) to a file the shell exits
+# with: a scheduler can tell "requeue me" from "failed" under torchrun too. The shell outlives the
+# SIGTERM/SIGUSR1 that Slurm sends every process of a job (`trap :`; its children still get them
+# and act on them) so that it can.
 
 import re
 import shlex
@@ -85,8 +92,8 @@ rule train:
         manifest=rules.tokenize.output.manifest,
     output:
         model=str(layout.model_file("{run}")),
-        metrics=report(str(layout.metrics_file("{run}")), caption="../report/train_metrics.rst", category="Training", subcategory="{run}"),
-        summary=report(str(layout.summary_file("{run}")), caption="../report/train_summary.rst", category="Training", subcategory="{run}"),
+        metrics=str(layout.metrics_file("{run}")),
+        summary=str(layout.summary_file("{run}")),
     conda:
         "../../envs/train.yaml"
     log:
@@ -113,10 +120,46 @@ rule train:
         threads=lambda wildcards: train_resources(wildcards.run)["threads"],
         outdir=lambda wildcards: layout.run_dir(wildcards.run),
         checkpoints=lambda wildcards: layout.checkpoint_dir(wildcards.run),
+        history=lambda wildcards: layout.train_log(wildcards.run),
     shell:
+        "trap : TERM USR1; mkdir -p {params.checkpoints}; touch {params.history}; {{ ln -f {params.history} {log} 2>/dev/null || cp {params.history} {log}; }}; "
+        'echo "=== attempt started $(date \'+%Y-%m-%d %H:%M:%S %Z\') on $(hostname)${{SLURM_JOB_ID:+, Slurm job $SLURM_JOB_ID}}" >> {params.history}; '
+        "status_file={params.checkpoints}/.exit-status.$$; status=0; "
         "{params.launch} train --params {params.cfg} --model-params {params.model} --run-name {wildcards.run} "
         "--data {params.data} --outdir {params.outdir} --checkpoints {params.checkpoints} "
-        "--threads {params.threads} >> {log} 2>&1"
+        '--threads {params.threads} --status-file "$status_file" >> {params.history} 2>&1 || status=$?; '
+        'launcher=$status; if [ "$status" -ne 0 ] && [ -s "$status_file" ]; then status=$(cat "$status_file"); fi; rm -f "$status_file"; '
+        'echo "=== attempt ended with status $status (the launcher returned $launcher)" >> {params.history}; '
+        '[ {params.history} -ef {log} ] || cp {params.history} {log}; exit "$status"'
 
 
 TARGETS.extend(expand(list(rules.train.output), run=list(RUNS)))
+
+
+# The runs' curves, from their metrics.jsonl: a table and figures (streamback/train/curves.py).
+rule training_curves:
+    input:
+        expand(rules.train.output.metrics, run=list(RUNS)),
+    output:
+        table=report(str(layout.table(layout.TRAINING_TABLE)), caption="../report/training_curves.rst", category="Training"),
+        figures=[
+            report(str(layout.figure(name, suffix)), caption=f"../report/{name}.rst", category="Training") if suffix == "svg"
+            else str(layout.figure(name, suffix))
+            for name in layout.TRAINING_FIGURES for suffix in layout.FIGURE_SUFFIXES
+        ],
+    conda:
+        "../../envs/analysis.yaml"
+    log:
+        "logs/training_curves.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        cfg=params_json("train"),
+        runs=" ".join(RUNS),
+    shell:
+        "{STREAMBACK} training-curves --params {params.cfg} --runs {params.runs} > {log} 2>&1"
+
+
+TARGETS.extend(rules.training_curves.output)
