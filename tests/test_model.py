@@ -220,6 +220,30 @@ def test_stream_dtype_compiled():
     torch._dynamo.reset()
 
 
+def test_compiled_block_keeps_its_mid_residual_for_the_backward():
+    """Under torch.compile a StreamBack block keeps the residual between its two sublayers for the
+    backward pass (`_kept_for_backward`; the partitioner keeps it normalised, mid * rstd, the
+    same bytes), rather than the first delta and a recompute of the residual from the block's
+    input (which makes Inductor split the norms' backward kernels). AOT autograd's partitioner,
+    the one inductor runs, without code generation."""
+    args = tiny(block="streamback", n_layers=1)
+    compiled = Transformer(args)
+    apply_compile(compiled, backend="aot_eager_decomp_partition")
+    tok = tokens(args)
+    with torch.no_grad(), compiled.capture(("residual", "mid")) as stream:
+        compiled(tok)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x.detach()) or x, lambda x: x):
+        compiled(tok)
+    residuals = [t for t in saved if t.dtype == torch.float32 and t.shape == stream["mid"][0].shape]
+    assert len(residuals) == 3  # h_0 and mid_0 in the block, h_1 by the final norm
+    mid = stream["mid"][0]
+    normalised = mid * torch.rsqrt(mid.pow(2).mean(-1, keepdim=True) + args.norm_eps)
+    assert any(torch.equal(t, mid) or torch.equal(t, normalised) for t in residuals)
+    assert any(torch.equal(t, stream["residual"][0]) for t in residuals)
+    torch._dynamo.reset()
+
+
 @pytest.fixture
 def process_group(tmp_path):
     """A one-process gloo group (FSDP2 runs on the CPU with it), torn down afterwards."""

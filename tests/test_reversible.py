@@ -1,5 +1,6 @@
 """The reversible stream: gradients against the plain model, rebuild error, memory saved (counted
-with saved-tensor hooks), activation checkpointing, torch.compile, and its limits.
+with saved-tensor hooks), activation checkpointing, torch.compile, and its limits; the numerical
+ones on every device (conftest's `device`).
 
 Tolerance stated: with fp32 compute (where nothing rounds the small differences away) every
 parameter's gradient is within 1e-5 of the plain model's, relative to its largest entry (measured:
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from streamback.model.model import ModelArgs, Transformer
-from streamback.model.reversible import SavedTensorBytes, forward_residuals, step_back
+from streamback.model.reversible import SavedTensorBytes, forward_residuals, step_back, step_back_block
 from streamback.model.rounding import FP32, ulp
 from streamback.train.parallel import apply_activation_checkpointing, apply_compile
 
@@ -23,7 +24,7 @@ B, T, DIM, LAYERS = 2, 24, 64, 4
 N = B * T * DIM  # elements of one residual
 
 
-def pair(compute=torch.float32, layers=LAYERS):
+def pair(compute=torch.float32, layers=LAYERS, device="cpu"):
     """A plain StreamBack model and its reversible twin with the same weights."""
     args = ModelArgs(dim=DIM, n_layers=layers, n_heads=4, n_kv_heads=1, vocab_size=101, multiple_of=32, block="streamback")
     plain = Transformer(args, compute)
@@ -32,11 +33,11 @@ def pair(compute=torch.float32, layers=LAYERS):
         plain.tok_embeddings.weight.mul_(30)
     twin = Transformer(dataclasses.replace(args, reversible=True), compute)
     twin.load_state_dict(plain.state_dict())
-    return plain, twin
+    return plain.to(device), twin.to(device)
 
 
-def batch(seed=0):
-    return torch.randint(0, 101, (B, T + 1), generator=torch.Generator().manual_seed(seed))
+def batch(seed=0, device="cpu"):
+    return torch.randint(0, 101, (B, T + 1), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
 def loss(model, tok):
@@ -49,9 +50,9 @@ def assert_grads_close(plain, twin, rtol=GRAD_RTOL):
         assert error <= rtol, (name, error)
 
 
-def test_reversible_gradients_match_the_plain_model():
-    plain, twin = pair()
-    tok = batch()
+def test_reversible_gradients_match_the_plain_model(device):
+    plain, twin = pair(device=device)
+    tok = batch(device=device)
     loss(plain, tok).backward()
     loss(twin, tok).backward()
     assert_grads_close(plain, twin)
@@ -59,19 +60,19 @@ def test_reversible_gradients_match_the_plain_model():
     assert twin.reversible_stats["dropped_bytes"] == 2 * LAYERS * N * 4
 
 
-def test_reversible_in_bf16_compute():
-    plain, twin = pair(torch.bfloat16)
-    tok = batch(1)
+def test_reversible_in_bf16_compute(device):
+    plain, twin = pair(torch.bfloat16, device=device)
+    tok = batch(1, device)
     torch.testing.assert_close(loss(plain, tok), loss(twin, tok), rtol=0, atol=0)  # forward untouched
     loss(plain, tok).backward()
     loss(twin, tok).backward()
     assert_grads_close(plain, twin, rtol=1e-2)  # a 1-ulp fp32 change can flip one bf16 rounding
 
 
-def test_rebuild_error_per_layer():
+def test_rebuild_error_per_layer(device):
     """h_i rebuilt from h_L by subtracting deltas: within 2 fp32 ulps (of max|h|) per step."""
-    plain, _ = pair(layers=8)
-    tok = batch()[:, :-1]
+    plain, _ = pair(layers=8, device=device)
+    tok = batch(device=device)[:, :-1]
     slots, deltas = forward_residuals(plain, tok)
     value = slots[-1]
     inexact = 0
@@ -100,12 +101,12 @@ def test_memory_saved_counts():
     assert counter.nbytes - (stats["kept_bytes"] + stats["delta_bytes"]) == LAYERS * N * 4 + N * 2
 
 
-def test_reversible_with_activation_checkpointing():
+def test_reversible_with_activation_checkpointing(device):
     """Checkpointing saves each block's input only; the reversible stream drops and rebuilds it."""
-    plain, twin = pair()
+    plain, twin = pair(device=device)
     for model in (plain, twin):
         apply_activation_checkpointing(model)
-    tok = batch()
+    tok = batch(device=device)
     loss(plain, tok).backward()
     loss(twin, tok).backward()
     assert_grads_close(plain, twin)
@@ -113,13 +114,13 @@ def test_reversible_with_activation_checkpointing():
 
 
 @pytest.mark.slow
-def test_reversible_compiled():
+def test_reversible_compiled(device):
     """Per-block torch.compile (inductor, bf16 compute): the compiled residuals still pass through
     the hooks and are all dropped; the forward pass is the eager one bit for bit (apply_compile's
     emulate_precision_casts; without it inductor skips bf16 roundings) and gradients match."""
-    plain, twin = pair(torch.bfloat16)
+    plain, twin = pair(torch.bfloat16, device=device)
     apply_compile(twin)
-    tok = batch()
+    tok = batch(device=device)
     plain_loss, twin_loss = loss(plain, tok), loss(twin, tok)
     assert torch.equal(plain_loss, twin_loss)
     plain_loss.backward()
@@ -159,3 +160,42 @@ def test_bottom_residual_is_recomputed_from_the_tokens(monkeypatch):
     assert len(calls) == 2
     loss(plain, tok).backward()
     assert_grads_close(plain, twin)
+
+
+def test_a_block_is_rebuilt_in_one_step_bit_for_bit(device):
+    """step_back_block (both residuals of a block from its output) is step_back twice, compiled
+    (apply_compile's, one kernel) or not."""
+    plain, _ = pair(layers=2, device=device)
+    slots, deltas = forward_residuals(plain, batch(device=device)[:, :-1])
+    top, delta1, delta0 = slots[4], deltas[3], deltas[2]
+    expected = step_back(step_back(top, delta1), delta0)
+    for rebuild in (step_back_block, torch.compile(step_back_block, dynamic=False)):
+        mid, h = rebuild(top, delta1, delta0)
+        assert torch.equal(mid, step_back(top, delta1)) and torch.equal(h, expected)
+    torch._dynamo.reset()
+
+
+def test_compiled_blocks_take_no_gradient_for_their_parts():
+    """The reversible stream needs a compiled block's mid residual and deltas but no gradient of
+    them: the block returns them detached, so AOT autograd materialises no zero gradient for
+    each (3 per layer, then added into the backward). Counted at dispatch during the backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Zeros(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Zeros.count += func in (torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default)
+            return func(*args, **(kwargs or {}))
+
+    plain, twin = pair(layers=3)
+    for model in (plain, twin):
+        apply_compile(model, backend="aot_eager_decomp_partition")  # AOT autograd and its partitioner, no codegen
+    tok = batch()
+    for model in (plain, twin):
+        out = loss(model, tok)
+        with Zeros():
+            out.backward()
+    assert Zeros.count == 0
+    assert_grads_close(plain, twin)
+    torch._dynamo.reset()

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -57,7 +58,7 @@ from torch import nn
 from streamback.errors import StreambackError
 from streamback.model.capture import STREAM_POINTS, StreamCapture
 from streamback.model.formats import StreamFormat
-from streamback.model.reversible import ReversibleStream
+from streamback.model.reversible import ReversibleStream, step_back_block
 from streamback.runs import shape_problems
 
 BLOCKS = ("baseline", "streamback")
@@ -251,13 +252,37 @@ class FeedForward(nn.Module):
             nn.init.trunc_normal_(linear.weight, std=out_std, generator=generator)
 
 
+def _keep_outputs(ctx, op, *args, **kwargs):
+    return torch.utils.checkpoint.CheckpointPolicy.MUST_SAVE
+
+
+def _kept_for_backward(fn, *args):
+    """`fn(*args)` with its output saved for the backward pass rather than recomputed there, in a
+    compiled region (a selective-checkpoint region whose ops are all MUST_SAVE: the partitioner
+    keeps what the backward needs of them and recomputes none)."""
+    context = functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, _keep_outputs)
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, context_fn=context)
+
+
 class TransformerBlock(nn.Module):
     """h -> h + attention(norm(h)) -> + feed_forward(norm(.)), both adds rounded to `fmt`.
 
     `activation_checkpoint` (set by `streamback.parallel.apply_activation_checkpointing`)
     recomputes the block on the backward pass (torch.utils.checkpoint, non-reentrant).
     With `parts=True` the block also returns what the reversible stream needs: the residual
-    between its two sublayers and the two deltas.
+    between its two sublayers and the two deltas; `parts="detached"` returns them detached, so
+    that a compiled block has no gradient to take for them (torch.compile would materialise
+    zeros for each and add them into its backward).
+
+    Under torch.compile the residual between the sublayers is kept for the backward pass, as
+    eagerly (it is the second norm's input, which `_RMSNormFunction` saves; the partitioner may
+    keep it normalised, the same bytes). Left alone, the
+    partitioner keeps the first delta instead and recomputes the residual from the block's
+    input in two backward kernels; Inductor (2.11-2.13) then fuses the two norms' weight-gradient
+    sums together, which splits the norms' backward into a looped reduction and an over-fused
+    one (measured on an H200: +3.6 ms per medium step for an fp32 stream; the baseline's bf16
+    rounding chain is kept anyway). Keeping it costs an fp32 stream 2 more bytes an element per
+    layer (a bf16 one none) and gives the baseline's kernels (see `_kept_for_backward`).
     """
 
     def __init__(self, layer_id: int, args: ModelArgs, fmt: StreamFormat, compute_dtype: torch.dtype):
@@ -277,9 +302,14 @@ class TransformerBlock(nn.Module):
 
     def _forward(self, h, cos, sin, parts):
         delta0 = self.attention(self.attention_norm(h, self.compute_dtype), cos, sin)
-        mid = self.fmt.add(h, delta0)
+        if torch.compiler.is_compiling() and not self.activation_checkpoint:
+            mid = _kept_for_backward(self.fmt.add, h, delta0)
+        else:
+            mid = self.fmt.add(h, delta0)
         delta1 = self.feed_forward(self.ffn_norm(mid, self.compute_dtype))
         out = self.fmt.add(mid, delta1)
+        if parts == "detached":
+            return out, mid.detach(), delta0.detach(), delta1.detach()
         return (out, mid, delta0, delta1) if parts else out
 
     def init_weights(self, generator):
@@ -295,7 +325,8 @@ class Transformer(nn.Module):
     `stream_format` is the stream's format (the compute dtype's for the baseline).
     `capture(...)` is the one way to read the residual stream of a forward pass (see
     `StreamCapture`). After a forward with the reversible stream (and grad enabled),
-    `reversible_stats` holds its byte counts.
+    `reversible_stats` holds its byte counts; `rebuild_block` is the function it rebuilds a
+    block's residuals with (`step_back_block`; `apply_compile` puts in its compiled version).
     """
 
     def __init__(self, args: ModelArgs, compute_dtype: torch.dtype = torch.bfloat16):
@@ -315,6 +346,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self._capture: StreamCapture | None = None
         self.reversible_stats: dict[str, int] | None = None
+        self.rebuild_block = step_back_block
         self.init_weights()
 
     def init_weights(self, seed: int | None = None):
@@ -356,7 +388,7 @@ class Transformer(nn.Module):
             raise StreambackError(f"sequence length {T} exceeds the model's max_seq_len {self.args.max_seq_len}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         reversible = self.args.reversible and torch.is_grad_enabled()
-        stream = ReversibleStream(bottom=lambda: self.embed(tokens)) if reversible else None
+        stream = ReversibleStream(bottom=lambda: self.embed(tokens), rebuild_block=self.rebuild_block) if reversible else None
         capture = self._capture
         parts = capture is not None and capture.wants_parts
         with stream if stream is not None else contextlib.nullcontext():
@@ -365,7 +397,7 @@ class Transformer(nn.Module):
                 capture._begin(h)
             for layer in self.layers:
                 if stream is not None:
-                    out = stream.step(layer, h, cos, sin)
+                    out = stream.step(layer, h, cos, sin, live=capture is not None and capture.grad)
                 else:
                     out = layer(h, cos, sin, parts=parts)
                 if capture is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from streamback.errors import StreambackError
+from streamback.model.reversible import step_back_block
 
 
 def apply_activation_checkpointing(model) -> None:
@@ -36,11 +37,13 @@ def apply_compile(model, backend: str = "inductor") -> None:
     in another order or by other code, and a last-bit difference sometimes flips one bf16
     rounding downstream (on the CPU, dim 106 x 4 layers x 512 tokens: 14 of 49,664 logits
     differ by one bf16 step with an fp32 stream, none for the baseline; without the option, the
-    baseline differs in 3,869; benchmarks/gpu_checks.py measures both on CUDA).
+    baseline differs in 3,869; benchmarks/gpu_checks.py measures both on CUDA). The reversible
+    stream's rebuild of a block's residuals (`step_back_block`) is compiled too (one kernel).
     """
     options = {"emulate_precision_casts": True} if backend == "inductor" else None
     for layer in model.layers:
         layer.compile(backend=backend, options=options)
+    model.rebuild_block = torch.compile(step_back_block, backend=backend, options=options, dynamic=False)
 
 
 def apply_fsdp(model, mesh=None, param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32):
