@@ -92,8 +92,8 @@ rule train:
         manifest=rules.tokenize.output.manifest,
     output:
         model=str(layout.model_file("{run}")),
-        metrics=str(layout.metrics_file("{run}")),
-        summary=str(layout.summary_file("{run}")),
+        metrics=report(str(layout.metrics_file("{run}")), caption="../report/train_metrics.rst", category="Training", subcategory="{run}"),
+        summary=report(str(layout.summary_file("{run}")), caption="../report/train_summary.rst", category="Training", subcategory="{run}"),
     conda:
         "../../envs/train.yaml"
     log:
@@ -135,31 +135,3 @@ rule train:
 
 TARGETS.extend(expand(list(rules.train.output), run=list(RUNS)))
 
-
-# The runs' curves, from their metrics.jsonl: a table and figures (streamback/train/curves.py).
-rule training_curves:
-    input:
-        expand(rules.train.output.metrics, run=list(RUNS)),
-    output:
-        table=report(str(layout.table(layout.TRAINING_TABLE)), caption="../report/training_curves.rst", category="Training"),
-        figures=[
-            report(str(layout.figure(name, suffix)), caption=f"../report/{name}.rst", category="Training") if suffix == "svg"
-            else str(layout.figure(name, suffix))
-            for name in layout.TRAINING_FIGURES for suffix in layout.FIGURE_SUFFIXES
-        ],
-    conda:
-        "../../envs/analysis.yaml"
-    log:
-        "logs/training_curves.log",
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
-    params:
-        cfg=params_json("train"),
-        runs=" ".join(RUNS),
-    shell:
-        "{STREAMBACK} training-curves --params {params.cfg} --runs {params.runs} > {log} 2>&1"
-
-
-TARGETS.extend(rules.training_curves.output)
