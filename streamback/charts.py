@@ -19,13 +19,12 @@ def save_chart(chart: alt.TopLevelMixin, *paths: str | os.PathLike, scale: float
 
     `scale` multiplies the PNG's pixel size (2 gives a sharp image on high-density screens).
     """
-    spec = chart.to_dict()
-    for path in map(Path, paths):
-        if path.suffix == ".svg":
-            data = vlc.vegalite_to_svg(spec, vl_version=VL_VERSION).encode()
-        elif path.suffix == ".png":
-            data = vlc.vegalite_to_png(spec, vl_version=VL_VERSION, scale=scale)
-        else:
+    paths = [Path(p) for p in paths]
+    for path in paths:
+        if path.suffix not in (".svg", ".png"):
             raise ValueError(f"cannot save a chart as {path}: the suffix must be .svg or .png")
+    svg = vlc.vegalite_to_svg(chart.to_dict(), vl_version=VL_VERSION)  # run Vega once; the PNG rasterises this SVG
+    for path in paths:
+        data = svg.encode() if path.suffix == ".svg" else vlc.svg_to_png(svg, scale=scale)
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
