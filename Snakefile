@@ -35,6 +35,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/drift.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/analysis.smk"
 include: "workflow/rules/eval.smk"
 
 

@@ -46,6 +46,15 @@ def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
     return runs
 
 
+def comparisons(runs: dict[str, RunSpec]) -> list[tuple[str, str, str]]:
+    """(shape, baseline run, other run) for every other run of a shape that has a baseline run, in
+    matrix order; the comparison's name is the other run's name less its shape (`streamback`,
+    `streamback-mxfp8`). The analyses compare each such pair (baseline minus other)."""
+    baselines = {spec.shape: name for name, spec in runs.items() if spec.block == "baseline"}
+    return [(spec.shape, baselines[spec.shape], name) for name, spec in runs.items()
+            if spec.block != "baseline" and spec.shape in baselines]
+
+
 def run_setting(train_cfg: dict, run: str, key: str):
     """`key` (micro_batch_size, activation_checkpointing, compile or resources) for `run`: its
     per_run override, else the section's."""

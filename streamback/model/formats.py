@@ -7,6 +7,8 @@ format's grid.
 
 - `fp32`, `bf16`, `fp16`: native dtypes. Nearest rounding is torch's own add in that dtype
   (under torch.compile, the same rounding done on the bit pattern; see `_native_nearest_eager`).
+- `fp64` (`REFERENCE_FORMATS`, not a stream the study trains with): the analyses' ground truth,
+  with an fp64 compute dtype (`streamback.analysis`); eager, nearest only.
 - `fp8_e4m3`, `fp8_e5m2`: torch has float8 dtypes but no arithmetic on them, so the stream is
   held in bf16 (every E4M3 value, 4 significant bits with exponents -9..8, and every E5M2 value,
   3 significant bits with exponents -16..15, is exactly a bf16: 8 significant bits, exponents
@@ -45,12 +47,14 @@ from streamback.errors import StreambackError
 from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, ROUNDINGS, FloatSpec, round_to
 
 STREAM_FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
+REFERENCE_FORMATS = ("fp64",)  # the analyses' ground truth, never trained with
 
 # formats whose container dtype is the format itself (nearest add = torch's add)
-_NATIVE = ("fp32", "bf16", "fp16")
+_NATIVE = ("fp32", "bf16", "fp16", "fp64")
 _ELEMENT = {"fp32": FP32, "bf16": BF16, "fp16": FP16, "fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}
 _CONTAINER = {
     "fp32": torch.float32,
+    "fp64": torch.float64,
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
     "fp8_e4m3": torch.bfloat16,
@@ -211,7 +215,7 @@ class StreamFormat:
     rounding: str = "nearest"
 
     def __post_init__(self):
-        if self.name not in STREAM_FORMATS:
+        if self.name not in STREAM_FORMATS + REFERENCE_FORMATS:
             raise StreambackError(
                 f"unknown residual-stream format {self.name!r}: expected one of {', '.join(STREAM_FORMATS)}"
             )
@@ -220,10 +224,10 @@ class StreamFormat:
                 f"unknown rounding {self.rounding!r} for stream format {self.name!r}: "
                 f"expected one of {', '.join(ROUNDINGS)}"
             )
-        if self.name == "fp32" and self.rounding == "stochastic":
+        if self.name in ("fp32", "fp64") and self.rounding == "stochastic":
             raise StreambackError(
-                "stream format 'fp32' has no stochastic rounding: an fp32 sum is already rounded "
-                "to fp32 (use 'fp32', or stochastic rounding of a narrower format)"
+                f"stream format {self.name!r} has no stochastic rounding: its sum is already rounded "
+                f"to {self.name} (use {self.name!r}, or stochastic rounding of a narrower format)"
             )
 
     @classmethod
@@ -235,7 +239,7 @@ class StreamFormat:
             rounding = "nearest"
             if name.endswith("_sr"):
                 name, rounding = name[: -len("_sr")], "stochastic"
-        if name not in STREAM_FORMATS or rounding not in ROUNDINGS:
+        if name not in STREAM_FORMATS + REFERENCE_FORMATS or rounding not in ROUNDINGS:
             raise StreambackError(
                 f"bad residual-stream format {text!r}: expected one of {', '.join(STREAM_FORMATS)}, "
                 f"optionally with '_sr' or ':stochastic' / ':nearest' (e.g. 'bf16_sr', 'mxfp8:stochastic')"
@@ -256,6 +260,8 @@ class StreamFormat:
         """Bring a tensor (the embedding output) into the stream."""
         if self.name == "fp32":
             return x.float()
+        if self.name == "fp64":
+            return x.double()
         if self._native_nearest_eager():
             return x.to(self.container_dtype)
         return _StraightThrough.apply(x.float(), self.name, self.rounding).to(self.container_dtype)
@@ -263,6 +269,8 @@ class StreamFormat:
     def add(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """h + delta, the sum rounded to the format; the result has `container_dtype`."""
         dtype = self.container_dtype
+        if self.name == "fp64":
+            return h.double() + delta
         # Mixed dtypes are added in one kernel: torch converts each input exactly to the promoted
         # dtype (fp32 for a bf16 delta and an fp32 or fp16 stream) as it reads it and rounds the
         # sum once, so no fp32 copy of the delta is written and read back (the same bits).

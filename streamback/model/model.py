@@ -26,7 +26,8 @@ last-bit noise of fp32 reductions and transcendentals evaluated in another order
 then flips one bf16 rounding), and nothing relies on autocast or on FSDP2 casting
 forward inputs (which would cast an fp32 stream to bf16; `apply_fsdp` turns that cast off). RMSNorm computes in fp32
 whatever the stream's dtype (as torch's fused rms_norm does) and rounds once, to the compute
-dtype; RoPE is applied in fp32 (as TorchTitan does); logits are returned in fp32.
+dtype; RoPE is applied in fp32 (as TorchTitan does); logits are returned in fp32. An fp64 compute
+dtype (with the `fp64` stream) is the analyses' ground truth: every step then runs in fp64.
 
 Choices the study leaves open (also documented in config/config.yaml and the schema):
 - RoPE: theta 500000, no Llama 3.1 frequency scaling (TorchTitan's current flavours apply it;
@@ -62,7 +63,7 @@ from streamback.model.reversible import ReversibleStream, step_back_block
 from streamback.runs import shape_problems
 
 BLOCKS = ("baseline", "streamback")
-_DTYPE_FORMAT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_DTYPE_FORMAT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
 @dataclass
@@ -204,8 +205,8 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Te
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, T, H, D] in fp32; returns x's dtype."""
-    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, T, H, D] in fp32 (fp64 x: fp64); returns x's dtype."""
+    x0, x1 = x.to(torch.promote_types(x.dtype, torch.float32)).unflatten(-1, (-1, 2)).unbind(-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)
 
@@ -320,7 +321,7 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Llama 3 decoder: tokens [B, T] -> fp32 logits [B, T, vocab_size].
+    """Llama 3 decoder: tokens [B, T] -> fp32 logits [B, T, vocab_size] (fp64 for fp64 compute).
 
     `stream_format` is the stream's format (the compute dtype's for the baseline).
     `capture(...)` is the one way to read the residual stream of a forward pass (see
@@ -403,7 +404,7 @@ class Transformer(nn.Module):
                 if capture is not None:
                     capture._layer(*(out if isinstance(out, tuple) else (out,)))
                 h = out[0] if isinstance(out, tuple) else out
-            logits = self.output(self.norm(h, self.compute_dtype)).float()
+            logits = self.output(self.norm(h, self.compute_dtype)).to(torch.promote_types(self.compute_dtype, torch.float32))
         if stream is not None:
             self.reversible_stats = stream.stats
         return logits

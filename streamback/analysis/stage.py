@@ -1,0 +1,184 @@
+"""`streamback analyze <kind>`: one analysis of the trained runs, its tables (results/tables/) and
+figures (results/figures/, SVG and PNG), paths from `streamback.layout`.
+
+Kinds: `layer-error` (per-layer error and sign flips of every stream variant against the ground
+truth), `envelope` (per-layer reach of the stream on the validation batch, and over training),
+`swallowed` (updates each rounded add loses), `loss-difference` (baseline minus every other run of
+its shape: curves, and the final paired difference with its confidence interval). The first three
+also take model files outside the run matrix (`--model NAME=PATH`, e.g. from `streamback import-hf`).
+Every run asked for (default: the whole matrix) is analysed or the command fails naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from streamback import layout
+from streamback.analysis.inputs import Subject, check_tokens, subjects, validation_batch
+from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
+from streamback.errors import StreambackError
+from streamback.io import atomic_path
+from streamback.progress import Progress
+from streamback.runs import comparisons, run_matrix
+
+HELP = "analyse trained runs: layer-error, envelope, swallowed or loss-difference (tables and figures)"
+KINDS = tuple(layout.ANALYSIS_TABLES)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kind", choices=KINDS, help="which analysis")
+    add_config_arguments(parser, "analysis")
+    parser.add_argument("--train-params", default=None, help="the 'train' section as a JSON object (what the rule passes; default: from --config)")
+    parser.add_argument("--data", type=Path, default=None, help="token directory of the data stage (default: the config's, results/tokens/<corpus>)")
+    parser.add_argument("--runs", nargs="+", default=None, help="runs to analyse (default: every run of train.runs; loss-difference: every compared run)")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
+                        help="also analyse this model file (layer-error, envelope, swallowed), e.g. one written by `streamback import-hf`")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = section_from_args(args, "analysis")
+    config = load_config(args.config or DEFAULT_CONFIG) if args.train_params is None or args.data is None else None
+    train_cfg = section_from_json(args.train_params, "train", "--train-params") if args.train_params is not None else config["train"]
+    tokens = args.data or layout.tokens_dir(config["data"])
+    if args.kind == "loss-difference" and args.model:
+        raise StreambackError("loss-difference compares trained runs by their metrics: --model takes no part in it")
+    runs = args.runs
+    if runs is None and args.kind == "loss-difference":
+        runs = list(dict.fromkeys(name for _, *pair in comparisons(run_matrix(train_cfg)) for name in pair))
+    todo = subjects(train_cfg, runs, args.model)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    began = time.perf_counter()
+    compute = {"layer-error": layer_error_tables, "envelope": envelope_tables, "swallowed": swallowed_tables,
+               "loss-difference": loss_tables}[args.kind]
+    tables = compute(todo, cfg, train_cfg, Path(tokens), device)
+    for name, table in tables.items():
+        write_table(name, table)
+    computed = time.perf_counter() - began
+    figures = write_figures(args.kind, tables, cfg["band"])
+    print(f"analyze {args.kind}: {len(todo)} models on {device.type} in {computed:.1f} s, figures in "
+          f"{time.perf_counter() - began - computed:.1f} s; wrote {', '.join(str(layout.table(n)) for n in tables)} "
+          f"and {len(figures)} figures (.svg, .png) in {layout.FIGURES_DIR}")
+    return 0
+
+
+def write_table(name: str, table: pd.DataFrame) -> None:
+    with atomic_path(layout.table(name)) as tmp:
+        table.to_csv(tmp, index=False)
+
+
+def write_figures(kind: str, tables: dict[str, pd.DataFrame], band: float) -> list[str]:
+    from streamback.analysis.figures import charts
+    from streamback.charts import save_chart
+
+    drawn = charts(kind, tables, band)
+    for name, chart in drawn.items():
+        save_chart(chart, *(layout.figure(name, suffix) for suffix in layout.FIGURE_SUFFIXES))
+    return list(drawn)
+
+
+def _per_model(todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, name: str, steps_per_model: int, fn) -> pd.DataFrame:
+    """`fn(trained, batch, progress)` for each model on the validation batch, its rows tagged with the run (first) and shape (last)."""
+    from streamback.model.weights import read_model
+
+    batch = validation_batch(tokens, train_cfg["seq_len"], cfg["batch_size"])
+    progress = Progress(f"analyze {name}", len(todo) * steps_per_model, "pass")
+    frames = []
+    for subject in todo:
+        trained = read_model(subject.model)
+        check_tokens(batch, trained.args.vocab_size, subject.name)
+        table = fn(trained, batch, progress)
+        table.insert(0, "run", subject.name)
+        frames.append(table.assign(shape=subject.shape))
+        progress.write(f"analyze {name}: {subject.name} done ({progress.line()})")
+    progress.close()
+    return pd.concat(frames, ignore_index=True)
+
+
+def layer_error_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
+    from streamback.analysis.precision import layer_error
+
+    table = _per_model(todo, cfg, train_cfg, tokens, "layer-error", len(cfg["variants"]) + 1, lambda trained, batch, progress: layer_error(
+        trained, batch, cfg["reference"], cfg["variants"], device, cfg["seed"], progress=progress))
+    return {"layer_error": table.drop(columns="shape")}
+
+
+def swallowed_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
+    from streamback.analysis.precision import swallowed
+
+    return {"swallowed": _per_model(todo, cfg, train_cfg, tokens, "swallowed", len(cfg["variants"]), lambda trained, batch, progress: swallowed(
+        trained, batch, cfg["variants"], device, cfg["seed"], progress=progress))}
+
+
+def envelope_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
+    from streamback.analysis.envelope import envelope, training_envelope
+    from streamback.analysis.loss import thin
+    from streamback.train.metrics import read_metrics
+
+    def reach(trained, batch, progress):
+        table = envelope(trained, batch, device).assign(stream=trained.stream)
+        progress.update(1)
+        return table
+
+    frames = []
+    for subject in todo:
+        if subject.metrics is None:
+            print(f"analyze envelope: {subject.name} has no training metrics (a model file): no envelope over training")
+            continue
+        logged = training_envelope(read_metrics(subject.metrics), subject.name)
+        steps = logged.step.unique()
+        logged = logged[logged.step.isin(steps[thin(len(steps), cfg["curve_points"])])]
+        frames.append(logged.assign(run=subject.name)[["run", "step", "tokens", "layer", "absmax", "max", "min"]])
+    on_batch = _per_model(todo, cfg, train_cfg, tokens, "envelope", 1, reach)
+    return {"envelope": on_batch[["run", "layer", "max", "min", "abs_p999", "shape", "stream"]],
+            "envelope_training": pd.concat(frames, ignore_index=True) if frames else
+            pd.DataFrame(columns=["run", "step", "tokens", "layer", "absmax", "max", "min"])}
+
+
+def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
+    from streamback.analysis.loss import loss_curves, model_window_losses, paired_difference, split_windows
+    from streamback.data.shards import TokenDataset
+    from streamback.train.metrics import read_metrics
+
+    names = {s.name: s for s in todo}
+    pairs = [(shape, a, b) for shape, a, b in comparisons(run_matrix(train_cfg)) if b in names]
+    for shape, baseline, other in pairs:
+        if baseline not in names:
+            raise StreambackError(f"loss-difference: {other} is compared with {baseline}, but {baseline} is not among the runs asked for")
+    unpaired = set(names) - {r for _, a, b in pairs for r in (a, b)}
+    if unpaired:
+        raise StreambackError(f"loss-difference: nothing to compare {', '.join(sorted(unpaired))} with (a shape needs "
+                              "its baseline run and another run)")
+    seq_len, count = train_cfg["seq_len"], cfg["loss_windows"] or train_cfg["log"]["val_sequences"]
+    records = {name: read_metrics(s.metrics) for name, s in names.items()}
+    progress = Progress("analyze loss-difference", 2 * len(names), "model")
+    losses = {}  # (run, split) -> per-window losses
+    for split in ("train", "val"):
+        dataset = TokenDataset(tokens, split)
+        windows = split_windows(dataset, seq_len, count, split)
+        for name, subject in names.items():
+            losses[name, split] = model_window_losses(subject.model, dataset, windows, seq_len, cfg["micro_batch_size"], device)
+            progress.update(1, f"{name} {split}")
+    progress.close()
+    curves, finals = [], []
+    for shape, baseline, other in pairs:
+        comparison = other.removeprefix(f"{shape}-")
+        curve = loss_curves(records[baseline], records[other], cfg["smooth_steps"], cfg["curve_points"])
+        curves.append(curve.assign(shape=shape, comparison=comparison))
+        for split in ("train", "val"):
+            mean, low, high = paired_difference(losses[baseline, split], losses[other, split], cfg["confidence"])
+            logged = curve[curve.split == split].smoothed
+            finals.append({"shape": shape, "comparison": comparison, "split": split, "final_difference": mean, "ci_low": low,
+                           "ci_high": high, "windows": count, "baseline_loss": float(losses[baseline, split].mean()),
+                           "compared_loss": float(losses[other, split].mean()),
+                           "logged_difference": float(logged.iloc[-1]) if len(logged) else float("nan")})
+    curve_columns = ["shape", "comparison", "split", "step", "tokens", "difference", "smoothed"]
+    return {"loss_difference": pd.DataFrame(finals), "loss_curves": pd.concat(curves, ignore_index=True)[curve_columns]}

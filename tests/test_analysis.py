@@ -1,0 +1,350 @@
+"""The analyses (streamback/analysis/): numbers checked against hand-computed values and direct
+computations, on tiny models; the fp64 ground truth; the command on a small run matrix."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from streamback import layout
+from streamback.analysis.envelope import abs_quantile, envelope, training_envelope
+from streamback.analysis.loss import loss_curves, paired_difference, trailing_mean
+from streamback.analysis.precision import error_stats, layer_error, swallow_stats, swallowed
+from streamback.errors import StreambackError
+from streamback.model.formats import STREAM_LABELS, StreamFormat
+from streamback.model.model import ModelArgs, Transformer
+from streamback.model.weights import load_model, read_model, save_model
+from streamback.train.metrics import read_metrics
+
+from conftest import ROOT
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and on a loaded 2-core machine, 30x faster than on two)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(path, block="baseline", stream="fp32", seed=0, vocab=300, **kw):
+    """A random tiny model written as a model file; returns what read_model gives back."""
+    dims = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=1, multiple_of=32, max_seq_len=64) | kw
+    args = ModelArgs(**dims, vocab_size=vocab, block=block, stream=stream)
+    model = Transformer(args)
+    model.init_weights(seed)
+    save_model(path, args, model.state_dict())
+    return read_model(path)
+
+
+def random_tokens(batch=4, seq=33, vocab=300, seed=1):
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+# -- layer error ------------------------------------------------------------------------------
+
+
+def test_sign_flips_and_errors_on_a_hand_built_case():
+    x = torch.tensor([1.0, -2.0, 0.0, 3.0, -0.0, 5.0])
+    truth = torch.tensor([1.0, 2.0, -1.0, -3.0, 4.0, 5.0])
+    stats = error_stats(x, truth)
+    # opposite signs at entries 1 and 3; a zero on either side (entries 2 and 4) is not a flip
+    assert stats["sign_flips"] == 2 and stats["sign_flip_fraction"] == 2 / 6
+    assert stats["max_abs_error"] == 6.0  # |3 - (-3)|
+    assert stats["rel_error"] == pytest.approx(math.sqrt(16 + 1 + 36 + 16) / math.sqrt(1 + 4 + 1 + 9 + 16 + 25), rel=1e-15)
+
+
+def test_fp32_stream_is_closer_to_the_truth_than_bf16_and_full_precision_against_itself_is_zero(tmp_path):
+    trained = tiny_model(tmp_path / "model.pt")
+    batch = random_tokens()
+    table = layer_error(trained, batch, "fp64", ["bf16", "fp32"])
+    assert set(table.kind) == {"activations", "stream_gradients", "gradients"}
+    assert len(table) == 2 * (4 + 4 + 3)  # boundaries 0..3 twice, blocks 0..2
+    last = table[(table.kind == "activations") & (table.layer == 3)].set_index("variant")
+    # both start from the bf16 embedding (h_0's error, up to 2^-9 x |h_0|); only the bf16 stream adds its roundings
+    assert last.loc["fp32", "max_abs_error"] < last.loc["bf16", "max_abs_error"] / 2
+    assert last.loc["fp32", "rel_error"] < last.loc["bf16", "rel_error"] / 2
+    assert (table.max_abs_error > 0).all()  # bf16 compute is not the truth
+
+    same = layer_error(trained, batch, "fp32", ["fp32"], compute_dtype=torch.float32)
+    assert (same.max_abs_error == 0).all() and (same.rel_error == 0).all() and (same.sign_flips == 0).all()
+
+
+def test_fp64_model_is_fp64_throughout_and_matches_fp32_to_fp32_precision(tmp_path):
+    """The ground truth's path: fp64 compute and stream (and parameters), against the fp32 model."""
+    from streamback.analysis.precision import reference_model
+
+    trained = tiny_model(tmp_path / "model.pt", block="streamback")
+    model = reference_model(trained, "fp64", "cpu")
+    assert model.stream_format == StreamFormat("fp64") and all(p.dtype == torch.float64 for p in model.parameters())
+    batch = random_tokens()
+    with model.capture(("residual", "attention"), grad=True) as cap:
+        logits = model(batch)
+        logits.logsumexp(-1).mean().backward()
+    assert logits.dtype == torch.float64
+    assert {h.dtype for h in cap["residual"] + cap["attention"]} == {torch.float64}
+    assert cap["residual"][0].grad.dtype == torch.float64 and model.layers[0].attention.wq.weight.grad.dtype == torch.float64
+    with torch.no_grad():
+        fp32 = load_model(trained, compute_dtype=torch.float32)(batch)
+    error = (fp32.double() - logits.detach()).abs().max().item()
+    assert 0 < error < 1e-4
+    with pytest.raises(StreambackError, match="'fp64' has no stochastic"):
+        StreamFormat.parse("fp64_sr")
+
+
+# -- envelope -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 999, 1000, 1001, 12345])
+def test_abs_quantile_is_numpy_s(n):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    assert abs_quantile(x) == pytest.approx(float(np.quantile(x.abs().double().numpy(), 0.999)), rel=1e-12, abs=0)
+
+
+def test_envelope_equals_a_direct_computation(tmp_path):
+    trained = tiny_model(tmp_path / "model.pt")  # the baseline: a bf16 stream
+    batch = random_tokens()
+    table = envelope(trained, batch)
+    model = load_model(trained)
+    with torch.no_grad():  # the stream computed directly, layer by layer
+        h = model.embed(batch[:, :-1])
+        seen = [h]
+        for layer in model.layers:
+            h = layer(h, model.rope_cos[:32], model.rope_sin[:32])
+            seen.append(h)
+    assert list(table.layer) == list(range(4)) and seen[-1].dtype == torch.bfloat16
+    for row, h in zip(table.itertuples(), seen):
+        values = h.double().numpy()
+        assert row.max == values.max() and row.min == values.min()
+        assert row.abs_p999 == pytest.approx(np.quantile(np.abs(values), 0.999), rel=1e-12)
+
+
+def test_training_envelope_reads_the_logged_maxima_and_minima(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    records = [{"step": 1, "tokens": 10, "loss": 5.0},
+               {"step": 2, "tokens": 20, "loss": 4.0, "stream_absmax": [3.0, 4.0], "stream_max": [3.0, 2.0], "stream_min": [-1.0, -4.0]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = training_envelope(read_metrics(path), "x")
+    assert table.to_dict("list") == {"step": [2, 2], "tokens": [20, 20], "layer": [0, 1], "absmax": [3.0, 4.0],
+                                     "max": [3.0, 2.0], "min": [-1.0, -4.0]}
+    with pytest.raises(StreambackError, match="run x: its metrics.jsonl has no stream_max"):
+        training_envelope(records[:1], "x")
+
+
+# -- swallowed updates --------------------------------------------------------------------------
+
+
+def test_the_note_s_swallowed_update():
+    """At 600 the bf16 grid has steps of 4: an update of 1.9 is lost, 2.0 (a tie, to even) too,
+    2.1 moves the stream by a whole step of 4; an fp32 stream keeps all three."""
+    bf16, fp32 = StreamFormat.parse("bf16"), StreamFormat.parse("fp32")
+    for update, swallowed_, out in ((1.9, 1.0, 600.0), (2.0, 1.0, 600.0), (2.1, 0.0, 604.0)):
+        d = torch.tensor([update]).bfloat16()
+        h = torch.tensor([600.0]).bfloat16()
+        result = bf16.add(h, d)
+        assert result.item() == out
+        stats = swallow_stats(h, d, result)
+        exact = 600.0 + d.double().item()
+        assert stats == {"swallowed_fraction": swallowed_, "lost_mass_fraction": abs(out - exact) / d.double().item()}
+        kept = swallow_stats(h.float(), d, fp32.add(h.float(), d))
+        assert kept == {"swallowed_fraction": 0.0, "lost_mass_fraction": 0.0}
+    assert bf16.add(torch.tensor([600.0]).bfloat16(), torch.tensor([2.1]).bfloat16()).item() - 600 == 4.0
+    # several coordinates at once; a zero update is not counted among the updates
+    h = torch.tensor([600.0, 600.0, 600.0]).bfloat16()
+    d = torch.tensor([1.9, 2.1, 0.0]).bfloat16()
+    stats = swallow_stats(h, d, bf16.add(h, d))
+    lost = (600 - (600 + d[0].double())).abs() + (604 - (600 + d[1].double())).abs()
+    assert stats["swallowed_fraction"] == 0.5 and stats["lost_mass_fraction"] == pytest.approx(float(lost / d.double().sum()), rel=1e-15)
+
+
+def test_a_bf16_stream_swallows_far_more_than_an_fp32_stream(tmp_path):
+    trained = tiny_model(tmp_path / "model.pt")
+    table = swallowed(trained, random_tokens(), ["bf16", "fp32", "nvfp4_sr"])
+    assert len(table) == 3 * 3 * 2 and list(table.columns) == ["variant", "layer", "sublayer", "swallowed_fraction", "lost_mass_fraction"]
+    mean = table.groupby("variant")[["swallowed_fraction", "lost_mass_fraction"]].mean()
+    assert mean.loc["bf16", "swallowed_fraction"] > 0.01 and mean.loc["fp32", "swallowed_fraction"] < 1e-4
+    assert mean.loc["fp32", "lost_mass_fraction"] < 1e-6 < mean.loc["bf16", "lost_mass_fraction"] < mean.loc["nvfp4_sr", "lost_mass_fraction"]
+
+
+# -- loss difference ----------------------------------------------------------------------------
+
+
+def write_metrics(path, losses, val, extra=None):
+    """A metrics.jsonl: a record per step (tokens = 100 x step), val_loss at the steps of `val`, `extra` fields by step."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for step, loss in enumerate(losses, 1):
+        record = {"step": step, "tokens": 100 * step, "loss": float(loss)} | (extra or {}).get(step, {})
+        if step in val:
+            record["val_loss"] = val[step]
+        lines.append(json.dumps(record) + "\n")
+    path.write_text("".join(lines))
+
+
+def test_loss_difference_on_two_hand_written_metrics_files(tmp_path):
+    write_metrics(tmp_path / "a.jsonl", [5.0, 4.0, 3.5, 3.0, 2.75], {2: 4.5, 4: 3.25, 5: 3.0})
+    write_metrics(tmp_path / "b.jsonl", [5.0, 3.9, 3.6, 2.8, 2.5], {2: 4.25, 5: 3.5})
+    curves = loss_curves(read_metrics(tmp_path / "a.jsonl"), read_metrics(tmp_path / "b.jsonl"), smooth_steps=2, points=100)
+    train, val = curves[curves.split == "train"], curves[curves.split == "val"]
+    assert train.step.tolist() == [1, 2, 3, 4, 5] and train.tokens.tolist() == [100, 200, 300, 400, 500]
+    assert train.difference.tolist() == pytest.approx([0.0, 0.1, -0.1, 0.2, 0.25], abs=1e-12)  # baseline minus other
+    assert train.smoothed.tolist() == pytest.approx([0.0, 0.05, 0.0, 0.05, 0.225], abs=1e-12)  # steps (s - 2, s]
+    assert val.step.tolist() == [2, 5] and val.difference.tolist() == [0.25, -0.5]  # only steps both logged
+    assert val.smoothed.tolist() == [0.25, -0.5]  # step 2 is outside step 5's window
+    thinned = loss_curves(read_metrics(tmp_path / "a.jsonl"), read_metrics(tmp_path / "b.jsonl"), smooth_steps=2, points=2)
+    assert thinned[thinned.split == "train"].step.tolist() == [1, 4, 5]  # every third step, the last kept
+    assert thinned[thinned.split == "train"].smoothed.tolist()[-1] == pytest.approx(0.225)  # smoothed before thinning
+
+
+def test_paired_interval_against_hand_values_and_scipy_free_reference():
+    mean, low, high = paired_difference(np.array([2.0, 4.0, 6.0, 8.0]), np.array([1.0, 2.0, 3.0, 4.0]), 0.95)
+    # d = 1, 2, 3, 4: mean 2.5, sd sqrt(5/3), t(0.975, 3) = 3.182446305284263 (the t table)
+    half = 3.182446305284263 * math.sqrt(5 / 3) / 2
+    assert (mean, low, high) == pytest.approx((2.5, 2.5 - half, 2.5 + half), rel=1e-12)
+    with pytest.raises(StreambackError, match="at least 2"):
+        paired_difference(np.array([1.0]), np.array([0.0]), 0.95)
+    assert trailing_mean(np.array([1, 2, 10]), np.array([1.0, 3.0, 5.0]), 5).tolist() == [1.0, 2.0, 5.0]
+
+
+def test_schema_variants_are_every_stream_label():
+    schema = yaml.safe_load((ROOT / "config" / "schema" / "config.schema.yaml").read_text())
+    variants = schema["$defs"]["analysis"]["properties"]["variants"]
+    assert sorted(variants["items"]["enum"]) == sorted(STREAM_LABELS) == sorted(variants["default"])
+
+
+# -- the command on a small matrix of (untrained) runs --------------------------------------------
+
+
+SHAPES = {"a-short": {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 1, "multiple_of": 32},
+          "b-tall": {"n_layers": 4, "dim": 48, "n_heads": 4, "n_kv_heads": 1, "multiple_of": 32}}
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory, tokens):
+    """results/runs/ of a 2-shape x {baseline, streamback, streamback-mxfp8} matrix: random models and
+    hand-written metrics; the config that names them."""
+    from streamback.config import validate_config
+    from streamback.runs import run_matrix
+
+    root = tmp_path_factory.mktemp("analysis")
+    config = validate_config({
+        "data": {"dir": str(tokens)},
+        "model": {"shapes": SHAPES},
+        "train": {"runs": {"shapes": list(SHAPES), "streams": ["mxfp8"]}, "seq_len": 32, "tokens": 320, "batch_size": 1,
+                  "micro_batch_size": 1, "schedule": {"warmup_steps": 1, "decay_steps": 1}, "log": {"val_sequences": 8}},
+        "analysis": {"batch_size": 2, "reference": "fp64", "variants": ["bf16", "fp32", "nvfp4_sr"], "micro_batch_size": 4,
+                     "smooth_steps": 2},
+    })
+    vocab = json.loads((tokens / "manifest.json").read_text())["vocab_size"]
+    for seed, (name, spec) in enumerate(run_matrix(config["train"]).items()):
+        args = ModelArgs.from_config(config["model"], spec.shape, vocab, spec.block, spec.stream)
+        model = Transformer(args)
+        model.init_weights(seed)
+        save_model(root / layout.model_file(name), args, model.state_dict())
+        rng = np.random.default_rng(seed)
+        reach = {"stream_absmax": [2.0] * (args.n_layers + 1), "stream_max": [2.0] * (args.n_layers + 1), "stream_min": [-1.5] * (args.n_layers + 1)}
+        write_metrics(root / layout.metrics_file(name), 5 - np.arange(10) * 0.1 + rng.normal(0, 0.01, 10), {5: 4.6, 10: 4.1 + seed / 100},
+                      {5: reach, 10: reach})
+        (root / layout.summary_file(name)).write_text("{}\n")
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return root, path
+
+
+def analyze(monkeypatch, capsys, root, config, *args) -> tuple[int, str, str]:
+    """`streamback analyze ...` in `root` (in this process: no second import of torch); exit status, stdout, stderr."""
+    from streamback.cli import main
+
+    monkeypatch.chdir(root)
+    status = main(["analyze", *map(str, args), "--config", str(config), "--device", "cpu", "--threads", "1"])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.mark.slow
+def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
+    root, config = matrix
+    runs = ["a-short-baseline", "a-short-streamback", "a-short-streamback-mxfp8", "b-tall-baseline", "b-tall-streamback", "b-tall-streamback-mxfp8"]
+    columns = {
+        "layer_error": ["run", "variant", "kind", "layer", "max_abs_error", "rel_error", "sign_flips", "sign_flip_fraction"],
+        "envelope": ["run", "layer", "max", "min", "abs_p999"],
+        "swallowed": ["run", "variant", "layer", "sublayer", "swallowed_fraction", "lost_mass_fraction"],
+        "loss_difference": ["shape", "comparison", "split", "final_difference", "ci_low", "ci_high"],
+    }
+    for kind in layout.ANALYSIS_TABLES:
+        status, _, err = analyze(monkeypatch, capsys, root, config, kind)
+        assert status == 0, err[-3000:]
+        for name in layout.ANALYSIS_TABLES[kind]:
+            table = pd.read_csv(root / layout.table(name))
+            if name in columns:
+                assert list(table.columns[:len(columns[name])]) == columns[name]
+        for path in layout.analysis_outputs(kind, runs, list(SHAPES)):
+            assert (root / path).stat().st_size > 0, path
+    assert (root / layout.figure("envelope", "svg")).read_text().lstrip().startswith("<svg")
+    assert (root / layout.figure("swallowed-b-tall", "png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    errors = pd.read_csv(root / layout.table("layer_error"))
+    assert sorted(errors.run.unique()) == sorted(runs) and set(errors.variant) == {"bf16", "fp32", "nvfp4_sr"}
+    assert len(errors[errors.run == "b-tall-baseline"]) == 3 * (5 + 5 + 4)
+    final = pd.read_csv(root / layout.table("loss_difference"))
+    assert sorted(final.comparison.unique()) == ["streamback", "streamback-mxfp8"] and len(final) == 2 * 2 * 2
+    assert ((final.ci_low < final.final_difference) & (final.final_difference < final.ci_high)).all()
+    curves = pd.read_csv(root / layout.table("loss_curves"))
+    b = [json.loads(line) for line in (root / layout.metrics_file("a-short-baseline")).read_text().splitlines()]
+    o = [json.loads(line) for line in (root / layout.metrics_file("a-short-streamback")).read_text().splitlines()]
+    got = curves[(curves["shape"] == "a-short") & (curves.comparison == "streamback") & (curves.split == "train")].difference
+    assert got.tolist() == pytest.approx([x["loss"] - y["loss"] for x, y in zip(b, o)], abs=1e-12)
+
+
+@pytest.mark.slow
+def test_a_partial_set_of_runs_gives_a_partial_table_and_missing_runs_are_named(matrix, monkeypatch, capsys):
+    root, config = matrix
+    status, out, err = analyze(monkeypatch, capsys, root, config, "envelope", "--runs", "b-tall-streamback",
+                               "--model", f"extra={root / layout.model_file('a-short-baseline')}")
+    assert status == 0, err[-3000:]
+    assert "extra has no training metrics" in out
+    table = pd.read_csv(root / layout.table("envelope"))
+    assert table.run.tolist() == ["b-tall-streamback"] * 5 + ["extra"] * 3
+    status, _, err = analyze(monkeypatch, capsys, root, config, "loss-difference", "--runs", "b-tall-streamback")
+    assert status == 2 and "b-tall-streamback is compared with b-tall-baseline, but b-tall-baseline is not among" in err
+    status, _, err = analyze(monkeypatch, capsys, root, config, "swallowed", "--runs", "c-wide-baseline")
+    assert status == 2 and "run 'c-wide-baseline' is not in the train.runs matrix" in err
+    (root / layout.model_file("a-short-streamback")).rename(root / "moved.pt")
+    try:
+        status, _, err = analyze(monkeypatch, capsys, root, config, "layer-error")
+        assert status == 2 and "run a-short-streamback has not been trained" in err
+    finally:
+        (root / "moved.pt").rename(root / layout.model_file("a-short-streamback"))
+
+
+@pytest.mark.slow
+def test_the_rules_run_the_analyses_of_trained_runs(matrix, run_snakemake, tokens):
+    """Snakemake on the analyses, the runs already trained (their files newer than the token
+    manifest, whose input corpus is older): all four rules are planned, two of them (one reading
+    the metrics of the compared runs, one the models of all runs) run, then Snakemake's report."""
+    root, config = matrix
+    settings = yaml.safe_load(config.read_text())
+    settings["data"].update(source="local", local={"files": [str(tokens.parent / "part.parquet")]})
+    (root / "snake.yaml").write_text(yaml.safe_dump(settings))
+    every = [layout.table(name) for names in layout.ANALYSIS_TABLES.values() for name in names]
+    for path in every:
+        (root / path).unlink(missing_ok=True)
+    common = ("--rerun-triggers", "mtime", "--directory", root, "--configfile", root / "snake.yaml")
+    planned = run_snakemake(*every, "-n", *common)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    jobs = re.findall(r"^rule (\w+):", planned.stdout, flags=re.M)
+    assert sorted(jobs) == ["analyze_envelope", "analyze_layer_error", "analyze_loss_difference", "analyze_swallowed"]
+    targets = [layout.table("envelope"), layout.table("loss_difference")]
+    result = run_snakemake(*targets, "--cores", "2", *common)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    for kind in ("envelope", "loss-difference"):
+        assert f"analyze {kind}: 6 models on cpu" in (root / "logs" / "analysis" / f"{kind}.log").read_text()
+    assert len(pd.read_csv(root / layout.table("envelope")).run.unique()) == 6
+    result = run_snakemake(*targets, "--directory", root, "--configfile", root / "snake.yaml", "--report", root / "report.html")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (root / "report.html").stat().st_size > 0
