@@ -31,6 +31,11 @@ number as it finishes; a failing check does not stop the others:
    covers FSDP2 with NCCL.
    eval: the `streamback` lm-eval backend's batched log-likelihood scoring (streamback.eval.scoring,
    no lm-eval on the device): fp32 batches equal one request at a time; items/s of each paper block.
+   analysis: `streamback analyze`'s computations (streamback.analysis; no altair on the device, so no
+   figures) on a random model of each paper shape, deepest first, at config/paper.yaml's analysis
+   batch: seconds and peak GPU memory of layer-error (fp32 ground truth + every stream variant; its
+   fp32 stream closer to the truth than its bf16 stream, the check), swallowed and envelope, and the
+   window-loss rate that loss-difference runs at. A shape starts only while 40% of the budget is left.
 5. bench: `streamback bench` (its CLI, one shape x mode x variant per call, in priority order:
    the issue's reference figures first) on config/paper.yaml at micro-batch 4 x 2048, until the
    time budget is spent; the rows left are listed as skipped. Goals: StreamBack >= 0.99x the
@@ -95,7 +100,7 @@ from streamback.model.reversible import forward_residuals, step_back
 from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, round_to, ulp
 from streamback.train.parallel import apply_activation_checkpointing, apply_compile
 
-PARTS = ("env", "checks", "fsdp", "train", "eval", "bench")
+PARTS = ("env", "checks", "fsdp", "train", "eval", "analysis", "bench")
 STREAMS = list(STREAM_LABELS)  # every format x rounding
 SR_FORMATS = [StreamFormat.parse(s) for s in STREAMS if s.endswith("_sr")]
 NATIVE_SPECS = [BF16, FP16, FP8_E4M3, FP8_E5M2]  # formats with a torch dtype to cast to
@@ -779,6 +784,82 @@ def run_eval(report: Report, device, sizes: Sizes) -> None:
                 torch.cuda.empty_cache()
 
 
+# ---- analyses: `streamback analyze` on the paper's shapes --------------------------------------
+
+
+def run_analysis(report: Report, device, sizes: Sizes) -> None:
+    """Per paper shape (a random StreamBack model, fp32 weights held on the CPU as read_model holds a
+    model file's), the analyses of one run at config/paper.yaml's analysis section: seconds and peak
+    device memory of each (reset before each, so the peak is that analysis's own), and the loss-windows
+    rate of loss-difference. Quick: the checks' "medium" shape, three variants, 2 x 16 tokens."""
+    from streamback.analysis.envelope import envelope
+    from streamback.analysis.precision import layer_error, swallowed
+    from streamback.model.weights import TrainedModel, load_model
+    from streamback.train.validation import next_token_loss
+
+    quick = sizes is QUICK
+    paper = load_config(ROOT / "config" / "paper.yaml")
+    cfg = paper["analysis"]
+    if quick:
+        shapes = {TRAIN_SHAPE: ModelArgs(**SHAPES["medium"], vocab_size=VOCAB, multiple_of=32, max_seq_len=256, block="streamback")}
+        batch, seq, variants, windows = 2, 16, ["bf16", "fp32", "nvfp4_sr"], 8
+    else:
+        shapes = {s: ModelArgs.from_config(paper["model"], s, 128256, "streamback") for s in ("skinny-tall", "medium", "fat-short")}
+        batch, seq, variants, windows = cfg["batch_size"], paper["train"]["seq_len"], cfg["variants"], 64
+    cuda = device.type == "cuda"
+    estimate = 20.0 if quick else 150.0  # seconds for a shape, until one has run
+    for shape, args in shapes.items():
+        if report.left() < 0.4 * report.budget + estimate:
+            report.record("analysis", shape, "skipped", f"{report.left():.0f} s left, about {estimate:.0f} s needed beyond the bench's 40%")
+            continue
+        began = time.perf_counter()
+        with report.guard("analysis", shape):
+            with torch.device(device):
+                model = Transformer(args)
+            model.init_weights(0)
+            trained = TrainedModel(args, {k: v.detach().cpu() for k, v in model.state_dict().items()}, "fp32", torch.bfloat16)
+            del model
+            tokens = torch.randint(0, args.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+            where = f"{args.n_layers} x {args.dim}, {batch} x {seq} tokens"
+            for name, compute in (("layer_error", lambda: layer_error(trained, tokens, cfg["reference"], variants, device, cfg["seed"])),
+                                  ("swallowed", lambda: swallowed(trained, tokens, variants, device, cfg["seed"])),
+                                  ("envelope", lambda: envelope(trained, tokens, device))):
+                gc.collect()
+                if cuda:
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(device)
+                _sync(device)
+                start = time.perf_counter()
+                table = compute()
+                _sync(device)
+                seconds = time.perf_counter() - start
+                peak = f"peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else "peak n/a (CPU)"
+                value = f"{seconds:.1f} s, {peak}; {len(variants) if name != 'envelope' else 1} variant(s), {where}"
+                if name == "layer_error":  # the check: on the same weights, the fp32 stream ends closer to the truth
+                    last = table[(table.kind == "activations") & (table.layer == args.n_layers)].set_index("variant").max_abs_error
+                    report.record("analysis", f"{shape}_{name}", bool(last["fp32"] < last["bf16"]),
+                                  f"{value}; last-layer max |error| fp32 {last['fp32']:.3g} < bf16 {last['bf16']:.3g}")
+                else:
+                    report.record("analysis", f"{shape}_{name}", None, value)
+            model = load_model(trained, device=device)
+            micro = cfg["micro_batch_size"]
+            data = torch.randint(0, args.vocab_size, (micro, seq + 1), generator=torch.Generator().manual_seed(1)).to(device)
+            with torch.no_grad():
+                next_token_loss(model(data[:, :-1]), data[:, 1:])  # warm-up
+                _sync(device)
+                start = time.perf_counter()
+                for _ in range(max(1, windows // micro)):
+                    next_token_loss(model(data[:, :-1]), data[:, 1:], reduction="none")
+                _sync(device)
+            rate = max(1, windows // micro) * micro / (time.perf_counter() - start)
+            count = cfg["loss_windows"] or paper["train"]["log"]["val_sequences"]
+            report.record("analysis", f"{shape}_loss_windows", None,
+                          f"{rate:,.1f} windows/s of {seq} tokens (micro-batch {micro}): loss-difference's 2 splits x {count} windows "
+                          f"take {2 * count / rate:.0f} s per run")
+            del model, trained
+        estimate = 1.2 * (time.perf_counter() - began)
+
+
 # ---- 5. benchmark ------------------------------------------------------------------------------
 
 
@@ -976,6 +1057,7 @@ def main(argv=None) -> int:
         "fsdp": lambda: run_fsdp(report, device, sizes, work),
         "train": lambda: run_train(report, device, sizes, config, args.tokens, work),
         "eval": lambda: run_eval(report, device, sizes),
+        "analysis": lambda: run_analysis(report, device, sizes),
         "bench": lambda: run_bench(report, device, sizes, config, work, groups),
     }
     for part in PARTS:

@@ -51,7 +51,7 @@ def test_quick_mode_runs_every_check_and_passes(quick_run):
         "env": 2, "stream_dtype_eager": 14, "round_to_nearest_eq_cast": 4, "round_to_sr_unbiased": 5, "stream_sr_unbiased": 6,
         "reversible": 5, "compiled_stream_dtype": 1, "compiled_eq_eager": 1, "finding": 1, "elementwise_compiled": 1,
         "round_to_nearest_compiled_eq_cast": 4, "stream_add_compiled": 2, "stream_sr_unbiased_compiled": 1,
-        "fsdp": 3, "fsdp_stream_dtype": 15, "train": 7, "eval": 3, "bench": 4,
+        "fsdp": 3, "fsdp_stream_dtype": 15, "train": 7, "eval": 3, "analysis": 4, "bench": 4,
     }
     assert {g: len(s) for g, s in status.items()} == expected
     assert status["finding"] == ["INFO"] and status["train"].count("INFO") == 1  # findings, never failures
@@ -148,3 +148,18 @@ def test_eval_phase_scores_batches_as_single_requests(tmp_path):
     for block in ("baseline", "streamback"):
         assert checks[f"items_per_s_{block}"]["status"] == "INFO"
         assert float(checks[f"items_per_s_{block}"]["value"].split()[0].replace(",", "")) > 0
+
+
+def test_analysis_phase_times_every_analysis_of_a_run(tmp_path):
+    """The analysis phase alone (quick, CPU): layer-error's check (the fp32 stream ends closer to the
+    ground truth than the bf16 stream) passes; swallowed, envelope and the loss-window rate are timed."""
+    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--parts", "analysis", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    checks = {c["name"]: c for c in json.loads((tmp_path / "out" / "summary.json").read_text())["checks"]}
+    names = [f"check-medium_{kind}" for kind in ("layer_error", "swallowed", "envelope", "loss_windows")]
+    assert list(checks) == names
+    assert checks[names[0]]["status"] == "PASS" and "fp32" in checks[names[0]]["value"]
+    assert all(checks[name]["status"] == "INFO" for name in names[1:])
+    assert float(checks[names[0]]["value"].split()[0]) > 0
