@@ -92,8 +92,8 @@ rule train:
         manifest=rules.tokenize.output.manifest,
     output:
         model=str(layout.model_file("{run}")),
-        metrics=report(str(layout.metrics_file("{run}")), caption="../report/train_metrics.rst", category="Training", subcategory="{run}"),
-        summary=report(str(layout.summary_file("{run}")), caption="../report/train_summary.rst", category="Training", subcategory="{run}"),
+        metrics=str(layout.metrics_file("{run}")),
+        summary=str(layout.summary_file("{run}")),
     conda:
         "../../envs/train.yaml"
     log:
