@@ -21,6 +21,10 @@ except StreambackError as err:
 
 configfile: str(DEFAULT_CONFIG)
 
+
+report: "workflow/report/workflow.rst"
+
+
 # Before any job starts (and in a dry run): the project's own validator (one line per bad key,
 # defaults filled in) and the cross-key check of every run; the message alone, no traceback.
 try:
@@ -37,6 +41,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/eval.smk"
+include: "workflow/rules/report.smk"  # last: the study page takes every other stage's outputs
 
 
 rule all:

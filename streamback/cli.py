@@ -20,6 +20,7 @@ COMMANDS = {
     "tokenize": "streamback.data.tokenize",
     "train": "streamback.train.trainer",
     "training-curves": "streamback.train.curves",
+    "study-report": "streamback.report.stage",
     "export-hf": "streamback.model.export_hf",
     "bench": "streamback.measure.bench",
     "memory": "streamback.measure.memory",

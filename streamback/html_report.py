@@ -18,19 +18,44 @@ import vl_convert as vlc
 from streamback.charts import VL_VERSION
 from streamback.io import write_text
 
-Block = str | pd.DataFrame | alt.TopLevelMixin
+
+
+class Caption(str):
+    """Text under a figure or table: what it shows and how to read it."""
+
+
+class Missing(str):
+    """A stage whose outputs are not there, named in a box (never dropped silently)."""
+
+
+class Subheading(str):
+    """A heading within a section."""
+
+
+Block = str | pd.DataFrame | alt.TopLevelMixin  # str includes Caption, Missing and Subheading
 
 _STYLE = """
-body { font-family: system-ui, sans-serif; max-width: 72rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
+body { font-family: system-ui, sans-serif; max-width: 90rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
+p { max-width: 60rem; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.25rem; margin-top: 2rem; }
 table { border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
+td:last-child { text-align: left; min-width: 16rem; }
 th { background: #f4f4f4; }
 .chart { margin: 1rem 0; }
+h3 { font-size: 1.05rem; margin-top: 1.5rem; }
+.caption { font-size: 0.85rem; color: #555; margin-top: -0.5rem; max-width: 60rem; }
+.missing { background: #fff4e5; border-left: 4px solid #e69500; padding: 0.5rem 0.8rem; }
 """
 
 
 def _block(block: Block, index: int) -> str:
+    if isinstance(block, Caption):
+        return f'<p class="caption">{html.escape(block)}</p>'
+    if isinstance(block, Missing):
+        return f'<p class="missing">{html.escape(block)}</p>'
+    if isinstance(block, Subheading):
+        return f"<h3>{html.escape(block)}</h3>"
     if isinstance(block, str):
         return f"<p>{html.escape(block)}</p>"
     if isinstance(block, pd.DataFrame):

@@ -119,6 +119,7 @@ EVAL_DIR = RESULTS / "eval"
 TABLES_DIR = RESULTS / "tables"
 FIGURES_DIR = RESULTS / "figures"
 STUDY_PAGE = RESULTS / "study.html"
+TIMING_DIR = RESULTS / "timing"  # Snakemake's benchmark records: timing/<rule>/<job>.tsv
 REPORT_PAGE = RESULTS / "report.html"  # Snakemake's report (snakemake --report)
 
 
@@ -185,3 +186,8 @@ def analysis_outputs(kind: str, runs: list[str], shapes: list[str]) -> list[Path
     """Every file `streamback analyze <kind>` writes: its tables, then each figure as .svg and .png."""
     return [table(name) for name in ANALYSIS_TABLES[kind]] + [
         figure(name, suffix) for name in analysis_figures(kind, runs, shapes) for suffix in FIGURE_SUFFIXES]
+
+
+def timing_file(rule: str, job: str = "all") -> Path:
+    """The benchmark record (wall-clock, CPU time, memory) of one job of `rule` (`job`: e.g. the run)."""
+    return TIMING_DIR / rule / f"{job}.tsv"

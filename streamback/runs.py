@@ -1,8 +1,9 @@
 """The run matrix of the `train` config section: which models are trained, and their names.
 
 Every shape is trained with every block (`{shape}-{block}`, the study's six runs for three shapes
-and two blocks); every extra stream format adds a StreamBack run whose stream is held in that
-format (`{shape}-streamback-{format}`, e.g. `medium-streamback-mxfp8`, `fat-short-streamback-bf16_sr`).
+and two blocks); every extra stream format adds, per shape of `stream_shapes` (default: every
+shape), a StreamBack run whose stream is held in that format (`{shape}-streamback-{format}`,
+e.g. `medium-streamback-mxfp8`, `fat-short-streamback-bf16_sr`).
 Each run may override how it is executed (`per_run`: micro-batch size, activation
 checkpointing, torch.compile, Slurm resources), never the recipe, so every run of a matrix is trained the same way. Standard library only: the
 Snakemake rules import it to name their jobs.
@@ -33,11 +34,15 @@ class RunSpec:
 def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
     """All runs of the validated `train` section, by name, in config order."""
     matrix = train_cfg["runs"]
+    stream_shapes = matrix["shapes"] if matrix["stream_shapes"] is None else matrix["stream_shapes"]
+    outside = [s for s in stream_shapes if s not in matrix["shapes"]]
+    if outside and matrix["streams"]:
+        raise StreambackError(f"train.runs.stream_shapes names shapes that are not in train.runs.shapes: {', '.join(outside)}")
     runs = {}
     for shape in matrix["shapes"]:
         for block in matrix["blocks"]:
             runs[f"{shape}-{block}"] = RunSpec(f"{shape}-{block}", shape, block, "fp32" if block == "streamback" else "bf16")
-        for stream in matrix["streams"]:
+        for stream in matrix["streams"] if shape in stream_shapes else ():
             name = f"{shape}-streamback-{stream}"
             runs[name] = RunSpec(name, shape, "streamback", stream)
     unknown = set(train_cfg["per_run"]) - set(runs)
@@ -62,6 +67,7 @@ def run_setting(train_cfg: dict, run: str, key: str):
     if key == "resources":
         return {**train_cfg["resources"], **override.get("resources", {})}
     return override.get(key, train_cfg[key])
+
 
 def run_processes(train_cfg: dict, run: str) -> int:
     """How many training processes the rule starts for `run`: gpus x nodes, or one CPU process."""

@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def run_snakemake():
     """Run `snakemake -s <repo>/Snakefile` with the given arguments; returns the CompletedProcess."""
 

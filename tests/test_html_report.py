@@ -45,3 +45,11 @@ def test_report_is_self_contained_and_escaped(tmp_path):
 def test_report_rejects_unknown_blocks():
     with pytest.raises(TypeError, match="DataFrame"):
         render_report("t", [("", [42])])
+
+
+def test_captions_missing_stages_and_subheadings_are_set_apart():
+    from streamback.html_report import Caption, Missing, Subheading
+
+    page = render_report("t", [("s", [Subheading("a <shape>"), "plain", Caption("what & how"), Missing("rule x has not run")])])
+    assert "<h3>a &lt;shape&gt;</h3>" in page and "<p>plain</p>" in page
+    assert '<p class="caption">what &amp; how</p>' in page and '<p class="missing">rule x has not run</p>' in page

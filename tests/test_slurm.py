@@ -74,7 +74,7 @@ def test_requeued_training_job_resumes_bit_identical(tmp_path):
         while not (live.exists() and len(live.read_text().splitlines()) >= 15):  # well into the run, past a checkpoint
             assert workflow.poll() is None and time.monotonic() < deadline, "the train job did not start"
             time.sleep(0.5)
-        (job,) = [jid for jid, name in _squeue("%i", "%j") if name]
+        (job,) = [jid for jid, workdir in _squeue("%i", "%Z") if workdir == str(tmp_path)]  # this workflow's only job now
         subprocess.run(["scontrol", "requeue", job], check=True)
         while not any(state == "PENDING" for jid, state in _squeue("%i", "%T") if jid == job):
             time.sleep(0.5)

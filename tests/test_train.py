@@ -136,6 +136,12 @@ def test_run_matrix_names():
     assert (runs["micro-streamback-bf16_sr"].block, runs["micro-streamback-bf16_sr"].stream) == ("streamback", "bf16_sr")
     with pytest.raises(StreambackError, match="not in the matrix: nope"):
         run_matrix(config(per_run={"nope": {"micro_batch_size": 2}})["train"])
+    two = {"shapes": ["a", "b"], "blocks": ["baseline", "streamback"], "streams": ["mxfp8", "nvfp4"]}
+    only_b = run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": ["b"]}}})["train"])
+    assert list(only_b) == ["a-baseline", "a-streamback", "b-baseline", "b-streamback", "b-streamback-mxfp8", "b-streamback-nvfp4"]
+    assert len(run_matrix(validate_config({"train": {"runs": two}})["train"])) == 8  # null: every shape
+    with pytest.raises(StreambackError, match="stream_shapes names shapes that are not in train.runs.shapes: c"):
+        run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": ["c"]}}})["train"])
 
 
 def test_metrics_log_is_cut_back_to_the_checkpoint(tmp_path):
@@ -528,3 +534,24 @@ def test_a_token_budget_larger_than_the_data_is_refused_or_repeated_on_purpose(t
     assert run_inprocess(tokens, tmp_path, repeat_data=True, **big) == 0
     assert f"train.repeat_data is on: the run reads its train split {steps * batch / windows:.2f} times" in capsys.readouterr().err
 
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_compiled_training_on_a_gpu(tokens, tmp_path):
+    """`torchrun --standalone --nproc-per-node 1 -m streamback train` with compile on, as the rule
+    launches it: the trainer takes the GPU, its first-step check of the stream's dtype passes, and
+    every step's loss is finite and falls; validation and the stream's envelope are recorded.
+    (One process builds no process group: FSDP2 with NCCL is test_model's test_fsdp_stream_dtype.)"""
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1")
+    proc = cli(tokens, tmp_path, launcher=torchrun, compile=True)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "residual stream reaches blocks" not in err
+    records = read_metrics(tmp_path / "out" / layout.METRICS_FILE)
+    losses = [r["loss"] for r in records]
+    assert len(records) == STEPS and all(math.isfinite(v) for v in losses)
+    assert np.mean(losses[-3:]) < 0.9 * np.mean(losses[:3])
+    assert any("val_loss" in r for r in records) and any("stream_absmax" in r for r in records)
+    summary = json.loads((tmp_path / "out" / layout.SUMMARY_FILE).read_text())
+    assert summary["device"] == "cuda" and summary["processes"] == 1

@@ -82,6 +82,8 @@ rule analyze_layer_error:
         "../../envs/analysis.yaml"
     log:
         "logs/analysis/layer-error.log",
+    benchmark:
+        str(layout.timing_file("analyze_layer_error")),
     threads: ANALYSIS_RES["threads"]
     resources:
         **analysis_resources(),
@@ -100,6 +102,8 @@ rule analyze_envelope:
         "../../envs/analysis.yaml"
     log:
         "logs/analysis/envelope.log",
+    benchmark:
+        str(layout.timing_file("analyze_envelope")),
     threads: ANALYSIS_RES["threads"]
     resources:
         **analysis_resources(),
@@ -118,6 +122,8 @@ rule analyze_swallowed:
         "../../envs/analysis.yaml"
     log:
         "logs/analysis/swallowed.log",
+    benchmark:
+        str(layout.timing_file("analyze_swallowed")),
     threads: ANALYSIS_RES["threads"]
     resources:
         **analysis_resources(),
@@ -136,6 +142,8 @@ rule analyze_loss_difference:
         "../../envs/analysis.yaml"
     log:
         "logs/analysis/loss-difference.log",
+    benchmark:
+        str(layout.timing_file("analyze_loss_difference")),
     threads: ANALYSIS_RES["threads"]
     resources:
         **analysis_resources(),

@@ -3,6 +3,7 @@
 # results/tokens/<corpus>/ (or data.dir): shards, tokenizer.json and manifest.json, the output
 # the training rules depend on (rules.tokenize.output.manifest).
 
+from streamback import layout
 from streamback.layout import corpus_dir, corpus_files, input_files, tokens_dir
 
 DATA = config["data"]
@@ -16,6 +17,8 @@ rule corpus:
         "../../envs/data.yaml"
     log:
         f"logs/corpus/{DATA['corpus']}.log",
+    benchmark:
+        str(layout.timing_file("corpus")),
     threads: DATA["processes"]
     resources:
         mem_mb=2000,
@@ -37,6 +40,8 @@ rule tokenize:
         "../../envs/data.yaml"
     log:
         f"logs/tokenize/{DATA['corpus']}.log",
+    benchmark:
+        str(layout.timing_file("tokenize")),
     threads: DATA["processes"]
     resources:
         mem_mb=DATA["mem_mb"],

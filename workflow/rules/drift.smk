@@ -27,6 +27,8 @@ rule drift:
         "../../envs/drift.yaml"
     log:
         "logs/drift.log",
+    benchmark:
+        str(layout.timing_file("drift")),
     threads: 1
     resources:
         mem_mb=2000,

@@ -33,6 +33,8 @@ rule eval_tasks:
         "../../envs/eval.yaml"
     log:
         "logs/eval/tasks.log",
+    benchmark:
+        str(layout.timing_file("eval_tasks")),
     threads: 1
     resources:
         mem_mb=1000,
@@ -56,6 +58,8 @@ rule evaluate:
         "../../envs/eval.yaml"
     log:
         "logs/evaluate/{run}.log",
+    benchmark:
+        str(layout.timing_file("evaluate", "{run}")),
     wildcard_constraints:
         run="|".join(re.escape(run) for run in EVAL_RUNS) or "(?!)",
     threads: EVAL_RES["threads"]
@@ -84,6 +88,8 @@ rule benchmark_table:
         "../../envs/eval.yaml"
     log:
         "logs/eval/benchmark_table.log",
+    benchmark:
+        str(layout.timing_file("benchmark_table")),
     threads: 1
     resources:
         mem_mb=2000,

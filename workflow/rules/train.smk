@@ -98,6 +98,8 @@ rule train:
         "../../envs/train.yaml"
     log:
         "logs/train/{run}.log",
+    benchmark:
+        str(layout.timing_file("train", "{run}")),
     wildcard_constraints:
         run="|".join(re.escape(run) for run in RUNS) or "(?!)",
     threads: lambda wildcards: train_resources(wildcards.run)["threads"] * max(1, train_resources(wildcards.run)["gpus"])
@@ -135,3 +137,33 @@ rule train:
 
 TARGETS.extend(expand(list(rules.train.output), run=list(RUNS)))
 
+
+# The runs' curves, from their metrics.jsonl: a table and figures (streamback/train/curves.py).
+rule training_curves:
+    input:
+        expand(rules.train.output.metrics, run=list(RUNS)),
+    output:
+        table=report(str(layout.table(layout.TRAINING_TABLE)), caption="../report/training_curves.rst", category="Training"),
+        figures=[
+            report(str(layout.figure(name, suffix)), caption=f"../report/{name}.rst", category="Training") if suffix == "svg"
+            else str(layout.figure(name, suffix))
+            for name in layout.TRAINING_FIGURES for suffix in layout.FIGURE_SUFFIXES
+        ],
+    conda:
+        "../../envs/analysis.yaml"
+    log:
+        "logs/training_curves.log",
+    benchmark:
+        str(layout.timing_file("training_curves")),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        cfg=params_json("train"),
+        runs=" ".join(RUNS),
+    shell:
+        "{STREAMBACK} training-curves --params {params.cfg} --runs {params.runs} > {log} 2>&1"
+
+
+TARGETS.extend(rules.training_curves.output)

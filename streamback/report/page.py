@@ -1,0 +1,180 @@
+"""The study page's sections, in order, from the files the stages wrote.
+
+Every table shown is a stage's CSV (or a view of it), every figure is drawn by the owning stage's
+own chart function from that stage's tables (`streamback.analysis.figures.charts`,
+`streamback.train.curves`, `streamback.drift.report`), so the page and the SVG/PNG files show the
+same thing. A stage whose files are not there is named in a box, with the rule that makes them.
+Captions are the Snakemake report's (`workflow/report/<name>.rst`): one home for each.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from streamback import layout
+from streamback.config import ROOT
+from streamback.html_report import Caption, Missing, Subheading
+from streamback.report import answer, provenance
+from streamback.runs import comparisons, run_matrix
+
+CAPTIONS = ROOT / "workflow" / "report"
+
+
+@dataclass
+class Study:
+    """What the page is about: the merged config, the config files it came from, the timing records."""
+
+    config: dict
+    config_files: list[Path]
+    timings: dict[str, list[Path]] = field(default_factory=dict)
+
+    @property
+    def runs(self) -> list[str]:
+        return list(run_matrix(self.config["train"]))
+
+
+def caption(name: str, **values) -> Caption:
+    """The caption of `workflow/report/<name>.rst` as plain text (RST literals unquoted, Jinja
+    fields filled from `values`)."""
+    text = (CAPTIONS / f"{name}.rst").read_text().strip()
+    text = re.sub(r"\{\{\s*snakemake\.wildcards\.(\w+)\s*\}\}", lambda m: str(values.get(m.group(1), m.group(0))), text)
+    return Caption(text.replace("``", "").replace("\\|", "|"))
+
+
+def _missing(what: str, rule: str, files: list[Path]) -> Missing:
+    absent = [str(f) for f in files if not Path(f).exists()]
+    shown = ", ".join(absent[:4]) + (f" and {len(absent) - 4} more" if len(absent) > 4 else "")
+    return Missing(f"{what}: not run yet (rule {rule}; missing {shown}). Run `snakemake --cores 2 {rule}` or the whole study.")
+
+
+def _read_tables(names) -> dict[str, pd.DataFrame] | None:
+    paths = [layout.table(n) for n in names]
+    return {n: pd.read_csv(p) for n, p in zip(names, paths)} if all(p.exists() for p in paths) else None
+
+
+def _shown(path: Path) -> str:
+    """A config file as a reader knows it: relative to the repository if it is in it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def what_was_run(study: Study) -> list:
+    summaries = {r: json.loads(layout.summary_file(r).read_text()) for r in study.runs if layout.summary_file(r).exists()}
+    versions = provenance.package_versions()
+    files = [f"{_shown(f)} (sha256 {provenance.sha256(f)[:12]})" for f in study.config_files]
+    blocks = [
+        f"Config: {' merged with '.join(files)}; the merged, validated config hashes to {provenance.config_hash(study.config)[:16]}. "
+        f"Code: commit {provenance.git_commit(ROOT)}. Page written on {provenance.this_machine()}.",
+        "Packages: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
+    ]
+    if summaries:
+        runs = provenance.runs_table(summaries)
+        devices = sorted({str(d) for d in runs.device.dropna()})
+        blocks += [Subheading("Trained runs"), runs, Caption(
+            f"One row per run, from its summary.json (results/runs/<run>/): trained on {', '.join(devices)}; "
+            f"{runs['GPU-hours'].sum():.1f} GPU-hours and {runs['train time (s)'].sum() / 60:.1f} minutes of training in all.")]
+    absent = [r for r in study.runs if r not in summaries]
+    if absent:
+        blocks.append(_missing(f"Training of {', '.join(absent)}", "train", [layout.summary_file(r) for r in absent]))
+    times = provenance.stage_times(study.timings)
+    if not times.empty:
+        blocks += [Subheading("Time per stage"), times, Caption(
+            "Wall-clock and CPU seconds of every stage's jobs, summed (Snakemake's benchmark records, results/timing/). "
+            "On a cluster the wall-clock seconds of jobs that ran side by side add up to more than the study took.")]
+    return blocks
+
+
+def benchmarks() -> list:
+    tables = _read_tables(layout.BENCHMARK_TABLES)
+    if tables is None:
+        return [_missing("Evaluation", "benchmark_table", [layout.table(n) for n in layout.BENCHMARK_TABLES])]
+    scores, pairs = tables["benchmarks"], tables["benchmark_pairs"]
+    wide = scores.assign(score=[f"{v:.4g} ± {s:.2g}" if pd.notna(s) else f"{v:.4g}" for v, s in zip(scores.value, scores.stderr)])
+    wide = wide.pivot_table(index=["shape", "run", "stream"], columns=["task", "metric"], values="score", aggfunc="first", sort=False)
+    wide.columns = [f"{task} ({metric})" for task, metric in wide.columns]
+    shown = ["shape", "task", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm", "mdd", "verdict"]
+    return [wide.reset_index(), caption("benchmarks"), Subheading("Is a difference real? Each run against its shape's baseline"),
+            pairs[[c for c in shown if c in pairs.columns]].round(4), caption("benchmark_pairs")]
+
+
+def analysis(kind: str, study: Study) -> list:
+    """The figures of one analysis kind (and, for loss-difference, its table), each with its caption."""
+    from streamback.analysis.figures import charts
+
+    names = layout.ANALYSIS_TABLES[kind]
+    tables = _read_tables(names)
+    if tables is None:
+        return [_missing(f"Analysis {kind}", f"analyze_{kind.replace('-', '_')}", [layout.table(n) for n in names])]
+    blocks = [tables["loss_difference"].round(5), caption("analysis_loss_difference")] if kind == "loss-difference" else []
+    for name, chart in charts(kind, tables, study.config["analysis"]["band"]).items():
+        figure, _, subject = name.partition("-")
+        blocks += [Subheading(subject)] if subject else []
+        blocks += [chart, caption(f"analysis_{figure}_figure")]
+    return blocks
+
+
+def training_curves() -> list:
+    from streamback.train.curves import grad_norm_chart, loss_chart
+
+    path = layout.table(layout.TRAINING_TABLE)
+    if not path.exists():
+        return [_missing("Training curves", "training_curves", [path])]
+    table = pd.read_csv(path)
+    return [loss_chart(table), caption("training_loss"), grad_norm_chart(table), caption("training_grad_norm")]
+
+
+def drift(study: Study) -> list:
+    from streamback.drift.report import overview_table, ratio_chart, reading, spacing_chart, trajectory_chart
+
+    files = {k: layout.DRIFT_DIR / v for k, v in layout.DRIFT_FILES.items()}
+    if not all(files[k].exists() for k in ("summary", "trajectories", "spacing")):
+        return [_missing("The drift study", "drift", list(files.values()))]
+    summary, spacing = pd.read_csv(files["summary"]), pd.read_csv(files["spacing"])
+    summary["note"] = summary["note"].fillna("")
+    skipped = summary[summary.drift.isna()].groupby("path", sort=False).note.first().to_dict()
+    return [*reading(summary), overview_table(summary), caption("drift_summary"),
+            ratio_chart(summary), caption("drift_ratio"),
+            trajectory_chart(pd.read_parquet(files["trajectories"]), study.config["drift"]["start"], skipped), caption("drift_trajectories"),
+            spacing_chart(spacing), caption("drift_spacing"),
+            f"The drift study's own page, with its setup: {files['report']}."]
+
+
+def speed_and_memory() -> list:
+    """The GPU benchmark's table where `streamback bench` has run (it is not part of the DAG), and the memory estimate."""
+    blocks = []
+    for path, what in ((layout.BENCH_FILE, "training-step speed and memory (streamback bench, on a GPU)"),
+                       (layout.MEMORY_FILE, "estimated peak memory of a training step (streamback memory)")):
+        md = path.with_suffix(".md")
+        if md.exists():
+            blocks += [Subheading(what), _markdown_table(md.read_text()), Caption(f"From {path}.")]
+    return blocks or [Missing("No speed or memory figures yet: `streamback bench` on a GPU (benchmarks/gpu_checks.py runs it) writes "
+                              f"{layout.BENCH_FILE}, `streamback memory` writes {layout.MEMORY_FILE}.")]
+
+
+def _markdown_table(text: str) -> pd.DataFrame:
+    """The first Markdown table of `text` as a DataFrame of strings."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if not set(line) <= set("|-: ")]
+    return pd.DataFrame(rows[1:], columns=rows[0])
+
+
+def sections(study: Study) -> list[tuple[str, list]]:
+    """The page, in the order a reader needs it."""
+    pairs = comparisons(run_matrix(study.config["train"]))
+    return [
+        ("What was run", what_was_run(study)),
+        ("The answer", answer.sentences(study.config, pairs)),
+        ("Benchmarks", benchmarks()),
+        ("Loss difference", analysis("loss-difference", study)),
+        ("Residual envelope", analysis("envelope", study)),
+        ("Precision error by layer", analysis("layer-error", study)),
+        ("Swallowed updates", analysis("swallowed", study)),
+        ("Training curves", training_curves()),
+        ("The drift of a long bf16 sum", drift(study)),
+        ("Speed and memory", speed_and_memory()),
+    ]

@@ -1,0 +1,107 @@
+"""The study page: the whole default study (a smaller corpus and shorter runs) through `snakemake
+--cores 2`, then results/study.html checked for what a reader needs (every section, the answer
+computed from the tables, a missing stage named) and opened in headless Chromium with no network:
+no console error, no failed or outside request, every figure rendered; a screenshot is kept."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import ROOT
+from streamback import layout
+
+# the default study, smaller: every stage and every run of config/config.yaml, on less data and fewer steps
+SMALL = {
+    "data": {"synthetic": {"documents": 4000, "files": 1}},
+    "train": {"tokens": 30 * 2048, "schedule": {"warmup_steps": 5, "decay_steps": 10}, "log": {"val_every": 10, "val_sequences": 16}},
+    "eval": {"local": {"pairs": 30, "documents": 30}},
+    "drift": {"coords": 256, "seeds": [0], "steps": 1000},
+}
+SECTIONS = ["What was run", "The answer", "Benchmarks", "Loss difference", "Residual envelope", "Precision error by layer",
+            "Swallowed updates", "Training curves", "The drift of a long bf16 sum", "Speed and memory"]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, run_snakemake):
+    root = tmp_path_factory.mktemp("study")
+    (root / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    result = run_snakemake("--cores", "2", "--directory", root, "--configfile", root / "small.yaml", timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    return root
+
+
+@pytest.mark.slow
+def test_the_page_says_what_was_run_and_what_came_out(study):
+    page = (study / layout.STUDY_PAGE).read_text()
+    headings = re.findall(r"<h2>(.*?)</h2>", page)
+    assert headings == SECTIONS
+    assert "config/config.yaml" in page and "small.yaml" in page and "Code: commit" in page and "torch " in page
+    assert page.count("<script") == 1 + page.count('vegaEmbed("#chart')  # the bundle, then one script per chart
+    assert "https://" not in re.sub(r"<script.*?</script>", "", page, flags=re.S)  # no link out, apart from inside the bundle
+    assert 'class="missing"' in page and "Speed and memory" in page  # no GPU figures: named, not dropped
+    assert page.count('class="missing"') == 1
+    # the answer is the tables' numbers
+    loss = pd.read_csv(study / layout.table("loss_difference"))
+    row = loss[(loss.split == "val") & (loss.comparison == "streamback")].iloc[0]
+    assert f"On {row['shape']}, StreamBack's final validation loss is {abs(row.final_difference):.4f} nats" in page
+    pairs = pd.read_csv(study / layout.table("benchmark_pairs"))
+    assert f"Of {len(pairs)} benchmark comparisons" in page
+    for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
+        assert run in page
+
+
+@pytest.mark.slow
+def test_a_stage_that_has_not_run_is_named(study, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(study / "results", copy / "results")
+    (copy / layout.table("swallowed")).unlink()
+    shutil.rmtree(copy / layout.DRIFT_DIR)
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    proc = subprocess.run([sys.executable, "-m", "streamback", "study-report", "--config-json", json.dumps(config)], cwd=copy,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    page = (copy / layout.STUDY_PAGE).read_text()
+    assert "Analysis swallowed: not run yet (rule analyze_swallowed; missing results/tables/swallowed.csv)" in page
+    assert "The drift study: not run yet (rule drift" in page
+    assert "The swallowed updates are not available" in page  # the answer says so too
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_page_renders_offline_in_chromium(study):
+    """Every request the page makes is refused unless it is the page itself: a figure that needed the
+    network, a console error or a chart that does not draw fails the test. The screenshot goes to
+    results/study_screenshot.png in the repository (git-ignored) for a reviewer."""
+    from playwright.sync_api import sync_playwright
+
+    page_file = study / layout.STUDY_PAGE
+    errors, outside = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"),
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
+            page.route("**/*", lambda route: route.continue_() if route.request.url == page_file.as_uri()
+                       else (outside.append(route.request.url), route.abort()))
+            page.goto(page_file.as_uri(), wait_until="load")
+            charts = page.locator("div.chart")
+            count = charts.count()
+            page.wait_for_function(f"document.querySelectorAll('div.chart svg, div.chart canvas').length >= {count}", timeout=60000)
+            sizes = page.evaluate("Array.from(document.querySelectorAll('div.chart')).map(d => {"
+                                  " const s = d.querySelector('svg, canvas'); const r = s.getBoundingClientRect(); return [r.width, r.height]; })")
+            shot = ROOT / layout.RESULTS / "study_screenshot.png"
+            shot.parent.mkdir(exist_ok=True)
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert not errors and not outside, (errors, outside)
+    assert count >= 20 and len(sizes) == count and all(w > 100 and h > 50 for w, h in sizes), sizes
