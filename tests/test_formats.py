@@ -243,24 +243,34 @@ def _sr_rows(fmt):
     return [1.3, -7.77, 0.0123, 100.5, -300.0, 0.6, 1.0 + 2.0**-10]
 
 
-@pytest.mark.parametrize("fmt", STOCHASTIC, ids=[f.label for f in STOCHASTIC])
-def test_stochastic_rounding_is_unbiased(fmt):
-    torch.manual_seed(3)
-    n = 4000
-    width = 32 if fmt.name == "mxfp8" else 16 * 2
-    exact = _block(_sr_rows(fmt), width).expand(n, width)
-    h = fmt.enter(torch.zeros(n, width))
-    draws = fmt.add(h, exact).double()
+def _sr_verdict(fmt, draws, exact):
+    """Draws of `exact` [n, width] rounded stochastically: each bracketed by its draws, both
+    neighbours drawn where it is off the grid, the mean within 5 standard errors of it."""
+    n, width = exact.shape
+    draws = draws.double()
     low, high = draws.min(0).values, draws.max(0).values
     mean = draws.mean(0)
     target = exact[0].double()
     assert (low <= target).all() and (target <= high).all()
     # both neighbours drawn wherever the value is off the grid
-    off_grid = fmt.add(fmt.enter(torch.zeros(1, width)), exact[:1])[0].double() != target
+    off_grid = StreamFormat(fmt.name).add(fmt.enter(torch.zeros(1, width, device=exact.device)), exact[:1])[0].double() != target
     assert (high > low)[off_grid].all()
     # a Bernoulli choice between neighbours `gap` apart has sd <= gap / 2
     tolerance = 5 * (high - low) / 2 / math.sqrt(n)
     assert ((mean - target).abs() <= tolerance).all(), (mean - target, tolerance)
+
+
+def _sr_inputs(fmt, n, device):
+    width = 32 if fmt.name == "mxfp8" else 16 * 2
+    exact = _block(_sr_rows(fmt), width).to(device).expand(n, width)
+    return fmt.enter(torch.zeros(n, width, device=device)), exact
+
+
+@pytest.mark.parametrize("fmt", STOCHASTIC, ids=[f.label for f in STOCHASTIC])
+def test_stochastic_rounding_is_unbiased(fmt, device):
+    torch.manual_seed(3)
+    h, exact = _sr_inputs(fmt, 4000, device)
+    _sr_verdict(fmt, fmt.add(h, exact), exact)
 
 
 def test_nearest_is_deterministic():
@@ -338,18 +348,23 @@ def test_add_dtype_traced_fullgraph_with_backward():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["bf16", "fp8_e4m3_sr", "mxfp8", "nvfp4"])
-def test_add_dtype_compiled_inductor(label):
-    """Inductor keeps the container dtype and the grid (one format per code path), and a compiled
-    nearest stream equals the eager one bit for bit: every intermediate sum is rounded."""
+@pytest.mark.parametrize("label", ["bf16", "fp8_e4m3_sr", "mxfp8", "nvfp4", "nvfp4_sr"])
+def test_add_dtype_compiled_inductor(label, device):
+    """Inductor keeps the container dtype and the grid (one format per code path), a compiled
+    nearest stream equals the eager one bit for bit (every intermediate sum is rounded), and a
+    compiled stochastic one is unbiased (Inductor draws its own random bits)."""
     fmt = StreamFormat.parse(label)
     torch._dynamo.reset()
-    x, d = torch.randn(2, 3, 40) * 4, torch.randn(2, 3, 40)
-    d16 = torch.randn(2, 3, 40).bfloat16()
+    x, d = (torch.randn(2, 3, 40) * 4).to(device), torch.randn(2, 3, 40).to(device)
+    d16 = torch.randn(2, 3, 40).bfloat16().to(device)
     out = torch.compile(lambda *a: _two_steps(fmt, *a), fullgraph=True)(x, d, d16)
     assert out.dtype == fmt.container_dtype and fmt.is_representable(out)
     if fmt.rounding == "nearest":
         assert torch.equal(out, _two_steps(fmt, x, d, d16))
+    else:
+        h, exact = _sr_inputs(fmt, 4000, device)
+        _sr_verdict(fmt, torch.compile(fmt.add, fullgraph=True)(h, exact), exact)
+    torch._dynamo.reset()
 
 
 # ---------------------------------------------------------------- straight-through gradient

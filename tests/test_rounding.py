@@ -30,6 +30,18 @@ def test_nearest_matches_torch_casts(spec, device):
     assert torch.equal(ours, theirs), (x[ours != theirs][:5], ours[ours != theirs][:5], theirs[ours != theirs][:5])
 
 
+@pytest.mark.slow
+def test_nearest_compiled_matches_torch_casts(device):
+    """round_to under Inductor (the formats' code path in a compiled block): the same bits as
+    torch's casts, every native format in one graph."""
+    values = [_values(spec, n=50_000).to(device) for spec in NATIVE]
+    torch._dynamo.reset()
+    rounded = torch.compile(lambda xs: [round_to(x, spec) for x, spec in zip(xs, NATIVE)], fullgraph=True)(values)
+    for spec, x, ours in zip(NATIVE, values, rounded):
+        assert torch.equal(ours, x.to(spec.dtype).float()), spec.name
+    torch._dynamo.reset()
+
+
 def test_nearest_matches_bf16_cast_on_every_kind_of_bit_pattern(device):
     """Random 32-bit patterns: normals, fp32 subnormals, huge values that overflow to inf, NaNs."""
     bits = torch.randint(-(2**31), 2**31 - 1, (500_000,), generator=torch.Generator().manual_seed(1), dtype=torch.int64)
