@@ -1,70 +1,68 @@
-"""Every check of the project that needs a GPU, in one call that fits a lent machine's budget.
+"""Every measurement and check of the project that needs a GPU, in one call that fits a lent machine's budget.
 
     PYTHONPATH=. python benchmarks/gpu_checks.py --out DIR                 # on a CUDA machine
     PYTHONPATH=. python benchmarks/gpu_checks.py --device cpu --quick --out DIR   # CPU, tiny sizes
 
-Phases, in this order (`--parts` picks some), each check printed PASS/FAIL/INFO with its measured
-number as it finishes; a failing check does not stop the others:
+The correctness checks are tests (tests/conftest.py): every test that takes the `device` fixture
+has a CUDA case, marked `gpu`, and a test that needs CUDA alone is marked `gpu` itself; where no
+CUDA device exists they are skipped, so `pytest -m gpu` is what a GPU machine adds. This script
+runs them in one phase and measures the rest. Phases (`PHASES`, in order; `--parts` picks some),
+each item printed PASS/FAIL/INFO/SKIP with its number as it finishes; a failing item does not stop
+the others:
 1. env: torch, GPU, capability; bf16 matmul rate (8192^3, random data, median of 10 timed by CUDA
    events, result checked against fp32) and device-to-device copy bandwidth (bytes read + written).
-2. checks (tiny shapes; "medium" is 4 x 106: 106 % 32 = 10, so MX/NVFP4 end in a short block, and
-   4 heads x 26 != 106, as medium's 16 x 94 != 1512): the stream's dtype and grid at every layer
-   boundary for baseline and every StreamFormat eagerly (forward + backward); per-block
-   apply_compile (Inductor) of the paper's two blocks and of one model per formats' code path:
-   dtype and grid, and nearest logits as eager's up to rounding-order noise: at most
-   `EQ_EAGER_FRACTION` of them may differ (fp32 reductions and transcendentals evaluated in
-   another order flip a bf16 rounding now and then: on the CPU at 4 x 128 tokens, 0 to 21 of
-   49,664 medium logits; skipped roundings, Inductor without emulate_precision_casts, make
-   3,869 to 4,536 differ: the INFO finding, the control);
-   every format's adds, round_to and SR in one Inductor graph (equal to eager and to torch's casts,
-   unbiased); eagerly, round_to nearest equal to torch's casts and SR unbiased (round_to and the
-   stream formats); the reversible stream's gradients against the plain model (fp32 and bf16
-   compute, activation checkpointing, compiled per block) and its rebuild error, with
-   tests/test_reversible.py's tolerances.
-3. fsdp: FSDP2 (apply_fsdp) under a one-process NCCL group (gloo on the CPU): every format's
-   dtype at every boundary and the trainer's own check (`StreamDtypeWatch`), eager and compiled
-   then sharded (the trainer's order), the reversible stream, and FSDP2's default policy caught.
-4. train: `torchrun --standalone --nproc-per-node 1 -m streamback train` of the checks' "medium"
-   shape with compile on, at the checks' micro-batch (so Inductor's cache holds its compiled block),
-   from carried token shards (`--tokens`): exit 0, finite and falling loss, validation.
-   One process never builds FSDP2 or a process group (the trainer needs WORLD_SIZE > 1): phase 3
-   covers FSDP2 with NCCL.
-   eval: the `streamback` lm-eval backend's batched log-likelihood scoring (streamback.eval.scoring,
+2. tests: `python -m pytest -m gpu` over `GPU_TEST_FILES` (the modules with CUDA cases; the other
+   modules import what the device lacks: Snakemake, lm-eval, altair), one item per test, for at
+   most `Sizes.tests_s` seconds (a test cut off is reported so). Among them: rounding against
+   torch's casts and `ulp` against torch.nextafter, stochastic rounding unbiased (eager and
+   compiled), NVFP4 against NVIDIA's recipe, every stream format's dtype and grid (eager, FSDP2 on
+   NCCL, compiled then sharded), compiled blocks rounding as eager ones (per block, against the
+   control of Inductor without emulate_precision_casts), the reversible stream's gradients and
+   rebuild, and a compiled `torchrun ... streamback train` on the GPU. Quick: the CPU cases of a
+   few fast tests (`Sizes.tests_args`).
+3. eval: the `streamback` lm-eval backend's batched log-likelihood scoring (streamback.eval.scoring,
    no lm-eval on the device): fp32 batches equal one request at a time; items/s of each paper block.
-   analysis: `streamback analyze`'s computations (streamback.analysis; no altair on the device, so no
+4. analysis: `streamback analyze`'s computations (streamback.analysis; no altair on the device, so no
    figures) on a random model of each paper shape, deepest first, at config/paper.yaml's analysis
    batch: seconds and peak GPU memory of layer-error (fp32 ground truth + every stream variant; its
    fp32 stream closer to the truth than its bf16 stream, the check), swallowed and envelope, and the
    window-loss rate that loss-difference runs at. A shape starts only while 40% of the budget is left.
-5. bench: `streamback bench` (its CLI, one shape x mode x variant per call, in priority order:
-   the issue's reference figures first) on config/paper.yaml at micro-batch 4 x 2048, until the
+5. profile (`streamback.measure.kernels`): per paper shape, a compiled training step of the baseline
+   against StreamBack (skinny-tall: against the reversible stream), micro-batch 4 x 2048: the
+   kernels Inductor generated for one block (forward and backward graphs: count by kind and
+   Inductor's own bytes estimate), torch.profiler's kernel time per step by kind, the kernels that
+   differ most, and GPU busy against wall time (the gap is time the GPU waited); then the
+   baseline's stream add rounded on its bit pattern (`round_to`, what compiled blocks run) against
+   a native bf16 add under emulate_precision_casts: the same bits?, and the time of each. Written
+   to profile.md; starts an item only while `Sizes.bench_reserve` seconds remain for the bench.
+6. bench: `streamback bench` (its CLI, one shape x mode x variant per call, in priority order:
+   compiled first, where the goals are) on config/paper.yaml at micro-batch 4 x 2048, until the
    time budget is spent; the rows left are listed as skipped. Goals: StreamBack >= 0.99x the
-   baseline's tokens/s, tokens/s (so MFU) above the reference, reversible peak <= baseline peak.
+   baseline's tokens/s; the reversible stream >= 0.97x with peak memory <= the baseline's
+   (compiled); MFU of the compiled baseline (`MFU_GOALS`); tokens/s above plain PyTorch (`REFERENCE`).
 
-Time: `--budget` seconds (default 420 on a GPU): compiled checks start only in the first 35%,
-FSDP2's compiled ones in the first 45%, the training smoke in the first 60%, and each bench call
-only if the time left covers the longest call of its kind so far. Outputs under `--out` (at most
-8 files, none in subfolders, rewritten as the run goes, so a run stopped from outside keeps what
-it did): summary.json (everything), summary.md (the table printed last), bench.json/.md (all
-rows), train_metrics.jsonl, train.log, plus the caller's tee'd log. Exit status 1 if any check
-failed (goals, findings and skipped items are reported, not failures), 0 otherwise.
+Time: `--budget` seconds (default 420 on a GPU); each bench call starts only if the time left
+covers the longest call of its kind so far. Outputs under `--out` (at most 8 files, none in
+subfolders, rewritten as the run goes, so a run stopped from outside keeps what it did):
+summary.json (everything), summary.md (the table printed last), tests.log (pytest's output),
+profile.md, bench.json/.md (all rows and goals), plus the caller's tee'd log. Exit status 1 if any
+check failed (goals, findings and skipped items are reported, not failures), 0 otherwise.
 
-On the lent H200 (torch 2.11, Python 3.12, no internet, no snakemake/datasets/jsonschema). Once,
-here, in the repository root: the jsonschema stack as wheels (0.5 MB, ignored by .gitignore; attrs
-and typing-extensions, which jsonschema and referencing require, are already on the device), and
-the token shards of the default data stage (6 MB; the device cannot tokenize: no `datasets`):
+On the lent H200 (torch 2.11, Python 3.12 with pytest, no internet, no snakemake/datasets/
+jsonschema). Once, here, in the repository root: the jsonschema stack as wheels (0.5 MB, ignored
+by .gitignore; attrs and typing-extensions, which jsonschema and referencing require, are already
+on the device). The tests make their own token shards (conftest's `tokens`: the data stage's code).
 
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
-    python -m streamback corpus && python -m streamback tokenize    # results/tokens/synthetic
 
-Then one `run`, carry [".whl", "results/tokens/synthetic"], timeout_s 540, command:
+Then one `run`, carry [".whl"], timeout_s 540, command:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit; set -o pipefail; python3 benchmarks/gpu_checks.py --out $OUT 2>&1 | tee $OUT/gpu_checks.log
 
 It takes the 420 s budget plus the last item's overrun and ~20 s of installing and importing, so
 with the machine's start about 9 of the session's 15 minutes. A rerun of what was skipped is
 possible only at once, while the machine is still warm (30 s), e.g. the same command with
-`--parts bench --bench-groups medium:compiled --budget 150` and timeout_s 240.
+`--parts bench --bench-groups medium:eager --budget 150` and timeout_s 240.
 """
 
 from __future__ import annotations
@@ -72,11 +70,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import gc
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -86,36 +84,19 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-import yaml
 
-from streamback import layout
-from streamback.config import DEFAULT_CONFIG, ROOT, load_config, validate_config
+from streamback.config import DEFAULT_CONFIG, ROOT, load_config
 from streamback.io import markdown_table, write_json, write_text
+from streamback.measure import kernels
 from streamback.measure.bench import markdown_table as bench_table
-from streamback.measure.step import step_seconds
-from streamback.model.formats import STREAM_LABELS, StreamFormat
+from streamback.measure.step import model_args, random_tokens, step_seconds, training_step
 from streamback.model.model import ModelArgs, Transformer
-from streamback.model.reversible import forward_residuals, step_back
-from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, round_to, ulp
-from streamback.train.parallel import apply_activation_checkpointing, apply_compile
 
-PARTS = ("env", "checks", "fsdp", "train", "eval", "analysis", "bench")
-STREAMS = list(STREAM_LABELS)  # every format x rounding
-SR_FORMATS = [StreamFormat.parse(s) for s in STREAMS if s.endswith("_sr")]
-NATIVE_SPECS = [BF16, FP16, FP8_E4M3, FP8_E5M2]  # formats with a torch dtype to cast to
-SR_SPECS = [BF16, FP16, FP8_E4M3, FP8_E5M2, FP4_E2M1]
-SHAPES = {  # tiny shapes for the correctness checks
-    "fat": dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=1),
-    "medium": dict(dim=106, n_layers=4, n_heads=4, n_kv_heads=1),
-}
+SHAPES = {"medium": dict(dim=106, n_layers=4, n_heads=4, n_kv_heads=1)}  # tiny: 106 % 32 = 10, 4 heads x 26 != 106
 VOCAB = 97
-# compiled logits may differ from eager ones in this fraction at most (see the docstring, phase 2)
-EQ_EAGER_FRACTION = 1e-3
-# Compiled checks, FSDP2's compiled checks and the training smoke start only before these fractions of the
-# budget, so the bench keeps at least 40% of it.
-SHARES = {"checks": 0.35, "fsdp": 0.45, "train": 0.60}
-TRAIN_SHAPE, TRAIN_RUN = "check-medium", "check-medium-streamback"  # SHAPES["medium"], added to the config
+TRAIN_SHAPE = "check-medium"  # SHAPES["medium"]'s name in the quick analysis
+# the test modules with CUDA cases (`pytest -m gpu`); tests/test_gpu_checks.py checks this is all of them
+GPU_TEST_FILES = ("tests/test_rounding.py", "tests/test_formats.py", "tests/test_model.py", "tests/test_reversible.py", "tests/test_train.py")
 # Plain PyTorch on one H200, torch 2.11, micro-batch 4 x 2048 (issue 3): tokens/s and peak GiB.
 REFERENCE = {
     ("fat-short", "compiled", "baseline"): (55_966, 28.7),
@@ -125,6 +106,7 @@ REFERENCE = {
     ("medium", "eager", "baseline"): (35_146, None),
     ("medium", "eager", "streamback"): (33_302, None),
 }
+MFU_GOALS = {"fat-short": 0.72, "medium": 0.58, "skinny-tall": 0.58}  # the compiled baseline's (issue 15)
 VARIANTS = ("baseline", "streamback", "streamback-reversible")
 LISTED = 20  # failures, findings and skipped items listed in the summary, each
 
@@ -132,23 +114,21 @@ LISTED = 20  # failures, findings and skipped items listed in the summary, each
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     """Everything that differs between a GPU run and the quick CPU run: sizes, and how many items of
-    each kind (formats compiled, bench groups); the code that runs is the same."""
+    each kind (tests, profiled pairs, bench groups); the code that runs is the same."""
 
     budget: float
     matmul_n: int
     copy_mib: int
-    batch: int
-    seq: int
-    round_values: int
-    sr_draws: int
-    stream_sr_rows: int
-    compiled_models: tuple  # (shape, stream) pairs compiled per block
-    elementwise_streams: tuple  # stream formats whose adds are compiled together in one graph
-    fsdp_compiled: tuple  # streams compiled and then sharded
-    train_steps: int
-    train_batch: int
-    train_timeout: float
-    bench_config: Path | None  # None: the script's own config (the default one plus TRAIN_SHAPE)
+    tests_args: tuple  # pytest's selection
+    tests_s: float  # at most this long for the tests
+    profile_config: Path
+    profile_pairs: tuple  # (shape, variant, variant) compiled and profiled, in order
+    profile_batch: int
+    profile_seq: int
+    profile_vocab: int
+    add_shape: tuple  # the stream the add-rounding comparison runs on
+    bench_reserve: float  # seconds the profile leaves for the bench
+    bench_config: Path
     bench_groups: tuple  # (shape, mode, variants), in priority order
     bench_batch: int
     bench_seq: int
@@ -159,31 +139,25 @@ class Sizes:
 
 
 GPU = Sizes(
-    budget=420, matmul_n=8192, copy_mib=1024, batch=4, seq=128, round_values=1_000_000, sr_draws=20_000,
-    stream_sr_rows=20_000,
-    # the paper's two blocks, then one model per code path of the formats (every format: elementwise_streams)
-    compiled_models=(("fat", "baseline"), ("fat", "fp32"), ("medium", "baseline"), ("medium", "fp32"), ("medium", "bf16"),
-                     ("medium", "mxfp8"), ("medium", "nvfp4_sr")),
-    elementwise_streams=tuple(STREAMS),
-    fsdp_compiled=("baseline", "fp32"),
-    train_steps=60, train_batch=32, train_timeout=180,
+    budget=420, matmul_n=8192, copy_mib=1024, tests_args=("-m", "gpu"), tests_s=130,
+    profile_config=ROOT / "config" / "paper.yaml",
+    profile_pairs=(("medium", "baseline", "streamback"), ("skinny-tall", "baseline", "streamback-reversible"),
+                   ("fat-short", "baseline", "streamback")),
+    profile_batch=4, profile_seq=2048, profile_vocab=128256, add_shape=(4, 2048, 1512), bench_reserve=150,
     bench_config=ROOT / "config" / "paper.yaml",
     bench_groups=(
-        ("fat-short", "compiled", VARIANTS), ("skinny-tall", "compiled", VARIANTS), ("medium", "eager", VARIANTS),
-        ("fat-short", "eager", VARIANTS), ("skinny-tall", "eager", VARIANTS), ("medium", "compiled", VARIANTS),
+        ("fat-short", "compiled", VARIANTS), ("skinny-tall", "compiled", VARIANTS), ("medium", "compiled", VARIANTS),
+        ("skinny-tall", "eager", VARIANTS), ("medium", "eager", VARIANTS), ("fat-short", "eager", VARIANTS),
     ),
     bench_batch=4, bench_seq=2048, bench_vocab=128256, bench_steps=10, bench_warmup=3,
     bench_first_call={"eager": 15, "compiled": 60},
 )
 QUICK = Sizes(
-    budget=300, matmul_n=256, copy_mib=16, batch=2, seq=16, round_values=20_000, sr_draws=2_000, stream_sr_rows=2_000,
-    compiled_models=(("medium", "fp8_e4m3"),),
-    elementwise_streams=("bf16", "fp8_e4m3_sr"),  # a nearest and a stochastic one
-    fsdp_compiled=("fp32",),
-    train_steps=12, train_batch=8, train_timeout=240,
-    # the shape and micro-batch of the reversible check and the training smoke: Inductor's cache has the block
-    bench_config=None,
-    bench_groups=((TRAIN_SHAPE, "eager", VARIANTS), (TRAIN_SHAPE, "compiled", ("streamback",))),
+    budget=300, matmul_n=256, copy_mib=16, tests_args=("-m", "not gpu and not slow", "-k", "nextafter or infinity or nvidias_recipe"),
+    tests_s=240, profile_config=DEFAULT_CONFIG, profile_pairs=(("tiny-medium", "baseline", "streamback"),),
+    profile_batch=2, profile_seq=16, profile_vocab=64, add_shape=(2, 16, 106), bench_reserve=30,
+    bench_config=DEFAULT_CONFIG,
+    bench_groups=(("tiny-medium", "eager", VARIANTS), ("tiny-medium", "compiled", ("streamback",))),
     bench_batch=2, bench_seq=16, bench_vocab=64, bench_steps=1, bench_warmup=1,
     bench_first_call={"eager": 5, "compiled": 30},
 )
@@ -199,7 +173,8 @@ class Report:
         self.start, self.budget, self.out = time.perf_counter(), budget, out
         self.checks: list[dict] = []
         self.env: dict = {}
-        self.train: dict = {}
+        self.tests: dict = {}
+        self.profile: list[str] = []
         self.bench: dict = {}
 
     def elapsed(self) -> float:
@@ -207,10 +182,6 @@ class Report:
 
     def left(self) -> float:
         return self.budget - self.elapsed()
-
-    def late(self, phase: str) -> bool:
-        """Past the time after which `phase` starts nothing new (SHARES)?"""
-        return self.elapsed() > SHARES[phase] * self.budget
 
     def record(self, group: str, name: str, ok: bool | None, value: str) -> None:
         """ok: True/False for a check, None for a finding (reported, never a failure), "skipped"."""
@@ -234,7 +205,7 @@ class Report:
 
     def save(self) -> None:
         write_json(self.out / "summary.json", {
-            "env": self.env, "checks": self.checks, "train": self.train, "bench": self.bench,
+            "env": self.env, "checks": self.checks, "tests": self.tests, "profile": self.profile, "bench": self.bench,
             "elapsed_s": round(self.elapsed(), 1), "budget_s": self.budget, "failed": len(self.failed()),
         })
 
@@ -287,450 +258,49 @@ def environment(report: Report, device: torch.device, sizes: Sizes) -> None:
                       f"{report.env['copy_tb_s']:.2f} TB/s read + write ({2 * src.nbytes / 2**30:.2f} GiB, median {ms:.3f} ms)")
 
 
-# ---- 2. correctness on the device ------------------------------------------------------------
+# ---- 2. tests: the CUDA cases of the test suite ---------------------------------------------
 
 
-def build(shape: str, stream: str, device: torch.device, compute=torch.bfloat16, reversible=False, n_layers=None) -> Transformer:
-    """A tiny model (stream "baseline" = the baseline block) on `device`, seeded weights."""
-    block = "baseline" if stream == "baseline" else "streamback"
-    dims = {**SHAPES[shape], **({"n_layers": n_layers} if n_layers else {})}
-    args = ModelArgs(**dims, vocab_size=VOCAB, multiple_of=32, max_seq_len=256, block=block,
-                     stream="fp32" if block == "baseline" else stream, reversible=reversible)
-    with torch.device(device):
-        model = Transformer(args, compute)
-    model.init_weights(0)
-    return model
+_RESULT = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+_REASON = re.compile(r"^(FAILED|ERROR) (tests/\S+::\S+)(?: - (.*))?$")
 
 
-def tokens(device: torch.device, sizes: Sizes, extra: int = 0) -> torch.Tensor:
-    """[batch, seq + extra] random tokens (extra = 1: inputs and next-token targets)."""
-    g = torch.Generator().manual_seed(0)
-    return torch.randint(0, VOCAB, (sizes.batch, sizes.seq + extra), generator=g).to(device)
+def run_tests(report: Report, device, sizes: Sizes, work: Path) -> None:
+    """`python -m pytest` (the sizes' selection) over GPU_TEST_FILES in a subprocess (its own CUDA
+    context and compile caches), cut off after `sizes.tests_s` seconds; one item per test, read off
+    pytest's verbose lines as they are written, so a cut-off run still reports what finished."""
+    import importlib.util
 
-
-def stream_verdict(seen: list, fmt: StreamFormat, n_layers: int) -> tuple[bool, str]:
-    off = [k for k, h in enumerate(seen) if h.dtype != fmt.container_dtype or not fmt.is_representable(h.detach())]
-    dtypes = sorted({str(h.dtype).removeprefix("torch.") for h in seen})
-    ok = len(seen) == n_layers + 1 and not off
-    return ok, f"{len(seen)} boundaries, dtype {'/'.join(dtypes)} (expected {str(fmt.container_dtype).removeprefix('torch.')}), {len(off)} off dtype or grid"
-
-
-def check_stream_eager(report: Report, device, sizes: Sizes) -> None:
-    for stream in ["baseline", *STREAMS]:
-        with report.guard("stream_dtype_eager", stream):
-            model = build("medium", stream, device)
-            with model.capture(("residual",)) as seen:
-                model(tokens(device, sizes)).float().sum().backward()
-            ok, text = stream_verdict(seen["residual"], model.stream_format, model.args.n_layers)
-            grad = model.layers[0].attention.wq.weight.grad
-            ok = ok and grad.dtype == torch.float32 and bool(grad.isfinite().all()) and grad.abs().sum().item() > 0
-            report.record("stream_dtype_eager", stream, ok, text + ", fp32 grads finite")
-
-
-def check_stream_compiled(report: Report, device, sizes: Sizes) -> None:
-    """Per-block compile: the stream's dtype and grid, and nearest logits equal to eager bit for bit."""
-    for shape, stream in sizes.compiled_models:
-        name = f"{shape}/{stream}"
-        if report.late("checks"):
-            report.record("compiled", name, "skipped", "time budget")
-            continue
-        with report.guard("compiled", name):
-            model = build(shape, stream, device)
-            began = time.perf_counter()
-            differ, text, seen = eager_vs_compiled(model, tokens(device, sizes), apply_compile)
-            ok, dtype_text = stream_verdict(seen, model.stream_format, model.args.n_layers)
-            report.record("compiled_stream_dtype", name, ok, f"{dtype_text} (compile + run {time.perf_counter() - began:.1f} s)")
-            if model.stream_format.rounding == "nearest":
-                report.record("compiled_eq_eager", name, differ <= EQ_EAGER_FRACTION, text)
-        torch._dynamo.reset()
-
-
-def eager_vs_compiled(model, tok, compile_model) -> tuple[float, str, list]:
-    """Logits of `model` eagerly, then after `compile_model(model)`: the fraction differing, a line
-    saying how far and at which layer boundary the streams first part, and the compiled stream."""
-    with torch.no_grad(), model.capture(("residual",)) as stream:
-        eager = model(tok)
-    eager_seen = stream["residual"]
-    compile_model(model)
-    with torch.no_grad(), model.capture(("residual",)) as stream:
-        compiled = model(tok)
-    seen = stream["residual"]
-    differ = int((eager != compiled).sum())
-    text = f"{differ:,} of {eager.numel():,} logits differ (max |diff| {(compiled - eager).abs().max().item():.3g})"
-    parted = [k for k, (a, b) in enumerate(zip(eager_seen, seen)) if not torch.equal(a, b)]
-    if parted:
-        k = parted[0]
-        text += f"; streams part at boundary {k} of {len(seen)} ({int((eager_seen[k] != seen[k]).sum())} elements)"
-    return differ / eager.numel(), text, seen
-
-
-def finding_without_emulate(report: Report, device, sizes: Sizes) -> None:
-    """The control for apply_compile's emulate_precision_casts: Inductor without it."""
-    if report.late("checks"):
-        report.record("finding", "inductor_without_emulate_precision_casts", "skipped", "time budget")
+    if importlib.util.find_spec("pytest") is None:
+        report.record("tests", "pytest", False, "pytest is not installed: the CUDA cases of the tests did not run")
         return
-    with report.guard("finding", "inductor_without_emulate_precision_casts"):
-        def compile_without_emulate(model):  # apply_compile less its emulate_precision_casts option
-            for layer in model.layers:
-                layer.compile(backend="inductor")
-
-        _, text, _ = eager_vs_compiled(build("medium", "baseline", device), tokens(device, sizes), compile_without_emulate)
-        report.record("finding", "inductor_without_emulate_precision_casts", None,
-                      f"medium baseline: {text} (with it: compiled_eq_eager/medium/baseline)")
-    torch._dynamo.reset()
-
-
-def _values(spec, n: int, seed: int) -> torch.Tensor:
-    """Random fp32 of both signs, log-uniform over `spec`'s range, subnormals included (tests/test_rounding.py)."""
-    g = torch.Generator().manual_seed(seed)
-    low, high = spec.min_exponent - spec.mantissa_bits - 2, math.log2(spec.max_value)
-    exponent = low + (high - low) * torch.rand(n, generator=g, dtype=torch.float64)
-    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
-    x = (sign * torch.exp2(exponent)).float()
-    return x[x.abs() <= spec.max_value]
-
-
-def check_rounding(report: Report, device, sizes: Sizes) -> None:
-    for spec in NATIVE_SPECS:
-        with report.guard("round_to_nearest_eq_cast", spec.name):
-            x = _values(spec, sizes.round_values, 0).to(device)
-            if spec is BF16:  # and every kind of bit pattern: fp32 subnormals, overflow to inf (NaN compared apart)
-                bits = torch.randint(-(2**31), 2**31 - 1, (sizes.round_values,), generator=torch.Generator().manual_seed(1))
-                x = torch.cat([x, bits.to(torch.int32).view(torch.float32).to(device)])
-            ours, theirs = round_to(x, spec), x.to(spec.dtype).float()
-            nan = torch.isnan(x)
-            wrong = int((ours[~nan] != theirs[~nan]).sum()) + int((~torch.isnan(ours[nan])).sum())
-            report.record("round_to_nearest_eq_cast", spec.name, wrong == 0, f"{wrong} of {x.numel():,} differ")
-    for spec in SR_SPECS:
-        with report.guard("round_to_sr_unbiased", spec.name):
-            g = torch.Generator(device=device).manual_seed(2)
-            grid = round_to(_values(spec, 4000, 3), spec)
-            grid = grid[(grid != 0) & (grid.abs() < spec.max_value / 2)][:64].to(device)
-            fraction = 0.05 + 0.9 * torch.rand(grid.shape, generator=g, dtype=torch.float64, device=device)
-            gap = ulp(grid, spec)
-            values = (grid.double().sign() * (grid.double().abs() + fraction * gap)).float()
-            x = values.repeat(sizes.sr_draws, 1)
-            out = round_to(x, spec, "stochastic", generator=g)
-            error = (out - x).double()
-            z = (error.mean(0) / (error.std(0) / math.sqrt(sizes.sr_draws))).abs().max().item()
-            on_grid = torch.equal(round_to(out, spec), out) and bool(((out - x).abs() < gap.float()).all())
-            report.record("round_to_sr_unbiased", spec.name, on_grid and z < 5,
-                          f"max |z| of the mean error {z:.2f} (< 5) over {sizes.sr_draws:,} draws x 64 values; on grid, within a gap: {on_grid}")
-
-
-def _sr_rows(fmt: StreamFormat) -> list[float]:
-    """A row whose exact values lie between grid points; the first element fixes the block scales (tests/test_formats.py)."""
-    if fmt.name == "mxfp8":
-        return [256.0, 1.3, -7.77, 0.0123, 100.5, -300.0, 0.6]
-    if fmt.name == "nvfp4":
-        return [10.5, 1.3, -0.7, 2.6, 5.1, 0.2, -4.4] + [0] * 9 + [6.0, 3.3, -0.3, 0.2]
-    return [1.3, -7.77, 0.0123, 100.5, -300.0, 0.6, 1.0 + 2.0**-10]
-
-
-def _sr_inputs(fmt: StreamFormat, device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    exact = torch.zeros(32)
-    values = _sr_rows(fmt)
-    exact[: len(values)] = torch.tensor(values)
-    exact = exact.to(device).expand(rows, 32)
-    return fmt.enter(torch.zeros(rows, 32, device=device)), exact
-
-
-def sr_verdict(fmt: StreamFormat, draws: torch.Tensor, exact: torch.Tensor) -> tuple[bool, str]:
-    draws = draws.double()
-    low, high, mean, target = draws.min(0).values, draws.max(0).values, draws.mean(0), exact[0].double()
-    nearest = StreamFormat(fmt.name).add(*_sr_inputs(fmt, exact.device, 1))[0].double()
-    off_grid = nearest != target
-    tolerance = 5 * (high - low) / 2 / math.sqrt(draws.shape[0])
-    bracketed = bool(((low <= target) & (target <= high)).all()) and bool((high > low)[off_grid].all())
-    worst = ((mean - target).abs() / tolerance.clamp_min(1e-300))[off_grid].max().item()
-    ok = bracketed and worst <= 1 and bool(((mean - target).abs() <= tolerance).all())
-    return ok, f"worst |mean - exact| {worst:.2f} x its 5-sigma bound, over {draws.shape[0]:,} draws; both neighbours drawn: {bracketed}"
-
-
-def check_stream_sr(report: Report, device, sizes: Sizes) -> None:
-    torch.manual_seed(3)
-    for fmt in SR_FORMATS:
-        with report.guard("stream_sr_unbiased", fmt.label):
-            h, exact = _sr_inputs(fmt, device, sizes.stream_sr_rows)
-            report.record("stream_sr_unbiased", fmt.label, *sr_verdict(fmt, fmt.add(h, exact), exact))
-
-
-def _two_steps(fmt: StreamFormat, x, d, d16):
-    # d16 is a graph input: Inductor would fold an in-graph d.bfloat16() into the fused add
-    return fmt.add(fmt.add(fmt.enter(x), d), d16)
-
-
-def _elementwise(formats, round_inputs, x, d, d16, sr_h, sr_exact):
-    """Everything elementwise the formats do, for one Inductor graph: nearest roundings, two stream
-    adds per format (width 40: MX and NVFP4 end in short blocks), stochastic stream adds."""
-    return (
-        [round_to(v, spec) for v, spec in zip(round_inputs, NATIVE_SPECS)],
-        [_two_steps(fmt, x, d, d16) for fmt in formats],
-        [fmt.add(h, e) for fmt, h, e in zip([f for f in formats if f.rounding == "stochastic"], sr_h, sr_exact)],
-    )
-
-
-def check_elementwise_compiled(report: Report, device, sizes: Sizes) -> None:
-    if report.late("checks"):
-        report.record("elementwise_compiled", "all", "skipped", "time budget")
-        return
-    torch._dynamo.reset()
-    formats = [StreamFormat.parse(s) for s in sizes.elementwise_streams]
-    stochastic = [f for f in formats if f.rounding == "stochastic"]
-    with report.guard("elementwise_compiled", "compile"):
-        round_inputs = [_values(spec, sizes.round_values, 0).to(device) for spec in NATIVE_SPECS]
-        g = torch.Generator().manual_seed(5)
-        x, d = (torch.randn(2, 3, 40, generator=g) * 4).to(device), torch.randn(2, 3, 40, generator=g).to(device)
-        d16 = torch.randn(2, 3, 40, generator=g).bfloat16().to(device)
-        sr = [_sr_inputs(fmt, device, sizes.stream_sr_rows) for fmt in stochastic]
-        args = (formats, round_inputs, x, d, d16, [h for h, _ in sr], [e for _, e in sr])
-        began = time.perf_counter()
-        rounded, stream, sr_draws = torch.compile(_elementwise, fullgraph=True)(*args)
-        _sync(device)
-        report.record("elementwise_compiled", "compile", True, f"one graph, fullgraph, {time.perf_counter() - began:.1f} s")
-        eager_stream = [_two_steps(fmt, x, d, d16) for fmt in formats]
-        for spec, v, out in zip(NATIVE_SPECS, round_inputs, rounded):
-            wrong = int((out != v.to(spec.dtype).float()).sum())
-            report.record("round_to_nearest_compiled_eq_cast", spec.name, wrong == 0, f"{wrong} of {v.numel():,} differ")
-        for fmt, out, ref in zip(formats, stream, eager_stream):
-            ok = out.dtype == fmt.container_dtype and fmt.is_representable(out)
-            text = f"dtype {str(out.dtype).removeprefix('torch.')}, on grid: {ok}"
-            if fmt.rounding == "nearest":
-                ok = ok and torch.equal(out, ref)
-                text += f", equal to eager: {torch.equal(out, ref)}"
-            report.record("stream_add_compiled", fmt.label, ok, text)
-        for fmt, (_, exact), draws in zip(stochastic, sr, sr_draws):
-            report.record("stream_sr_unbiased_compiled", fmt.label, *sr_verdict(fmt, draws, exact))
-    torch._dynamo.reset()
-
-
-def reversible_pair(device, compute, n_layers=None):
-    """A plain fp32-stream StreamBack model and its reversible twin, same weights, stream values ~30x the init's."""
-    plain = build("medium", "fp32", device, compute, n_layers=n_layers)
-    with torch.no_grad():
-        plain.tok_embeddings.weight.mul_(30)
-    twin = build("medium", "fp32", device, compute, reversible=True, n_layers=n_layers)
-    twin.load_state_dict(plain.state_dict())
-    return plain, twin
-
-
-def _loss(model, tok):
-    return F.cross_entropy(model(tok[:, :-1]).flatten(0, 1), tok[:, 1:].flatten())
-
-
-def grad_error(plain, twin) -> float:
-    """max over parameters of max|g_plain - g_twin| / max|g_plain|."""
-    return max(((p.grad - q.grad).abs().max() / p.grad.abs().max()).item() for p, q in zip(plain.parameters(), twin.parameters()))
-
-
-def check_reversible(report: Report, device, sizes: Sizes) -> None:
-    layers = SHAPES["medium"]["n_layers"]
-    residual = sizes.batch * sizes.seq * SHAPES["medium"]["dim"]  # elements of one residual
-    tok = tokens(device, sizes, extra=1)
-    cases = [  # name, compute, checkpointing, compiled, gradient tolerance, residual bytes dropped
-        ("fp32_compute", torch.float32, False, False, 1e-5, 2 * layers * residual * 4),
-        ("bf16_compute", torch.bfloat16, False, False, 1e-2, 2 * layers * residual * 4),
-        ("activation_checkpointing", torch.float32, True, False, 1e-5, layers * residual * 4),
-        ("compiled_per_block", torch.bfloat16, False, True, 1e-2, 2 * layers * residual * 4),
-    ]
-    for name, compute, checkpointing, compiled, tol, dropped in cases:
-        if compiled and report.late("checks"):
-            report.record("reversible", name, "skipped", "time budget")
-            continue
-        with report.guard("reversible", name):
-            plain, twin = reversible_pair(device, compute)
-            if checkpointing:
-                for model in (plain, twin):
-                    apply_activation_checkpointing(model)
-            if compiled:
-                apply_compile(twin)
-            plain_loss, twin_loss = _loss(plain, tok), _loss(twin, tok)
-            same = torch.equal(plain_loss, twin_loss)
-            plain_loss.backward()
-            twin_loss.backward()
-            error, got = grad_error(plain, twin), twin.reversible_stats["dropped_bytes"]
-            ok = error <= tol and got == dropped and (same or compute == torch.float32)
-            report.record("reversible", name, ok,
-                          f"grad error {error:.2e} (<= {tol:g}), loss equal to plain: {same}, dropped {got:,} B (expected {dropped:,})")
-        torch._dynamo.reset()
-    with report.guard("reversible", "rebuild_error"):
-        plain, _ = reversible_pair(device, torch.float32, n_layers=8)
-        slots, deltas = forward_residuals(plain, tok[:, :-1])
-        value, worst, inexact = slots[-1], 0.0, 0
-        for k in range(len(deltas) - 1, -1, -1):
-            value = step_back(value, deltas[k])
-            spacing = ulp(slots[k].abs().max().reshape(1), FP32).item()
-            worst = max(worst, (value - slots[k]).abs().max().item() / (spacing * (len(deltas) - k)))
-            inexact += int(not torch.equal(value, slots[k]))
-        report.record("reversible", "rebuild_error", worst <= 2,
-                      f"worst rebuild error {worst:.2f} fp32 ulps of max|h| per step down (<= 2); {inexact} of {len(deltas)} slots inexact")
-
-
-def run_checks(report: Report, device, sizes: Sizes) -> None:
-    check_stream_eager(report, device, sizes)
-    check_rounding(report, device, sizes)
-    check_stream_sr(report, device, sizes)
-    check_reversible(report, device, sizes)
-    check_stream_compiled(report, device, sizes)
-    finding_without_emulate(report, device, sizes)
-    check_elementwise_compiled(report, device, sizes)
-
-
-# ---- 3. FSDP2 ------------------------------------------------------------------------------------
-
-
-def run_fsdp(report: Report, device, sizes: Sizes, work: Path) -> None:
-    """FSDP2 on a one-process group: NCCL on a GPU (the trainer's backend), gloo on the CPU."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from streamback.train.parallel import (
-        StreamDtypeWatch,  # the trainer's own check of the stream's dtype
-        apply_fsdp,
-    )
-
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    with report.guard("fsdp", "process_group"):
-        store = work / "pg-store"
-        store.unlink(missing_ok=True)
-        dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1, timeout=datetime.timedelta(seconds=120),
-                                **({"device_id": device} if device.type == "cuda" else {}))
-        report.record("fsdp", "process_group", True, f"{backend}, world size 1")
-    if not dist.is_initialized():
-        return
-    try:
-        mesh = init_device_mesh(device.type, (1,))
-        tok = tokens(device, sizes)
-        cases = [(s, False) for s in ["baseline", *STREAMS]] + [(s, True) for s in sizes.fsdp_compiled]
-        for stream, compiled in cases:
-            name = f"{stream}{' compiled' if compiled else ''}"
-            if compiled and report.late("fsdp"):
-                report.record("fsdp_stream_dtype", name, "skipped", "time budget")
-                continue
-            with report.guard("fsdp_stream_dtype", name):
-                model = build("medium", stream, device)
-                if compiled:
-                    apply_compile(model)
-                apply_fsdp(model, mesh=mesh)
-                watch = StreamDtypeWatch(model)
-                with model.capture(("residual",)) as seen:
-                    loss = model(tok).float().sum()
-                watch.check_and_remove()
-                loss.backward()
-                ok, text = stream_verdict(seen["residual"], model.stream_format, model.args.n_layers)
-                grad = model.layers[0].attention.wq.weight.grad
-                ok = ok and grad.dtype == torch.float32 and grad.to_local().abs().sum().item() > 0
-                report.record("fsdp_stream_dtype", name, ok, text + f"; trainer's check passed; fp32 sharded grads: {ok}")
-            torch._dynamo.reset()
-        with report.guard("fsdp", "reversible"):
-            plain, twin = (build("fat", "fp32", device, reversible=r) for r in (False, True))
-            twin.load_state_dict(plain.state_dict())
-            losses = []
-            for model in (plain, twin):
-                apply_fsdp(model, mesh=mesh)
-                losses.append(model(tok).logsumexp(-1).mean())
-                losses[-1].backward()
-            error = max(((p.grad.full_tensor() - q.grad.full_tensor()).abs().max() / p.grad.full_tensor().abs().max()).item()
-                        for p, q in zip(plain.parameters(), twin.parameters()))
-            dropped = twin.reversible_stats["dropped_bytes"]
-            expected = 2 * twin.args.n_layers * tok.numel() * twin.args.dim * 4
-            report.record("fsdp", "reversible", torch.equal(*losses) and error <= 1e-2 and dropped == expected,
-                          f"loss equal: {torch.equal(*losses)}, grad error {error:.2e} (<= 1e-2), dropped {dropped:,} B (expected {expected:,})")
-        with report.guard("fsdp", "default_policy_caught"):
-            model = build("medium", "fp32", device)
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)  # casts forward inputs
-            for layer in model.layers:
-                fully_shard(layer, mesh=mesh, mp_policy=policy)
-            fully_shard(model, mesh=mesh, mp_policy=policy)
-            watch = StreamDtypeWatch(model)
-            model(tok)
-            try:
-                watch.check_and_remove()
-                caught = "not caught: the trainer's check passed a bf16 stream"
-            except RuntimeError as err:
-                caught = f"caught ({str(err)[:90]}...)"
-            report.record("fsdp", "default_policy_caught", caught.startswith("caught"), f"FSDP2's default input cast {caught}")
-    finally:
-        dist.destroy_process_group()
-
-
-# ---- 4. training smoke -----------------------------------------------------------------------
-
-
-def checks_config(sizes: Sizes) -> dict:
-    """The default config plus TRAIN_SHAPE (the checks' "medium") and a short compiled StreamBack run of it,
-    whose micro-batch is the checks' (batch x seq): its compiled block is the reversible check's, from Inductor's cache."""
-    cfg = load_config(DEFAULT_CONFIG)
-    cfg["model"]["shapes"][TRAIN_SHAPE] = {**SHAPES["medium"], "multiple_of": 32}
-    steps, batch, seq = sizes.train_steps, sizes.train_batch, sizes.seq
-    cfg["train"].update(
-        runs={"shapes": [TRAIN_SHAPE], "blocks": ["streamback"], "streams": []}, seed=0, tokens=steps * batch * seq,
-        seq_len=seq, batch_size=batch, micro_batch_size=sizes.batch, compile=True, activation_checkpointing=False,
-        reversible=False, per_run={}, schedule={"warmup_steps": max(1, steps // 6), "decay_steps": max(1, steps // 4)},
-        checkpoint={"every": steps, "keep": 1},
-        log={"every": max(1, steps // 6), "stream_every": max(1, steps // 4), "val_every": steps, "val_sequences": 16},
-    )
-    return validate_config(cfg)
-
-
-def run_train(report: Report, device, sizes: Sizes, config: Path, tokens_dir: Path, work: Path) -> None:
-    from streamback.train.metrics import read_metrics
-
-    if report.late("train"):
-        report.record("train", "smoke", "skipped", "time budget")
-        return
-    if not (tokens_dir / "manifest.json").exists():
-        report.record("train", "smoke", False, f"no token shards in {tokens_dir}: make them here with `python -m streamback corpus && "
-                      "python -m streamback tokenize` and carry results/tokens/synthetic")
-        return
-    root = work / "train"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    outdir, ckpt, log = root / "out", root / "ckpt", report.out / "train.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "streamback", "train",
-           "--config", str(config), "--run-name", TRAIN_RUN, "--data", str(tokens_dir), "--outdir", str(outdir), "--checkpoints", str(ckpt)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    log = work / "pytest.log"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfE", "--color=no", *sizes.tests_args, *GPU_TEST_FILES]
+    timeout = max(10.0, min(sizes.tests_s, report.left()))
+    env = dict(os.environ)
     if device.type == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # the trainer takes a GPU whenever it sees one
-    timeout = max(10.0, min(sizes.train_timeout, report.left()))
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the trainer and the tests take a GPU whenever they see one
     began = time.perf_counter()
     with open(log, "w") as sink:
         try:
-            status = subprocess.run(cmd, cwd=root, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            status = subprocess.run(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
-            status = f"killed after {timeout:.0f} s"
+            status = f"cut off after {timeout:.0f} s"
     seconds = time.perf_counter() - began
-    text = log.read_text(errors="replace")
-    report.train.update(command=" ".join(cmd), exit_status=status, seconds=round(seconds, 1))
-    errors = [line for line in text.splitlines() if "error" in line.lower() and "elastic" not in line and "error_file" not in line]
-    report.record("train", "exit_status", status == 0, f"{status} after {seconds:.1f} s" + ("" if status == 0 else f"; {(errors or ['see train.log'])[0][:300]}"))
-    report.record("train", "stream_dtype_watch", status == 0 and "residual stream reaches blocks" not in text,
-                  "the trainer's first-step check of the stream's dtype passed" if status == 0 else "run did not finish")
-    metrics = outdir / "metrics.jsonl"
-    if not metrics.exists():
-        report.record("train", "metrics", False, f"{metrics} missing")
-        return
-    shutil.copyfile(metrics, report.out / "train_metrics.jsonl")
-    records = read_metrics(metrics)
-    losses = [r["loss"] for r in records]
-    finite = len(records) == sizes.train_steps and all(isinstance(v, float) and math.isfinite(v) for v in losses)
-    report.record("train", "loss_finite", finite, f"{len(records)} of {sizes.train_steps} steps, all finite: {finite}")
-    first, last = statistics.mean(losses[:3]), statistics.mean(losses[-3:])
-    report.record("train", "loss_decreases", last < 0.9 * first, f"mean of first 3 steps {first:.3f} -> last 3 {last:.3f}")
-    val = records[-1].get("val_loss")
-    absmax = [r["stream_absmax"] for r in records if "stream_absmax" in r]
-    ok = isinstance(val, float) and math.isfinite(val) and bool(absmax) and all(math.isfinite(v) for a in absmax for v in a)
-    report.record("train", "validation_and_stream", ok, f"val loss {_num(val, '.4f')}, stream max|h| recorded at {len(absmax)} steps")
-    summary = json.loads((outdir / "summary.json").read_text()) if (outdir / "summary.json").exists() else {}
-    report.record("train", "summary", summary.get("device") == device.type and summary.get("processes") == 1,
-                  f"device {summary.get('device')}, {summary.get('processes')} process, "
-                  f"{statistics.median(r['tokens_per_s'] for r in records):,.0f} tok/s median")
-    report.record("train", "fsdp2", None, "one process: the trainer skips the process group and FSDP2 (WORLD_SIZE 1); see fsdp/")
-    report.train.update(first_loss=first, last_loss=last, val_loss=val, steps=len(records))
+    shutil.copyfile(log, report.out / "tests.log")
+    lines = log.read_text(errors="replace").splitlines()
+    reasons = {m.group(2): m.group(3) or m.group(1) for m in map(_REASON.match, lines) if m}
+    outcomes = {m.group(1): m.group(2) for m in map(_RESULT.match, lines) if m}
+    for test, outcome in outcomes.items():
+        ok = {"PASSED": True, "XFAIL": True, "SKIPPED": "skipped"}.get(outcome, False)
+        report.record("tests", test.removeprefix("tests/"), ok, outcome.lower() + (f": {reasons[test]}" if test in reasons else ""))
+    counts = {o: list(outcomes.values()).count(o) for o in sorted(set(outcomes.values()))}
+    report.tests.update(command=" ".join(cmd), selection=" ".join(sizes.tests_args), exit_status=status, seconds=round(seconds, 1), counts=counts)
+    report.record("tests", "pytest", status in (0, 1) and bool(outcomes),  # 1: some failed, each recorded above
+                  f"exit {status} after {seconds:.0f} s: " + (", ".join(f"{n} {o.lower()}" for o, n in counts.items()) or "no test ran"))
 
 
-# ---- evaluation: the `streamback` lm-eval backend's scoring ---------------------------------------
+# ---- 3. evaluation: the `streamback` lm-eval backend's scoring ---------------------------------------
 
 
 def run_eval(report: Report, device, sizes: Sizes) -> None:
@@ -784,7 +354,7 @@ def run_eval(report: Report, device, sizes: Sizes) -> None:
                 torch.cuda.empty_cache()
 
 
-# ---- analyses: `streamback analyze` on the paper's shapes --------------------------------------
+# ---- 4. analyses: `streamback analyze` on the paper's shapes --------------------------------------
 
 
 def run_analysis(report: Report, device, sizes: Sizes) -> None:
@@ -860,10 +430,103 @@ def run_analysis(report: Report, device, sizes: Sizes) -> None:
         estimate = 1.2 * (time.perf_counter() - began)
 
 
-# ---- 5. benchmark ------------------------------------------------------------------------------
+# ---- 5. profile: where the compiled step's time goes ------------------------------------------
 
 
-def run_bench(report: Report, device, sizes: Sizes, config: Path, work: Path, groups) -> None:
+def profile_variant(model_cfg, shape: str, variant: str, device, sizes: Sizes) -> dict:
+    """One compiled training step of `shape` as `variant`: the kernels Inductor generated (its first
+    call compiles, with the code captured), then torch.profiler over 3 steps after 2 warm-ups."""
+    from streamback.train.parallel import apply_compile
+
+    tokens = random_tokens(sizes.profile_vocab, sizes.profile_batch, sizes.profile_seq, device)
+    with torch.device(device):
+        model = Transformer(model_args(model_cfg, shape, variant, sizes.profile_vocab))
+    model.init_weights(0)
+    apply_compile(model)
+    try:
+        _, graphs = kernels.generated_kernels(lambda: training_step(model, tokens))
+        for _ in range(2):
+            training_step(model, tokens)
+        _sync(device)
+        times = kernels.kernel_times(lambda: training_step(model, tokens), 3, device)
+        return {"graphs": graphs, **times}
+    finally:
+        del model
+        torch._dynamo.reset()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _stream_adds(h, delta0, delta1, weight, add):
+    """A block's two stream adds and the norm between them (the compiled forward's add kernels)."""
+    mid = add(h, delta0)
+    x = mid.float()
+    normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight).to(h.dtype)
+    return add(mid, delta1), normed
+
+
+def compare_add_rounding(report: Report, device, sizes: Sizes) -> None:
+    """The baseline's compiled stream add rounds the fp32 sum on its bit pattern (`round_to`, which
+    no fusion can elide); a native bf16 add is rounded by Inductor too when emulate_precision_casts
+    is on (apply_compile's option). Same bits? And the time of each, compiled the same way."""
+    from streamback.model.formats import StreamFormat
+
+    g = torch.Generator(device=device).manual_seed(0)
+    h, d0, d1 = (torch.randn(sizes.add_shape, generator=g, device=device).bfloat16() for _ in range(3))
+    weight = torch.rand(sizes.add_shape[-1], generator=g, device=device) + 0.5
+    results, ms = {}, {}
+    for name, add in (("bit pattern", StreamFormat("bf16").add), ("native", torch.add)):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda *a, add=add: _stream_adds(*a, add), options={"emulate_precision_casts": True})
+        results[name] = fn(h, d0, d1, weight)
+        ms[name] = median_ms(lambda fn=fn: fn(h, d0, d1, weight), device)
+    torch._dynamo.reset()
+    same = all(torch.equal(a, b) for a, b in zip(results["bit pattern"], results["native"]))
+    as_eager = torch.equal(results["bit pattern"][0], _stream_adds(h, d0, d1, weight, torch.add)[0])  # the stream (the norm's reduction order may differ)
+    report.record("profile", "add_rounding", same and as_eager,
+                  f"{'x'.join(map(str, sizes.add_shape))} bf16 stream: bit-pattern rounding {ms['bit pattern']:.3f} ms, native add "
+                  f"{ms['native']:.3f} ms; same bits: {same}, as eager: {as_eager}")
+
+
+def run_profile(report: Report, device, sizes: Sizes) -> None:
+    """Each pair of `sizes.profile_pairs` profiled while the bench keeps its reserve; profile.md."""
+    model_cfg = load_config(sizes.profile_config)["model"]
+    lines = [(f"# Compiled training step, micro-batch {sizes.profile_batch} x {sizes.profile_seq}, vocabulary "
+              f"{sizes.profile_vocab:,}, on {report.env.get('name', device.type)} (torch {torch.__version__})\n")]
+    estimate = 0.0
+    for shape, a, b in sizes.profile_pairs:
+        name = f"{shape} {a} vs {b}"
+        if report.left() < sizes.bench_reserve + estimate:
+            report.record("profile", name, "skipped", f"{report.left():.0f} s left, the bench keeps {sizes.bench_reserve:.0f} s")
+            continue
+        began = time.perf_counter()
+        with report.guard("profile", name):
+            prof = {v: profile_variant(model_cfg, shape, v, device, sizes) for v in (a, b)}
+            lines.append(f"\n## {name}: kernels Inductor generated for a block (forward; backward; further graphs)\n")
+            for v in (a, b):
+                lines += [f"- {v}, graph {i}: {kernels.graph_summary(graph)}\n" for i, graph in enumerate(prof[v]["graphs"])]
+            lines.append(f"\n## {name}: ms per step by kernel kind\n\n")
+            lines.append(markdown_table(["kind", f"ms {a}", f"ms {b}", "diff ms", f"launches {a}", f"launches {b}"],
+                                        kernels.kind_table(prof[a], prof[b])))
+            lines.append("\ntop kernel differences (ms per step, launches per step):\n\n```\n" + "\n".join(kernels.top_differences(prof[a], prof[b])) + "\n```\n")
+            busy = {v: prof[v]["busy_ms"] for v in (a, b)}
+            wall = {v: prof[v]["wall_ms"] for v in (a, b)}
+            blocks = "; ".join(f"{v} block {' + '.join(str(len(g['kernels'])) for g in prof[v]['graphs'][:2])} kernels" for v in (a, b))
+            report.record("profile", name, None, f"busy {busy[a]:.1f} -> {busy[b]:.1f} ms, wall {wall[a]:.1f} -> {wall[b]:.1f} ms per step; {blocks}")
+        estimate = time.perf_counter() - began
+        report.profile = lines
+        write_text(report.out / "profile.md", "".join(lines))
+    if report.left() >= sizes.bench_reserve:
+        with report.guard("profile", "add_rounding"):
+            compare_add_rounding(report, device, sizes)
+    else:
+        report.record("profile", "add_rounding", "skipped", f"{report.left():.0f} s left")
+
+
+# ---- 6. benchmark ------------------------------------------------------------------------------
+
+
+def run_bench(report: Report, device, sizes: Sizes, work: Path, groups) -> None:
     """`streamback bench` per shape x mode x variant, in priority order, while the budget lasts."""
     from streamback.cli import main as cli_main
 
@@ -879,7 +542,7 @@ def run_bench(report: Report, device, sizes: Sizes, config: Path, work: Path, gr
                 report.record("bench", f"{shape}/{mode}/{variant}", "skipped", calls[-1]["status"])
                 continue
             out = work / "bench" / f"{shape}-{mode}-{variant}.json"
-            argv = ["bench", "--config", str(sizes.bench_config or config), "--shapes", shape, "--variants", variant, "--modes", mode,
+            argv = ["bench", "--config", str(sizes.bench_config), "--shapes", shape, "--variants", variant, "--modes", mode,
                     "--batch", str(sizes.bench_batch), "--seq-len", str(sizes.bench_seq), "--vocab-size", str(sizes.bench_vocab),
                     "--steps", str(sizes.bench_steps), "--warmup", str(sizes.bench_warmup), "--device", device.type, "--out", str(out)]
             if mode == "compiled":  # the memory estimate is of the eager step: made once, in the eager call
@@ -921,7 +584,7 @@ def save_bench(report: Report, results: list[dict], rows: list[dict], calls: lis
 
 
 def bench_goals(rows: list[dict]) -> list[dict]:
-    """Issue 3's goals on the bench rows that ran without error."""
+    """Issues 3 and 15's goals on the bench rows that ran without error."""
     by = {(r.get("shape"), r.get("mode"), r.get("variant")): r for r in rows if not r.get("error") and r.get("tokens_per_s")}
     goals = []
     for shape, mode in sorted({(s, m) for s, m, _ in by}):
@@ -929,10 +592,16 @@ def bench_goals(rows: list[dict]) -> list[dict]:
         if base and stream:
             ratio = stream["tokens_per_s"] / base["tokens_per_s"]
             goals.append({"goal": "streamback >= 0.99x baseline tok/s", "where": f"{shape} {mode}", "value": f"{ratio:.3f}x", "met": ratio >= 0.99})
+        if base and reversible and mode == "compiled":
+            ratio = reversible["tokens_per_s"] / base["tokens_per_s"]
+            goals.append({"goal": "reversible >= 0.97x baseline tok/s", "where": f"{shape} {mode}", "value": f"{ratio:.3f}x", "met": ratio >= 0.97})
         if base and reversible and base.get("peak_mem_gib") is not None and reversible.get("peak_mem_gib") is not None:
             goals.append({"goal": "reversible peak <= baseline peak", "where": f"{shape} {mode}",
-                          "value": f"{reversible['peak_mem_gib']:.1f} vs {base['peak_mem_gib']:.1f} GiB",
+                          "value": f"{reversible['peak_mem_gib']:.2f} vs {base['peak_mem_gib']:.2f} GiB",
                           "met": reversible["peak_mem_gib"] <= base["peak_mem_gib"]})
+        if base and mode == "compiled" and shape in MFU_GOALS and base.get("mfu"):
+            goals.append({"goal": f"baseline MFU >= {100 * MFU_GOALS[shape]:.0f}%", "where": f"{shape} {mode}",
+                          "value": f"{100 * base['mfu']:.1f}%", "met": base["mfu"] >= MFU_GOALS[shape]})
     for key, (ref_tps, ref_peak) in REFERENCE.items():
         row = by.get(key)
         if row is None:
@@ -977,10 +646,10 @@ def summary_text(report: Report, args) -> str:
             lines = [f"- {c['group']}/{c['name']}: {c['value'][:160]}\n" for c in items[:LISTED]]
             more = f"- ... and {len(items) - LISTED} more in summary.json\n" if len(items) > LISTED else ""
             parts.append(f"{title}:\n" + "".join(lines) + more)
-    if report.train.get("steps"):
-        t = report.train
-        parts.append(f"Training smoke: {t['steps']} steps, loss {t['first_loss']:.3f} -> {t['last_loss']:.3f}, "
-                     f"val {_num(t['val_loss'], '.3f')}, {t['seconds']} s\n")
+    if report.tests.get("counts") is not None:
+        t = report.tests
+        parts.append(f"Tests (pytest {t['selection']}, {len(GPU_TEST_FILES)} modules): exit {t['exit_status']} after {t['seconds']} s; "
+                     + (", ".join(f"{n} {o.lower()}" for o, n in t["counts"].items()) or "none ran") + "\n")
     rows = report.bench.get("rows", [])
     if rows:
         table = []
@@ -1005,6 +674,29 @@ def summary_text(report: Report, args) -> str:
 # ---- main ------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Run:
+    """What a phase runs with."""
+
+    report: Report
+    device: torch.device
+    sizes: Sizes
+    work: Path
+    bench_groups: tuple
+
+
+# Every phase, in the order they run: name -> function of a Run. A new phase adds itself here.
+PHASES = {
+    "env": lambda run: environment(run.report, run.device, run.sizes),
+    "tests": lambda run: run_tests(run.report, run.device, run.sizes, run.work),
+    "eval": lambda run: run_eval(run.report, run.device, run.sizes),
+    "analysis": lambda run: run_analysis(run.report, run.device, run.sizes),
+    "profile": lambda run: run_profile(run.report, run.device, run.sizes),
+    "bench": lambda run: run_bench(run.report, run.device, run.sizes, run.work, run.bench_groups),
+}
+PARTS = tuple(PHASES)
+
+
 def bench_groups(text: str | None, sizes: Sizes) -> tuple:
     """--bench-groups "SHAPE:MODE,..." as (shape, mode, VARIANTS) groups; None: the sizes' default."""
     if text is None:
@@ -1025,52 +717,38 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds per phase): the CPU test's mode")
     parser.add_argument("--budget", type=float, default=None, help="seconds for the whole run (default 420, quick 300)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
-    parser.add_argument("--bench-groups", default=None, help="SHAPE:MODE,... in order (default: the reference figures' first)")
-    parser.add_argument("--tokens", type=Path, default=ROOT / layout.tokens_dir(load_config()["data"]), help="token shards for the training smoke (default: the default config's)")
+    parser.add_argument("--bench-groups", default=None, help="SHAPE:MODE,... in order (default: compiled first)")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new temporary one)")
     args = parser.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]
     if not args.parts or set(args.parts) - set(PARTS):
         parser.error(f"--parts: choose from {','.join(PARTS)}")
+    sizes = QUICK if args.quick else GPU
     try:
-        groups = bench_groups(args.bench_groups, QUICK if args.quick else GPU)
+        groups = bench_groups(args.bench_groups, sizes)
     except ValueError as err:
         parser.error(str(err))
     if args.device is None and not torch.cuda.is_available():
         parser.error("no CUDA device: pass --device cpu (with --quick for the CPU's sizes)")
     device = torch.device(args.device or "cuda")
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())  # NCCL's device_id needs the index
-    args.out, args.tokens = args.out.resolve(), args.tokens.resolve()  # the training smoke runs elsewhere
-    sizes = QUICK if args.quick else GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu_checks-"))
     work.mkdir(parents=True, exist_ok=True)
-    report = Report(args.budget or sizes.budget, args.out)
-    config = work / "config.yaml"
-    with report.guard("config", "load"):  # validation needs jsonschema: on the device, from the carried wheels
-        config.write_text(yaml.safe_dump(checks_config(sizes)))
-
-    phases = {
-        "env": lambda: environment(report, device, sizes),
-        "checks": lambda: run_checks(report, device, sizes),
-        "fsdp": lambda: run_fsdp(report, device, sizes, work),
-        "train": lambda: run_train(report, device, sizes, config, args.tokens, work),
-        "eval": lambda: run_eval(report, device, sizes),
-        "analysis": lambda: run_analysis(report, device, sizes),
-        "bench": lambda: run_bench(report, device, sizes, config, work, groups),
-    }
-    for part in PARTS:
+    run = Run(Report(args.budget or sizes.budget, args.out), device, sizes, work, groups)
+    for part, phase in PHASES.items():
         if part in args.parts:
-            with report.guard(part, "phase"):  # what breaks outside a check's own guard
-                phases[part]()
+            with run.report.guard(part, "phase"):  # what breaks outside a check's own guard
+                phase(run)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            report.save()
-    text = summary_text(report, args)
+            run.report.save()
+    text = summary_text(run.report, args)
     write_text(args.out / "summary.md", text)
     print("\n" + text, flush=True)
-    return 1 if report.failed() else 0
+    return 1 if run.report.failed() else 0
 
 
 if __name__ == "__main__":

@@ -27,19 +27,18 @@ def gpu_checks():
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory, tokens):
-    """The script with --device cpu --quick on conftest's small token shards."""
+def quick_run(tmp_path_factory):
+    """The script with --device cpu --quick."""
     root = tmp_path_factory.mktemp("gpu-checks")
     out = root / "out"
-    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out), "--work", str(root / "work"),
-           "--tokens", str(tokens), "--budget", "900"]
+    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out), "--work", str(root / "work"), "--budget", "900"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     return proc, out
 
 
 @pytest.mark.slow
-def test_quick_mode_runs_every_check_and_passes(quick_run):
+def test_quick_mode_runs_every_phase_and_passes(quick_run):
     proc, out = quick_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -47,18 +46,17 @@ def test_quick_mode_runs_every_check_and_passes(quick_run):
     for check in summary["checks"]:
         status.setdefault(check["group"], []).append(check["status"])
     assert not [c for c in summary["checks"] if c["status"] in ("FAIL", "SKIP")]
-    expected = {  # group -> number of checks: every format where the GPU run has them all
-        "env": 2, "stream_dtype_eager": 14, "round_to_nearest_eq_cast": 4, "round_to_sr_unbiased": 5, "stream_sr_unbiased": 6,
-        "reversible": 5, "compiled_stream_dtype": 1, "compiled_eq_eager": 1, "finding": 1, "elementwise_compiled": 1,
-        "round_to_nearest_compiled_eq_cast": 4, "stream_add_compiled": 2, "stream_sr_unbiased_compiled": 1,
-        "fsdp": 3, "fsdp_stream_dtype": 15, "train": 7, "eval": 3, "analysis": 4, "bench": 4,
-    }
-    assert {g: len(s) for g, s in status.items()} == expected
-    assert status["finding"] == ["INFO"] and status["train"].count("INFO") == 1  # findings, never failures
+    # tests: the CPU cases of the ulp, E4M3-infinity and NVFP4-recipe tests, one item each, and pytest's own
+    assert {g: len(s) for g, s in status.items()} == {"env": 2, "tests": 9, "eval": 3, "analysis": 4, "profile": 2, "bench": 4}
     assert summary["env"]["matmul_bf16_tflops"] > 0 and summary["env"]["copy_tb_s"] > 0
-    # a bf16 stream compiled without emulate_precision_casts is not the eager one (the reason apply_compile sets it)
-    finding = next(c for c in summary["checks"] if c["group"] == "finding")
-    assert re.match(r"medium baseline: [1-9][\d,]* of 3,104 logits differ", finding["value"]), finding["value"]
+    tests = {c["name"]: c for c in summary["checks"] if c["group"] == "tests"}
+    assert "test_rounding.py::test_ulp_against_nextafter[cpu-fp8_e4m3]" in tests
+    assert tests["pytest"]["value"].startswith("exit 0 after") and "8 passed" in tests["pytest"]["value"]
+    assert summary["tests"]["counts"] == {"PASSED": 8}
+    # profile: the two blocks compiled, their kernels counted and timed; the add rounding compared, same bits
+    profile = {c["name"]: c for c in summary["checks"] if c["group"] == "profile"}
+    assert re.match(r"busy [\d.]+ -> [\d.]+ ms, wall [\d.]+ -> [\d.]+ ms per step; baseline block \d+ \+ \d+ kernels", profile["tiny-medium baseline vs streamback"]["value"])
+    assert profile["add_rounding"]["status"] == "PASS" and "same bits: True, as eager: True" in profile["add_rounding"]["value"]
 
 
 @pytest.mark.slow
@@ -66,23 +64,23 @@ def test_quick_mode_outputs(quick_run):
     proc, out = quick_run
     # what a device call brings back: at most 8 plain files (the caller's tee'd log is the 8th)
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["bench.json", "bench.md", "summary.json", "summary.md", "train.log", "train_metrics.jsonl"]
-    metrics = [json.loads(line) for line in (out / "train_metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(1, 13)) and metrics[-1]["loss"] < metrics[0]["loss"]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["train"]["exit_status"] == 0 and summary["train"]["last_loss"] < 0.9 * summary["train"]["first_loss"]
+    assert files == ["bench.json", "bench.md", "profile.md", "summary.json", "summary.md", "tests.log"]
+    assert re.search(r"8 passed", (out / "tests.log").read_text())
+    profile = (out / "profile.md").read_text()
+    assert "| kind | ms baseline | ms streamback | diff ms | launches baseline | launches streamback |" in profile
+    assert re.search(r"- streamback, graph 1: \d+ kernels \(cpp \d+\); \d+ library calls", profile)  # the block's backward
     bench = json.loads((out / "bench.json").read_text())
     assert [(r["mode"], r["variant"]) for r in bench["rows"]] == [
         ("eager", "baseline"), ("eager", "streamback"), ("eager", "streamback-reversible"), ("compiled", "streamback")]
     assert all(r["tokens_per_s"] > 0 and not r["error"] for r in bench["rows"])
     assert [g["goal"] for g in bench["goals"]] == ["streamback >= 0.99x baseline tok/s"]
     table = (out / "bench.md").read_text()
-    assert "check-medium" in table and "| goal | where | value | met |" in table
+    assert "tiny-medium" in table and "| goal | where | value | met |" in table
     # the summary is printed last (a device call returns only the output's last 12,000 characters)
     text = (out / "summary.md").read_text()
     assert proc.stdout.rstrip().endswith(text.rstrip()) and len(text) < 12_000
     assert re.search(r"\d+ checks, 0 failed; \d+ s of a 900 s budget; exit status 0", text)
-    assert "| check-medium | compiled | streamback |" in text
+    assert "| tiny-medium | compiled | streamback |" in text
 
 
 def test_bench_goals_on_hand_made_rows(gpu_checks):
@@ -97,15 +95,20 @@ def test_bench_goals_on_hand_made_rows(gpu_checks):
     ratio = goals[("streamback >= 0.99x baseline tok/s", "fat-short compiled")]
     assert ratio["value"] == "0.983x" and ratio["met"] is False  # 59,000 / 60,000 < 0.99
     memory = goals[("reversible peak <= baseline peak", "fat-short compiled")]
-    assert memory["met"] is True and memory["value"] == "27.5 vs 28.0 GiB"
+    assert memory["met"] is True and memory["value"] == "27.50 vs 28.00 GiB"
+    reversible = goals[("reversible >= 0.97x baseline tok/s", "fat-short compiled")]
+    assert reversible["value"] == "0.967x" and reversible["met"] is False  # 58,000 / 60,000 < 0.97
+    mfu = goals[("baseline MFU >= 72%", "fat-short compiled")]
+    assert mfu["value"] == "40.0%" and mfu["met"] is False
     ref = goals[("tok/s (MFU) above the reference", "fat-short compiled baseline")]
     # same FLOPs per token: the reference's MFU is this run's MFU x 55,966 / 60,000
     assert ref["met"] is True and ref["value"] == "60,000 vs 55,966 tok/s (MFU 40.0% vs 37.3%); peak 28.0 vs 28.7 GiB"
     assert goals[("tok/s (MFU) above the reference", "fat-short compiled streamback")]["met"] is True
     assert goals[("tok/s (MFU) above the reference", "medium eager baseline")]["met"] is False  # 30,000 < 35,146
-    # a failed row (OOM) gives no ratio, and a row without mfu or peak still gets its tok/s goal
+    # a failed row (OOM) gives no ratio, and a row without mfu or peak still gets its tok/s goal;
+    # the reversible stream's speed and the MFU goals are the compiled step's
     assert ("streamback >= 0.99x baseline tok/s", "medium eager") not in goals
-    assert len(goals) == 5
+    assert len(goals) == 7
 
 
 def test_device_call_in_the_docstring_fits_the_device(gpu_checks):
@@ -114,11 +117,22 @@ def test_device_call_in_the_docstring_fits_the_device(gpu_checks):
     assert len(command) < 2000 and command.startswith("python3 -m pip install") and "--target /tmp/site .whl/*.whl" in command
     assert "PYTHONPATH=/tmp/site:$PWD" in command and "tee $OUT/" in command
     carry = json.loads(re.search(r"carry (\[.*?\])", doc).group(1))
-    assert carry == [".whl", "results/tokens/synthetic"]
+    assert carry == [".whl"]
     timeout = int(re.search(r"timeout_s (\d+)", doc).group(1))
     assert gpu_checks.GPU.budget + 60 <= timeout <= 600  # room past the budget for the last item and the summary
     # the wheels named for download are the whole jsonschema stack (attrs is on the device)
     assert re.findall(r"(\S+)==", doc) == ["jsonschema", "jsonschema-specifications", "referencing", "rpds-py"]
+
+
+@pytest.mark.slow
+def test_gpu_test_files_are_every_module_with_cuda_cases(gpu_checks):
+    """The tests phase runs `pytest -m gpu` over GPU_TEST_FILES only (the other modules import
+    what the device lacks): they must be exactly the modules that have a test marked gpu."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    modules = {line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line}
+    assert modules == set(gpu_checks.GPU_TEST_FILES)
 
 
 def test_bad_arguments_are_named(gpu_checks, tmp_path, capsys):
