@@ -103,3 +103,31 @@ def test_requeued_training_job_resumes_bit_identical(tmp_path):
     assert train(config["train"], config["model"], run, tmp_path / layout.tokens_dir(config["data"]), tmp_path / "whole", tmp_path / "whole-ckpt") == 0
     resumed, whole = read_model(tmp_path / layout.model_file(run)).state, read_model(tmp_path / "whole" / layout.MODEL_FILE).state
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+
+def test_the_whole_default_study_runs_through_slurm(tmp_path):
+    """Every job of the default study (corpus, tokenize, the training runs, evaluation, analyses,
+    drift, training curves, the study page), smaller as in test_study, goes through sbatch."""
+    import re
+    import sys
+
+    import yaml
+
+    from test_study import SMALL
+
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start-cluster.sh")], check=True, timeout=120)
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--profile", "slurm", "--slurm-no-account",
+           "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
+           "--directory", str(tmp_path), "--configfile", str(tmp_path / "small.yaml")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    steps = int(re.findall(r"(\d+) of (\d+) steps \(100%\) done", out)[-1][1])
+    submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", out)
+    assert len(set(submitted)) == steps - 1, (len(submitted), steps)  # every job but `all`, which has nothing to run
+    rules = set(re.findall(r"^(?:local)?rule (\w+):", out, re.M))
+    assert {"corpus", "tokenize", "train", "evaluate", "benchmark_table", "analyze_layer_error", "analyze_loss_difference",
+            "drift", "training_curves", "study_report"} <= rules
+    assert (tmp_path / layout.STUDY_PAGE).stat().st_size > 100_000
+    assert len(list((tmp_path / "logs" / "slurm").rglob("*.log"))) == len(set(submitted))
