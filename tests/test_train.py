@@ -313,15 +313,17 @@ def test_sigterm_saves_and_exits_resumable(reference, tokens, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tokens, tmp_path, monkeypatch, capsys):
-    calls = {"n": 0}
-    real = train_module.next_token_loss  # the training steps' loss (validation has its own reference to it)
+    from streamback.model.model import Transformer
 
-    def poisoned(logits, targets):
+    calls = {"n": 0}
+    real = Transformer.head_loss  # the training steps' loss (validation takes the logits)
+
+    def poisoned(self, h, targets):
         calls["n"] += 1
-        loss = real(logits, targets)
+        loss = real(self, h, targets)
         return loss * float("nan") if calls["n"] == 2 * 12 - 1 else loss  # first micro-batch of step 12
 
-    monkeypatch.setattr(train_module, "next_token_loss", poisoned)
+    monkeypatch.setattr(Transformer, "head_loss", poisoned)
     assert run_inprocess(tokens, tmp_path) == train_module.EXIT_DIVERGED
     err = capsys.readouterr().err
     assert "the training loss is nan at step 12" in err and "step_000000010 (step 10)" in err

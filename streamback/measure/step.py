@@ -66,11 +66,10 @@ def random_tokens(vocab_size: int, batch: int, seq_len: int, device=None) -> tor
 
 
 def training_step(model, tokens: torch.Tensor) -> None:
-    """The measured step: gradients cleared, forward, next-token loss, backward."""
-    from streamback.train.validation import next_token_loss
-
+    """The measured step, the trainer's: gradients cleared, forward with the next-token loss
+    (`Transformer.forward` with targets), backward."""
     model.zero_grad(set_to_none=True)
-    next_token_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+    model(tokens[:, :-1], targets=tokens[:, 1:]).backward()
 
 
 def fake_training_step(margs, batch: int, seq_len: int, watch, compute_dtype: torch.dtype = torch.bfloat16) -> None:

@@ -327,7 +327,8 @@ class Transformer(nn.Module):
     `capture(...)` is the one way to read the residual stream of a forward pass (see
     `StreamCapture`). After a forward with the reversible stream (and grad enabled),
     `reversible_stats` holds its byte counts; `rebuild_block` is the function it rebuilds a
-    block's residuals with (`step_back_block`; `apply_compile` puts in its compiled version).
+    block's residuals with (`step_back_block`; `apply_compile` puts in its compiled version, as
+    it does for `head_loss`).
     """
 
     def __init__(self, args: ModelArgs, compute_dtype: torch.dtype = torch.bfloat16):
@@ -383,7 +384,9 @@ class Transformer(nn.Module):
             rows = F.embedding(tokens, weight).to(self.compute_dtype)
         return self.stream_format.enter(rows)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab_size] of `tokens` [B, T]; with `targets` [B, T], their mean
+        next-token cross-entropy instead (`head_loss`: the training step's loss)."""
         T = tokens.shape[1]
         if T > self.args.max_seq_len:
             raise StreambackError(f"sequence length {T} exceeds the model's max_seq_len {self.args.max_seq_len}")
@@ -404,10 +407,23 @@ class Transformer(nn.Module):
                 if capture is not None:
                     capture._layer(*(out if isinstance(out, tuple) else (out,)))
                 h = out[0] if isinstance(out, tuple) else out
-            logits = self.output(self.norm(h, self.compute_dtype)).to(torch.promote_types(self.compute_dtype, torch.float32))
+            result = self.logits(h) if targets is None else self.head_loss(h, targets)
         if stream is not None:
             self.reversible_stats = stream.stats
-        return logits
+        return result
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The output head on the last residual: final norm, output projection, fp32 logits (fp64 for fp64 compute)."""
+        return self.output(self.norm(h, self.compute_dtype)).to(torch.promote_types(self.compute_dtype, torch.float32))
+
+    def head_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy (nats) of the logits of `h`: `streamback.train.validation.
+        next_token_loss` of `logits(h)`, the same operations. One function so that `apply_compile`
+        can compile it whole: Inductor then fuses the fp32 conversion, the log-softmax and its
+        gradient into the kernels that read the bf16 logits, and the fp32 logits (4 GiB for
+        4 x 2048 tokens of a 128K vocabulary), their log-softmax and its gradient are never
+        written out (eagerly they are: about 36 bytes moved per logit)."""
+        return F.cross_entropy(self.logits(h).flatten(0, 1), targets.flatten())
 
     @contextlib.contextmanager
     def capture(self, points: tuple[str, ...] = STREAM_POINTS, fn=None, grad: bool = False):

@@ -38,12 +38,14 @@ def apply_compile(model, backend: str = "inductor") -> None:
     rounding downstream (on the CPU, dim 106 x 4 layers x 512 tokens: 14 of 49,664 logits
     differ by one bf16 step with an fp32 stream, none for the baseline; without the option, the
     baseline differs in 3,869; benchmarks/gpu_checks.py measures both on CUDA). The reversible
-    stream's rebuild of a block's residuals (`step_back_block`) is compiled too (one kernel).
+    stream's rebuild of a block's residuals (`step_back_block`) is compiled too (one kernel), and
+    the output head with the loss (`Transformer.head_loss`: no fp32 logits written out).
     """
     options = {"emulate_precision_casts": True} if backend == "inductor" else None
     for layer in model.layers:
         layer.compile(backend=backend, options=options)
     model.rebuild_block = torch.compile(step_back_block, backend=backend, options=options, dynamic=False)
+    model.head_loss = torch.compile(model.head_loss, backend=backend, options=options)
 
 
 def apply_fsdp(model, mesh=None, param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32):

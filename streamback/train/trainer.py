@@ -68,7 +68,7 @@ from streamback.train.checkpoint import TrainState, load_newest, lock_run, remov
 from streamback.train.metrics import MetricsLog
 from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.schedule import wsd_lr
-from streamback.train.validation import next_token_loss, window_losses
+from streamback.train.validation import window_losses
 
 HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
 
@@ -392,7 +392,7 @@ class Trainer:
         with capture as stream:
             for micro in rank_micro_batches(windows, env.rank, env.world_size, self.micro_batch_size):
                 batch = read_windows(self.train_data, micro, self.seq_len).to(env.device, non_blocking=True)
-                loss = next_token_loss(self.model(batch[:, :-1]), batch[:, 1:])
+                loss = self.model(batch[:, :-1], targets=batch[:, 1:])  # next_token_loss, fused with the output head
                 if watch is not None:
                     watch.check_and_remove()
                     watch = None
