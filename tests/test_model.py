@@ -366,8 +366,9 @@ def test_fsdp_stream_dtype(process_group):
             apply_compile(model, backend=backend)
         apply_fsdp(model)
         watch = StreamDtypeWatch(model)
-        with model.capture(("residual",)) as seen:
-            model(tokens(args).to(process_group)).sum().backward()
+        tok = tokens(args, seq=17).to(process_group)
+        with model.capture(("residual",)) as seen:  # compiled: the training step's loss, its compiled head_loss under FSDP2
+            (model(tok[:, :-1], targets=tok[:, 1:]) if compiled else model(tok[:, :-1]).sum()).backward()
         watch.check_and_remove()  # what the blocks receive, after FSDP2's hooks
         assert_stream(seen["residual"], model.stream_format, 2)
         grad = model.layers[0].attention.wq.weight.grad
