@@ -10,6 +10,7 @@ Captions are the Snakemake report's (`workflow/report/<name>.rst`): one home for
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,12 +90,19 @@ def what_was_run(study: Study) -> list:
     return blocks
 
 
+def _figures(x: float, significant: int) -> str:
+    """`x` to `significant` figures, in plain notation (148.3 ± 26, 0.562 ± 0.022)."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    return f"{x:,.{max(0, significant - 1 - math.floor(math.log10(abs(x))))}f}"
+
+
 def benchmarks() -> list:
     tables = _read_tables(layout.BENCHMARK_TABLES)
     if tables is None:
         return [_missing("Evaluation", "benchmark_table", [layout.table(n) for n in layout.BENCHMARK_TABLES])]
     scores, pairs = tables["benchmarks"], tables["benchmark_pairs"]
-    wide = scores.assign(score=[f"{v:.4g} ± {s:.2g}" if pd.notna(s) else f"{v:.4g}" for v, s in zip(scores.value, scores.stderr)])
+    wide = scores.assign(score=[_figures(v, 4) + (f" ± {_figures(s, 2)}" if pd.notna(s) else "") for v, s in zip(scores.value, scores.stderr)])
     wide = wide.pivot_table(index=["shape", "run", "stream"], columns=["task", "metric"], values="score", aggfunc="first", sort=False)
     wide.columns = [f"{task} ({metric})" for task, metric in wide.columns]
     shown = ["shape", "task", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm", "mdd", "verdict"]
