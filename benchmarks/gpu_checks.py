@@ -12,8 +12,9 @@ the others:
 1. env: torch, GPU, capability; bf16 matmul rate (8192^3, random data, median of 10 timed by CUDA
    events, result checked against fp32) and device-to-device copy bandwidth (bytes read + written).
 2. tests: `python -m pytest -m gpu` over `GPU_TEST_FILES` (the modules with CUDA cases; the other
-   modules import what the device lacks: Snakemake, lm-eval, altair), one item per test, for at
-   most `Sizes.tests_s` seconds (a test cut off is reported so). Among them: rounding against
+   modules import what the device lacks: Snakemake, lm-eval, altair), in 4 processes where
+   pytest-xdist is installed (it is on the H200), one item per test, for at most `Sizes.tests_s`
+   seconds (what finished by then is reported). Among them: rounding against
    torch's casts and `ulp` against torch.nextafter, stochastic rounding unbiased (eager and
    compiled), NVFP4 against NVIDIA's recipe, every stream format's dtype and grid (eager, FSDP2 on
    NCCL, compiled then sharded), compiled blocks rounding as eager ones (per block, against the
@@ -28,7 +29,8 @@ the others:
    fp32 stream closer to the truth than its bf16 stream, the check), swallowed and envelope, and the
    window-loss rate that loss-difference runs at. A shape starts only while 40% of the budget is left.
 5. profile (`streamback.measure.kernels`): per paper shape, a compiled training step of the baseline
-   against StreamBack (skinny-tall: against the reversible stream), micro-batch 4 x 2048: the
+   against StreamBack (skinny-tall: against the reversible stream, and against its own eager
+   step: launches, and busy vs wall, say whether eager is launch-bound), micro-batch 4 x 2048: the
    kernels Inductor generated for one block (forward and backward graphs: count by kind and
    Inductor's own bytes estimate), torch.profiler's kernel time per step by kind, the kernels that
    differ most, and GPU busy against wall time (the gap is time the GPU waited); then the
@@ -121,6 +123,7 @@ class Sizes:
     copy_mib: int
     tests_args: tuple  # pytest's selection
     tests_s: float  # at most this long for the tests
+    tests_workers: int  # pytest-xdist processes, where it is installed (compiling is CPU-bound)
     profile_config: Path
     profile_pairs: tuple  # (shape, variant, variant) compiled and profiled, in order
     profile_batch: int
@@ -139,10 +142,10 @@ class Sizes:
 
 
 GPU = Sizes(
-    budget=420, matmul_n=8192, copy_mib=1024, tests_args=("-m", "gpu"), tests_s=130,
+    budget=420, matmul_n=8192, copy_mib=1024, tests_args=("-m", "gpu"), tests_s=130, tests_workers=4,
     profile_config=ROOT / "config" / "paper.yaml",
     profile_pairs=(("medium", "baseline", "streamback"), ("skinny-tall", "baseline", "streamback-reversible"),
-                   ("fat-short", "baseline", "streamback")),
+                   ("fat-short", "baseline", "streamback"), ("skinny-tall", "baseline", "baseline eager")),
     profile_batch=4, profile_seq=2048, profile_vocab=128256, add_shape=(4, 2048, 1512), bench_reserve=150,
     bench_config=ROOT / "config" / "paper.yaml",
     bench_groups=(
@@ -154,7 +157,7 @@ GPU = Sizes(
 )
 QUICK = Sizes(
     budget=300, matmul_n=256, copy_mib=16, tests_args=("-m", "not gpu and not slow", "-k", "nextafter or infinity or nvidias_recipe"),
-    tests_s=240, profile_config=DEFAULT_CONFIG, profile_pairs=(("tiny-medium", "baseline", "streamback"),),
+    tests_s=240, tests_workers=1, profile_config=DEFAULT_CONFIG, profile_pairs=(("tiny-medium", "baseline", "streamback"), ("tiny-medium", "baseline", "baseline eager")),
     profile_batch=2, profile_seq=16, profile_vocab=64, add_shape=(2, 16, 106), bench_reserve=30,
     bench_config=DEFAULT_CONFIG,
     bench_groups=(("tiny-medium", "eager", VARIANTS), ("tiny-medium", "compiled", ("streamback",))),
@@ -261,8 +264,22 @@ def environment(report: Report, device: torch.device, sizes: Sizes) -> None:
 # ---- 2. tests: the CUDA cases of the test suite ---------------------------------------------
 
 
-_RESULT = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+_OUTCOMES = "PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS"
+# pytest -v: "tests/x.py::test[a] PASSED [ 10%]"; with xdist: "[gw0] [ 10%] PASSED tests/x.py::test[a]"
+_RESULT = re.compile(rf"^(?:(tests/\S+::\S+) ({_OUTCOMES})\b|\[gw\d+\] \[\s*\d+%\] ({_OUTCOMES}) (tests/\S+::\S+))")
 _REASON = re.compile(r"^(FAILED|ERROR) (tests/\S+::\S+)(?: - (.*))?$")
+
+
+def pytest_outcomes(lines) -> tuple[dict[str, str], dict[str, str]]:
+    """({test id: outcome}, {test id: failure message}) read off pytest's -v and -rfE lines."""
+    outcomes, reasons = {}, {}
+    for line in lines:
+        if m := _RESULT.match(line):
+            test, outcome = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+            outcomes[test] = outcome
+        elif m := _REASON.match(line):
+            reasons[m.group(2)] = m.group(3) or m.group(1)
+    return outcomes, reasons
 
 
 def run_tests(report: Report, device, sizes: Sizes, work: Path) -> None:
@@ -275,7 +292,8 @@ def run_tests(report: Report, device, sizes: Sizes, work: Path) -> None:
         report.record("tests", "pytest", False, "pytest is not installed: the CUDA cases of the tests did not run")
         return
     log = work / "pytest.log"
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfE", "--color=no", *sizes.tests_args, *GPU_TEST_FILES]
+    workers = ["-n", str(sizes.tests_workers)] if sizes.tests_workers > 1 and importlib.util.find_spec("xdist") else []
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfE", "--color=no", *workers, *sizes.tests_args, *GPU_TEST_FILES]
     timeout = max(10.0, min(sizes.tests_s, report.left()))
     env = dict(os.environ)
     if device.type == "cpu":
@@ -288,9 +306,7 @@ def run_tests(report: Report, device, sizes: Sizes, work: Path) -> None:
             status = f"cut off after {timeout:.0f} s"
     seconds = time.perf_counter() - began
     shutil.copyfile(log, report.out / "tests.log")
-    lines = log.read_text(errors="replace").splitlines()
-    reasons = {m.group(2): m.group(3) or m.group(1) for m in map(_REASON.match, lines) if m}
-    outcomes = {m.group(1): m.group(2) for m in map(_RESULT.match, lines) if m}
+    outcomes, reasons = pytest_outcomes(log.read_text(errors="replace").splitlines())
     for test, outcome in outcomes.items():
         ok = {"PASSED": True, "XFAIL": True, "SKIPPED": "skipped"}.get(outcome, False)
         report.record("tests", test.removeprefix("tests/"), ok, outcome.lower() + (f": {reasons[test]}" if test in reasons else ""))
@@ -434,15 +450,18 @@ def run_analysis(report: Report, device, sizes: Sizes) -> None:
 
 
 def profile_variant(model_cfg, shape: str, variant: str, device, sizes: Sizes) -> dict:
-    """One compiled training step of `shape` as `variant`: the kernels Inductor generated (its first
-    call compiles, with the code captured), then torch.profiler over 3 steps after 2 warm-ups."""
+    """One compiled training step of `shape` as `variant` ("VARIANT eager": not compiled): the
+    kernels Inductor generated (its first call compiles, with the code captured), then
+    torch.profiler over 3 steps after 2 warm-ups."""
     from streamback.train.parallel import apply_compile
 
+    variant, _, eager = variant.partition(" ")
     tokens = random_tokens(sizes.profile_vocab, sizes.profile_batch, sizes.profile_seq, device)
     with torch.device(device):
         model = Transformer(model_args(model_cfg, shape, variant, sizes.profile_vocab))
     model.init_weights(0)
-    apply_compile(model)
+    if not eager:
+        apply_compile(model)
     try:
         _, graphs = kernels.generated_kernels(lambda: training_step(model, tokens))
         for _ in range(2):
@@ -509,9 +528,11 @@ def run_profile(report: Report, device, sizes: Sizes) -> None:
             lines.append(markdown_table(["kind", f"ms {a}", f"ms {b}", "diff ms", f"launches {a}", f"launches {b}"],
                                         kernels.kind_table(prof[a], prof[b])))
             lines.append("\ntop kernel differences (ms per step, launches per step):\n\n```\n" + "\n".join(kernels.top_differences(prof[a], prof[b])) + "\n```\n")
+            lines.append(f"\n{a}'s most expensive kernels (ms per step, launches per step):\n\n```\n" + "\n".join(kernels.top_kernels(prof[a])) + "\n```\n")
             busy = {v: prof[v]["busy_ms"] for v in (a, b)}
             wall = {v: prof[v]["wall_ms"] for v in (a, b)}
-            blocks = "; ".join(f"{v} block {' + '.join(str(len(g['kernels'])) for g in prof[v]['graphs'][:2])} kernels" for v in (a, b))
+            blocks = "; ".join(f"{v} block {' + '.join(str(len(g['kernels'])) for g in prof[v]['graphs'][:2])} kernels" if prof[v]["graphs"]
+                               else f"{v} {sum(n for _, n in prof[v]['kernels'].values()):,.0f} launches per step" for v in (a, b))
             report.record("profile", name, None, f"busy {busy[a]:.1f} -> {busy[b]:.1f} ms, wall {wall[a]:.1f} -> {wall[b]:.1f} ms per step; {blocks}")
         estimate = time.perf_counter() - began
         report.profile = lines

@@ -47,7 +47,7 @@ def test_quick_mode_runs_every_phase_and_passes(quick_run):
         status.setdefault(check["group"], []).append(check["status"])
     assert not [c for c in summary["checks"] if c["status"] in ("FAIL", "SKIP")]
     # tests: the CPU cases of the ulp, E4M3-infinity and NVFP4-recipe tests, one item each, and pytest's own
-    assert {g: len(s) for g, s in status.items()} == {"env": 2, "tests": 9, "eval": 3, "analysis": 4, "profile": 2, "bench": 4}
+    assert {g: len(s) for g, s in status.items()} == {"env": 2, "tests": 9, "eval": 3, "analysis": 4, "profile": 3, "bench": 4}
     assert summary["env"]["matmul_bf16_tflops"] > 0 and summary["env"]["copy_tb_s"] > 0
     tests = {c["name"]: c for c in summary["checks"] if c["group"] == "tests"}
     assert "test_rounding.py::test_ulp_against_nextafter[cpu-fp8_e4m3]" in tests
@@ -57,6 +57,7 @@ def test_quick_mode_runs_every_phase_and_passes(quick_run):
     profile = {c["name"]: c for c in summary["checks"] if c["group"] == "profile"}
     assert re.match(r"busy [\d.]+ -> [\d.]+ ms, wall [\d.]+ -> [\d.]+ ms per step; baseline block \d+ \+ \d+ kernels", profile["tiny-medium baseline vs streamback"]["value"])
     assert profile["add_rounding"]["status"] == "PASS" and "same bits: True, as eager: True" in profile["add_rounding"]["value"]
+    assert re.search(r"; baseline eager [\d,]+ launches per step$", profile["tiny-medium baseline vs baseline eager"]["value"])
 
 
 @pytest.mark.slow
@@ -109,6 +110,27 @@ def test_bench_goals_on_hand_made_rows(gpu_checks):
     # the reversible stream's speed and the MFU goals are the compiled step's
     assert ("streamback >= 0.99x baseline tok/s", "medium eager") not in goals
     assert len(goals) == 7
+
+
+def test_pytest_outcomes_are_read_with_and_without_xdist(gpu_checks):
+    lines = [
+        "tests/test_rounding.py::test_ulp_against_nextafter[cuda-fp32] PASSED                     [  3%]",
+        "[gw1] [ 12%] FAILED tests/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16] ",
+        "[gw0] [100%] SKIPPED tests/test_train.py::test_compiled_training_on_a_gpu ",
+        "tests/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4] ERROR                [ 50%]",
+        "FAILED tests/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16] - AssertionError: bf16: 2.1e-03 of the elements differ",
+        "ERROR tests/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]",
+        "=== 1 failed, 1 passed in 3.2s ===",
+    ]
+    outcomes, reasons = gpu_checks.pytest_outcomes(lines)
+    assert outcomes == {
+        "tests/test_rounding.py::test_ulp_against_nextafter[cuda-fp32]": "PASSED",
+        "tests/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16]": "FAILED",
+        "tests/test_train.py::test_compiled_training_on_a_gpu": "SKIPPED",
+        "tests/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR",
+    }
+    assert reasons == {"tests/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16]": "AssertionError: bf16: 2.1e-03 of the elements differ",
+                       "tests/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR"}
 
 
 def test_device_call_in_the_docstring_fits_the_device(gpu_checks):

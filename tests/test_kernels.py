@@ -53,6 +53,7 @@ def test_two_profiles_compared():
         ["step wall time", "12.00", "15.00", "+3.00", "", ""],
     ]
     assert kernels.top_differences(a, b, 2) == ["  +2.00 ms  0->40  triton_red_b", "  -0.50 ms  40->40  triton_per_a"]
+    assert kernels.top_kernels(b, 2) == ["  10.25 ms   100  nvjet_x", "   2.00 ms    40  triton_red_b"]
 
 
 def test_kernel_times_of_a_step_on_the_cpu():

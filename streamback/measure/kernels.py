@@ -10,7 +10,8 @@
   self time), with the step's wall time, so that wall - busy is the time the GPU waited.
 - `kind(name)` groups kernels: Triton pointwise (`triton:poi`), persistent and looped reductions
   (`triton:per`, `triton:red`), C++ (`cpp`), `matmul`, `attention`, `fill`, `other`.
-- `by_kind`, `kind_table`, `top_differences`: the comparison of two variants' profiles.
+- `by_kind`, `kind_table`, `top_differences`: the comparison of two variants' profiles;
+  `top_kernels`: one profile's most expensive kernels.
 """
 
 from __future__ import annotations
@@ -121,6 +122,12 @@ def top_differences(a: dict, b: dict, count: int = 8) -> list[str]:
         (ma, la), (mb, lb) = ka.get(n, [0.0, 0.0]), kb.get(n, [0.0, 0.0])
         lines.append(f"{mb - ma:+7.2f} ms  {la:.0f}->{lb:.0f}  {n[:100]}")
     return lines
+
+
+def top_kernels(profile: dict, count: int = 10) -> list[str]:
+    """The `count` kernels of one `kernel_times` result that take longest: '12.34 ms  40  name'."""
+    ranked = sorted(profile["kernels"].items(), key=lambda item: -item[1][0])[:count]
+    return [f"{ms:7.2f} ms  {launches:4.0f}  {name[:100]}" for name, (ms, launches) in ranked]
 
 
 def graph_summary(graph: dict) -> str:
