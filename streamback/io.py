@@ -81,3 +81,17 @@ def markdown_table(header, rows) -> str:
     """A Markdown table: a header row, the separator, then one line per row (cells as str)."""
     lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows]) + "\n"
+
+
+def read_json(path: str | os.PathLike, remedy: str):
+    """The JSON document at `path`; a missing or unreadable file is a StreambackError naming the
+    path and saying what to do (`remedy`, e.g. "run `streamback tokenize` (rule tokenize) first")."""
+    from streamback.errors import StreambackError
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StreambackError(f"{path} does not exist: {remedy}") from None
+    except json.JSONDecodeError as err:
+        raise StreambackError(f"{path} is not valid JSON ({err}): {remedy}") from None

@@ -63,3 +63,14 @@ def tokens(tmp_path_factory):
     data = validate_config({"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
     tokenize(data, root / "tokens", inputs=[root / "part.parquet"], progress=False)
     return root / "tokens"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (on a loaded 2-core machine, many times faster than on two)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

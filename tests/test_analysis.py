@@ -23,14 +23,7 @@ from streamback.train.metrics import read_metrics
 
 from conftest import ROOT
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread (and on a loaded 2-core machine, 30x faster than on two)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(path, block="baseline", stream="fp32", seed=0, vocab=300, **kw):

@@ -422,7 +422,7 @@ def test_tables_refuse_half_written_results(evaluated, monkeypatch, tmp_path):
     path = layout.eval_results("micro-streamback")
     text = path.read_text()
     path.write_text(text[: len(text) // 2])
-    with pytest.raises(StreambackError, match="results/eval/micro-streamback/results.json is not complete JSON"):
+    with pytest.raises(StreambackError, match="results/eval/micro-streamback/results.json is not valid JSON"):
         tables.read_results("micro-streamback", tasks)
     path.write_text(text)
     samples = layout.eval_samples("micro-streamback", "streamback_cloze")

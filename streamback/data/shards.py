@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from streamback.errors import StreambackError
-from streamback.io import atomic_path, write_json
+from streamback.io import atomic_path, read_json, write_json
 
 MAGIC = b"SBTOKv1\n"
 HEADER_BYTES = 1024
@@ -155,12 +155,7 @@ def check_shard(path: Path, expect: dict) -> dict:
 def read_manifest(data_dir: str | Path) -> dict:
     """The manifest.json of a tokenized corpus."""
     path = Path(data_dir) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StreambackError(f"{path} does not exist: run `streamback tokenize` (rule tokenize) first") from None
-    except json.JSONDecodeError as err:
-        raise StreambackError(f"{path} is not valid JSON: {err}") from None
+    manifest = read_json(path, "run `streamback tokenize` (rule tokenize) first")
     if manifest.get("format") != FORMAT:
         raise StreambackError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}")
     return manifest

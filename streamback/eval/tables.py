@@ -29,7 +29,7 @@ from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
 from streamback.eval import stats
-from streamback.io import atomic_path
+from streamback.io import atomic_path, read_json
 from streamback.runs import RunSpec, run_matrix
 
 HELP = "aggregate lm-eval's results of every run (benchmarks.csv) and test each run against its shape's baseline (benchmark_pairs.csv)"
@@ -43,12 +43,7 @@ def read_results(run: str, tasks: list[str]) -> dict:
     """lm-eval's results of `run`, checked complete: {"results", "n": {task: items}, "samples": {task: [sample]}}."""
     path = layout.eval_results(run)
     rerun = f"evaluate the run again (rule evaluate, {run})"
-    try:
-        results = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StreambackError(f"{path} does not exist: {rerun}") from None
-    except json.JSONDecodeError as err:
-        raise StreambackError(f"{path} is not complete JSON ({err}): {rerun}") from None
+    results = read_json(path, rerun)
     missing = [t for t in tasks if t not in results.get("results", {})]
     if missing:
         raise StreambackError(f"{path} has no results for {', '.join(missing)}: {rerun}")
