@@ -90,26 +90,40 @@ def load_config(path: str | Path = DEFAULT_CONFIG) -> dict:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, section: str) -> None:
-    """`--config FILE` (a whole config, the section is taken from it) or `--params JSON`."""
+    """`--config FILE` (a whole config, the section is taken from it) or `--params JSON`, and
+    `--execution JSON` over either."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--config", type=Path, default=None, help=f"config file; its '{section}' section is used (default: {DEFAULT_CONFIG.relative_to(ROOT)})")
-    group.add_argument("--params", default=None, help=f"the '{section}' section as a JSON object (what the Snakemake rules pass)")
+    group.add_argument("--params", default=None, help=f"the '{section}' section as a JSON object (what the Snakemake rules pass: the settings the job reads)")
+    parser.add_argument("--execution", default=None, metavar="JSON",
+                        help=f"keys of the '{section}' section that say how the job runs, merged over the section (the rules pass them "
+                             "apart, so that changing them reruns nothing; streamback/jobs.py)")
 
 
 def section_from_args(args: argparse.Namespace, section: str) -> dict:
     """The validated, default-filled `section` of the config named by the CLI arguments."""
     if args.params is not None:
-        return section_from_json(args.params, section)
-    return load_config(args.config or DEFAULT_CONFIG)[section]
+        config = {section: _json_object(args.params, "--params")}
+    else:
+        config = read_config_file(args.config or DEFAULT_CONFIG)
+    if args.execution is not None:
+        config[section] = merge_config(config.get(section, {}), _json_object(args.execution, "--execution"))
+    return validate_config(config)[section]
+
+
+def _json_object(text: str, flag: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise StreambackError(f"{flag} is not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise StreambackError(f"{flag} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def section_from_json(text: str, section: str, flag: str = "--params") -> dict:
     """A config section given as JSON on the command line (`flag` names it in errors), validated."""
-    try:
-        params = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise StreambackError(f"{flag} is not valid JSON: {err}") from None
-    return validate_config({section: params})[section]
+    return validate_config({section: _json_object(text, flag)})[section]
 
 
 def merge_config(base: dict, override: dict) -> dict:

@@ -69,6 +69,11 @@ def run_setting(train_cfg: dict, run: str, key: str):
     return override.get(key, train_cfg[key])
 
 
+def is_reversible(train_cfg: dict, spec: RunSpec) -> bool:
+    """Does this run keep its stream reversibly? train.reversible applies to fp32-stream StreamBack runs only."""
+    return bool(train_cfg["reversible"]) and spec.block == "streamback" and spec.stream == "fp32"
+
+
 def run_processes(train_cfg: dict, run: str) -> int:
     """How many training processes the rule starts for `run`: gpus x nodes, or one CPU process."""
     res = run_setting(train_cfg, run, "resources")

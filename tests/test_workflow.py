@@ -1,5 +1,8 @@
-"""The Snakemake workflow: both configs dry-run; a bad config stops it before any job."""
+"""The Snakemake workflow: both configs dry-run; a bad config stops it before any job; a changed
+setting reruns exactly the jobs it affects (Snakemake's own dry run says which, and why);
+`snakemake --lint` finds nothing."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -101,3 +104,105 @@ def test_every_rule_declares_log_threads_resources_and_env():
             body = body.split("\n\n\n")[0]  # the rule's own block, up to the next top-level statement
             for keyword in ("log:", "threads:", "resources:", "conda:", "shell:"):
                 assert f"\n    {keyword}" in "\n" + body, f"{smk.name}: rule {name} lacks {keyword}"
+
+
+def test_lint_finds_nothing(run_snakemake, tmp_path):
+    result = run_snakemake("--lint", "--directory", tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "Congratulations, your workflow is in a good condition!" in out, out[-3000:]
+
+
+# ---- reruns: what a changed setting reruns -------------------------------------------------------
+
+SIX_STREAM_RUNS = ["tiny-medium-baseline", "tiny-medium-streamback", *(f"tiny-medium-streamback-{s}" for s in ("bf16_sr", "fp8_e4m3", "mxfp8", "nvfp4"))]
+DOWNSTREAM_OF_TRAIN = {"training_curves", "analyze_layer_error", "analyze_envelope", "analyze_swallowed", "analyze_loss_difference",
+                       "benchmark_table"}
+
+
+def _touched_study(run_snakemake, directory, *config):
+    """Every output of the study exists and Snakemake's records say it was made with this config
+    (`snakemake --touch --forceall`: the params of every job are recorded as a real run records
+    them), without running a job."""
+    listing = run_snakemake("--detailed-summary", "--directory", directory, *config)
+    assert listing.returncode == 0, listing.stderr[-3000:]
+    for line in listing.stdout.splitlines()[1:]:
+        path = directory / line.split("\t")[0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    touched = run_snakemake("--touch", "--forceall", "--cores", "1", "--directory", directory, *config)
+    assert touched.returncode == 0, touched.stderr[-3000:]
+    return directory
+
+
+@pytest.fixture(scope="module")
+def touched_default(run_snakemake, tmp_path_factory):
+    return _touched_study(run_snakemake, tmp_path_factory.mktemp("touched-default"))
+
+
+def planned_jobs(run_snakemake, directory, change: dict | None, *config) -> dict:
+    """{(rule, run wildcard or None): reason} of every job `snakemake -n` plans once `change` is
+    merged over the config (`--configfile`), from Snakemake's own dry-run output."""
+    path = directory / "change.yaml"
+    path.write_text(yaml.safe_dump(change))
+    with_change = [*(config or ["--configfile"]), path] if change is not None else list(config)
+    result = run_snakemake("-n", "--directory", directory, *with_change)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    jobs = {}
+    for block in re.split(r"\n(?=(?:local)?rule \w+:\n)", out)[1:]:
+        rule = re.match(r"(?:local)?rule (\w+):", block).group(1)
+        run = re.search(r"^    wildcards: run=(\S+)$", block, re.MULTILINE)
+        jobs[rule, run and run.group(1)] = re.search(r"^    reason: (.*)$", block, re.MULTILINE).group(1)
+    return jobs
+
+
+def rules_of(jobs: dict) -> set[str]:
+    return {rule for rule, _ in jobs}
+
+
+@pytest.mark.slow
+def test_editing_one_shape_reruns_only_its_runs_and_what_reads_them(run_snakemake, touched_default):
+    """A new width of KV heads for tiny-medium (and a new shape no run uses): the six tiny-medium
+    runs train again because their params changed, their evaluations and the tables over all runs
+    follow because their inputs change; no other run, nothing of data or drift. The study page
+    reruns on any change: it prints the merged config's hash, so its params are the whole config."""
+    assert planned_jobs(run_snakemake, touched_default, None) == {}  # as recorded: nothing to do
+    shapes = {"tiny-medium": {"n_layers": 4, "dim": 96, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32},
+              "unused": {"n_layers": 1, "dim": 8, "n_heads": 2, "n_kv_heads": 1}}
+    jobs = planned_jobs(run_snakemake, touched_default, {"model": {"shapes": shapes}})
+    assert {run for rule, run in jobs if rule == "train"} == set(SIX_STREAM_RUNS)
+    assert {run for rule, run in jobs if rule == "evaluate"} == set(SIX_STREAM_RUNS)
+    assert rules_of(jobs) == {"train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
+    for (rule, run), reason in jobs.items():
+        expected = "Params have changed" if rule == "train" else "Input files updated by another job"
+        assert reason.startswith(expected), (rule, run, reason)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, rules", [
+    ({"drift": {"seeds": [0, 1], "settings": [{"mu": 0.2, "sigma": 0.5}]}}, {"drift"}),
+    ({"eval": {"pairs": {"resamples": 500}}}, {"benchmark_table"}),
+    ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed"}),
+    ({"train": {"optimizer": {"lr": 2e-3}}}, {"train", "evaluate", *DOWNSTREAM_OF_TRAIN}),
+    # how jobs run, not what they compute: nothing but the study page (whose params are the whole config)
+    ({"train": {"compile": True, "micro_batch_size": 8, "checkpoint": {"every": 5}, "resources": {"threads": 2},
+                "per_run": {"tiny-medium-baseline": {"activation_checkpointing": True}}},
+      "data": {"processes": 1, "batch_documents": 64}, "eval": {"resources": {"mem_mb": 999}}}, set()),
+], ids=["drift-grid", "eval-pairs", "analysis-variants", "recipe", "execution"])
+def test_a_changed_setting_reruns_the_jobs_that_read_it(run_snakemake, touched_default, change, rules):
+    jobs = planned_jobs(run_snakemake, touched_default, change)
+    assert rules_of(jobs) == rules | {"study_report", "all"}
+    for (rule, run), reason in jobs.items():
+        if rule in rules - DOWNSTREAM_OF_TRAIN - {"evaluate"}:
+            assert reason.startswith("Params have changed"), (rule, run, reason)
+
+
+@pytest.mark.slow
+def test_the_paper_runs_ignore_the_tiny_shapes_merged_under_them(run_snakemake, tmp_path):
+    """config/paper.yaml is merged over config/config.yaml, whose tiny shapes stay in `model`:
+    editing one reruns no paper job."""
+    paper = ["--configfile", ROOT / "config" / "paper.yaml"]
+    touched = _touched_study(run_snakemake, tmp_path, *paper)
+    change = {"model": {"shapes": {"tiny-medium": {"n_layers": 3, "dim": 96, "n_heads": 4, "n_kv_heads": 1}}}}
+    jobs = planned_jobs(run_snakemake, touched, change, *paper)
+    assert rules_of(jobs) == {"study_report", "all"}, jobs

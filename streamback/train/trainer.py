@@ -62,7 +62,7 @@ from streamback.errors import StreambackError
 from streamback.io import atomic_path, writable_dir, write_json, write_text
 from streamback.model.weights import save_model
 from streamback.progress import Progress
-from streamback.runs import RunSpec, check_runs, data_passes, run_matrix, run_setting, token_budget_problem, train_steps
+from streamback.runs import RunSpec, check_runs, data_passes, is_reversible, run_matrix, run_setting, token_budget_problem, train_steps
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
 from streamback.train.checkpoint import TrainState, load_newest, lock_run, remove_partial, save_checkpoint
 from streamback.train.metrics import MetricsLog
@@ -267,9 +267,8 @@ class Trainer:
             raise StreambackError(f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process")
         self._verify_data()
 
-        reversible = cfg["reversible"] and spec.block == "streamback" and spec.stream == "fp32"
         self.model_args = ModelArgs.from_config(
-            model_cfg, spec.shape, self.train_data.vocab_size, block=spec.block, stream=spec.stream, reversible=reversible
+            model_cfg, spec.shape, self.train_data.vocab_size, block=spec.block, stream=spec.stream, reversible=is_reversible(cfg, spec)
         )
         self.model = self._build_model()
         self.params = list(self.model.parameters())

@@ -1,25 +1,169 @@
-# Shared helpers for the rule files: how rules call the CLI and pass their config section.
+# Shared by the stage files: how a job calls the CLI, how its settings are passed, and every
+# function the stages' rules use (`snakemake --lint` wants functions and rules in separate files).
 
 import json
 import shlex
 import sys
+from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
-# Rules run `python -m streamback <stage>` with the repository on PYTHONPATH. With --use-conda
-# that is the python of the rule's environment (envs/); otherwise it is the interpreter running
-# Snakemake, so an un-activated venv (`.venv/bin/snakemake`) works as well as an activated one.
-shell.prefix(f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; set -euo pipefail; ")
+from streamback import jobs, layout
+from streamback.runs import run_setting
+
+# Jobs run `streamback <stage> ...`, a shell function for `python -m streamback` with the
+# repository on PYTHONPATH. With --use-conda that python is the environment's (envs/); otherwise
+# it is the interpreter running Snakemake, so an un-activated venv (`.venv/bin/snakemake`) works
+# as well as an activated one. A job that fails shows the end of its log (`cmd > log || log_tail
+# log`; the CLI's error is its last line), not only Snakemake's "check log file(s)".
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
     PYTHON = "python"
 else:
     PYTHON = shlex.quote(sys.executable)
-STREAMBACK = f"{PYTHON} -m streamback"
+shell.prefix(
+    f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}} STREAMBACK_PYTHON={PYTHON}; "
+    'streamback() {{ "$STREAMBACK_PYTHON" -m streamback "$@"; }}; '
+    'log_tail() {{ local status=$?; echo "--- the end of $1:" >&2; tail -n 5 "$1" >&2; return "$status"; }}; set -euo pipefail; '
+)
 
-# Each rule file appends the final outputs of its stage; `rule all` asks for all of them.
+# Each stage file appends the final outputs of its stage; `rule all` asks for all of them.
 TARGETS = []
 
 
-def params_json(section):
-    """A config section as a shell-quoted JSON argument for `--params`."""
-    return shlex.quote(json.dumps(config[section], sort_keys=True))
+# ---- what a job is given (streamback/jobs.py) --------------------------------------------------
+
+
+def as_json(section):
+    """A config section as a shell-quoted JSON argument (`--params`, `--execution`)."""
+    return shlex.quote(json.dumps(section, sort_keys=True))
+
+
+def untracked(value):
+    """A param the job is given but that Snakemake does not compare with the one its outputs were
+    made with: Snakemake compares only params not derived from a job's input, output, threads or
+    resources, and this is a function of its resources. For how a job runs (execution settings,
+    the launcher, threads), never for what it computes. `value` may be a function of wildcards."""
+    return lambda wildcards, resources: value(wildcards) if callable(value) else value
+
+
+# ---- drift -----------------------------------------------------------------------------------
+
+
+def drift_file(name, suffix=None):
+    """A drift output: a file of layout.DRIFT_FILES, or figure `name` as .`suffix`."""
+    return str(layout.DRIFT_DIR / (f"{name}.{suffix}" if suffix else layout.DRIFT_FILES[name]))
+
+
+# ---- train -------------------------------------------------------------------------------------
+
+RENDEZVOUS_PORT = 29500
+TORCHRUN_ENV = "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300"
+
+
+def train_resources(run):
+    res = run_setting(config["train"], run, "resources")
+    if res["nodes"] > 1 and res["gpus"] == 0:
+        raise WorkflowError(f"train run {run}: nodes = {res['nodes']} needs gpus > 0 (CPU runs are one process)")
+    return res
+
+
+def train_settings(section):
+    """A train job's `section` (train or model) of its settings, as a param of its run."""
+    return lambda wildcards: as_json(jobs.train(config, wildcards.run)[section])
+
+
+def train_launcher(wildcards):
+    """The command line that starts `streamback` for this run: python, torchrun or srun + torchrun."""
+    res = train_resources(wildcards.run)
+    gpus, nodes = res["gpus"], res["nodes"]
+    if gpus == 0:
+        return f"OMP_NUM_THREADS={res['threads']} streamback"
+    torchrun = f'{TORCHRUN_ENV} "$STREAMBACK_PYTHON" -m torch.distributed.run --nproc-per-node {gpus}'
+    if nodes == 1:
+        return f"{torchrun} --standalone -m streamback"
+    # the job's first node; `sed -n 1p` reads all the names (under pipefail, `head -n1` could
+    # end scontrol with SIGPIPE on a long node list and fail the job)
+    return (
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p); '
+        f"srun --kill-on-bad-exit=1 env {torchrun} --nnodes {nodes} "
+        f'--rdzv-backend c10d --rdzv-endpoint "$head:{RENDEZVOUS_PORT}" --rdzv-id "$SLURM_JOB_ID" -m streamback'
+    )
+
+
+def train_slurm(key):
+    """A Slurm resource of this run; None leaves it unset (CPU runs have no GPU keys).
+
+    One node: the job asks for G GPUs (--gpus) and Snakemake's job step (srun -n1) gets them
+    all. N nodes: as TorchTitan's multi-node Slurm script, N tasks (one per node) with G GPUs
+    each (--gpus-per-task) and their CPUs; the `mpi` resource makes the job run this shell in
+    its batch step, whose srun then starts the N torchruns.
+    """
+
+    def get(wildcards):
+        res = train_resources(wildcards.run)
+        gpus, nodes, extra = res["gpus"], res["nodes"], res["slurm_extra"]
+        single = nodes == 1
+        return {
+            "gpu": gpus if gpus and single else None,
+            "cpus_per_gpu": res["threads"] if gpus and single else None,
+            "cpus_per_task": None if single else res["threads"] * gpus,
+            "tasks": None if single else nodes,
+            "mpi": None if single else "srun",
+            "slurm_extra": (extra if single else f"--gpus-per-task={gpus} {extra}".strip()) or None,
+        }[key]
+
+    return get
+
+
+# ---- analyses ----------------------------------------------------------------------------------
+
+ANALYSIS_CAPTIONS = {  # table or figure name (less its run or shape) -> caption file
+    "layer_error": "analysis_layer_error", "envelope": "analysis_envelope", "envelope_training": "analysis_envelope_training",
+    "swallowed": "analysis_swallowed", "loss_difference": "analysis_loss_difference", "loss_curves": "analysis_loss_curves",
+}
+
+
+def analysis_output(kind, runs, shapes):
+    """The kind's outputs (layout.analysis_outputs), each table and SVG marked for the report with its caption."""
+    marked = []
+    for path in layout.analysis_outputs(kind, runs, shapes):
+        name, _, key = path.stem.partition("-")
+        figure = "figure" if path.suffix != ".csv" else "table"
+        if path.suffix == ".png":
+            marked.append(str(path))
+            continue
+        labels = {"analysis": kind, figure: name, **({"run or shape": key} if key else {})}
+        marked.append(report(str(path), caption=f"../report/{ANALYSIS_CAPTIONS[name]}{'_figure' if figure == 'figure' else ''}.rst",
+                             category="Analyses", subcategory=kind, labels=labels))
+    return marked
+
+
+def analysis_inputs(runs, metrics):
+    inputs = {"manifest": rules.tokenize.output.manifest, "models": [str(layout.model_file(r)) for r in runs]}
+    if metrics:
+        inputs["metrics"] = [str(layout.metrics_file(r)) for r in runs]
+    return inputs
+
+
+def analysis_params(kind, runs):
+    settings = jobs.analysis(config, kind)
+    resources = config["analysis"]["resources"]
+    return {
+        "kind": kind,
+        "analysis": as_json(settings["analysis"]),
+        "train": as_json(settings["train"]),
+        "data": lambda wildcards, input: shlex.quote(str(Path(input.manifest).parent)),
+        "runs": " ".join(shlex.quote(r) for r in runs),
+        "device": untracked("cuda" if resources["gpus"] else "cpu"),
+    }
+
+
+def analysis_resources():
+    resources = config["analysis"]["resources"]
+    return {
+        "mem_mb": resources["mem_mb"],
+        "runtime": resources["runtime"],
+        "gpu": resources["gpus"] or None,
+        "cpus_per_gpu": resources["threads"] if resources["gpus"] else None,
+    }

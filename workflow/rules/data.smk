@@ -3,8 +3,7 @@
 # results/tokens/<corpus>/ (or data.dir): shards, tokenizer.json and manifest.json, the output
 # the training rules depend on (rules.tokenize.output.manifest).
 
-from streamback import layout
-from streamback.layout import corpus_dir, corpus_files, input_files, tokens_dir
+from streamback.layout import corpus_files, input_files, tokens_dir
 
 DATA = config["data"]
 TOKENS = str(tokens_dir(DATA))
@@ -24,10 +23,10 @@ rule corpus:
         mem_mb=2000,
         runtime=30,
     params:
-        cfg=params_json("data"),
-        out=str(corpus_dir(DATA)),
+        data=as_json(jobs.corpus(config)["data"]),
+        out=lambda wildcards, output: Path(output[0]).parent,
     shell:
-        "{STREAMBACK} corpus --params {params.cfg} --out {params.out} --processes {threads} > {log} 2>&1"
+        "streamback corpus --params {params.data} --out {params.out} --processes {threads} > {log} 2>&1 || log_tail {log}"
 
 
 # Shards of an interrupted run are not outputs, so Snakemake keeps them and a rerun resumes.
@@ -47,10 +46,12 @@ rule tokenize:
         mem_mb=DATA["mem_mb"],
         runtime=DATA["runtime"],
     params:
-        cfg=params_json("data"),
-        out=TOKENS,
+        data=as_json(jobs.tokenize(config)["data"]),
+        execution=untracked(as_json(jobs.tokenize_execution(config)["data"])),
+        out=lambda wildcards, output: Path(output.manifest).parent,
     shell:
-        "{STREAMBACK} tokenize --params {params.cfg} --out {params.out} --processes {threads} --inputs {input} > {log} 2>&1"
+        "streamback tokenize --params {params.data} --execution {params.execution} --out {params.out} --processes {threads} "
+        "--inputs {input} > {log} 2>&1 || log_tail {log}"
 
 
 TARGETS.append(rules.tokenize.output.manifest)

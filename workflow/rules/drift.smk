@@ -2,27 +2,19 @@
 # One job: the simulation is vectorised and takes seconds, so it is not split per setting.
 # Outputs: results/drift/ (streamback/layout.py: DRIFT_FILES, and DRIFT_FIGURES as .svg and .png).
 
-from streamback import layout
-
-DRIFT = layout.DRIFT_DIR
-
-
-def drift_out(name, suffix=None):
-    return str(DRIFT / (f"{name}.{suffix}" if suffix else layout.DRIFT_FILES[name]))
-
 
 rule drift:
     output:
-        summary=report(drift_out("summary"), caption="../report/drift_summary.rst", category="Drift"),
-        trajectories=drift_out("trajectories"),
-        spacing=report(drift_out("spacing"), caption="../report/drift_spacing_table.rst", category="Drift"),
-        ratio_svg=report(drift_out("drift_ratio", "svg"), caption="../report/drift_ratio.rst", category="Drift"),
-        ratio_png=drift_out("drift_ratio", "png"),
-        trajectories_svg=report(drift_out("trajectories", "svg"), caption="../report/drift_trajectories.rst", category="Drift"),
-        trajectories_png=drift_out("trajectories", "png"),
-        spacing_svg=report(drift_out("spacing", "svg"), caption="../report/drift_spacing.rst", category="Drift"),
-        spacing_png=drift_out("spacing", "png"),
-        html=report(drift_out("report"), caption="../report/drift_report.rst", category="Drift"),
+        summary=report(drift_file("summary"), caption="../report/drift_summary.rst", category="Drift"),
+        trajectories=drift_file("trajectories"),
+        spacing=report(drift_file("spacing"), caption="../report/drift_spacing_table.rst", category="Drift"),
+        ratio_svg=report(drift_file("drift_ratio", "svg"), caption="../report/drift_ratio.rst", category="Drift"),
+        ratio_png=drift_file("drift_ratio", "png"),
+        trajectories_svg=report(drift_file("trajectories", "svg"), caption="../report/drift_trajectories.rst", category="Drift"),
+        trajectories_png=drift_file("trajectories", "png"),
+        spacing_svg=report(drift_file("spacing", "svg"), caption="../report/drift_spacing.rst", category="Drift"),
+        spacing_png=drift_file("spacing", "png"),
+        html=report(drift_file("report"), caption="../report/drift_report.rst", category="Drift"),
     conda:
         "../../envs/drift.yaml"
     log:
@@ -34,9 +26,10 @@ rule drift:
         mem_mb=2000,
         runtime=30,
     params:
-        cfg=params_json("drift"),
+        drift=as_json(jobs.drift(config)["drift"]),
+        outdir=lambda wildcards, output: Path(output.summary).parent,
     shell:
-        "OMP_NUM_THREADS={threads} {STREAMBACK} drift --params {params.cfg} --outdir {DRIFT} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} streamback drift --params {params.drift} --outdir {params.outdir} > {log} 2>&1 || log_tail {log}"
 
 
 TARGETS.extend(rules.drift.output)

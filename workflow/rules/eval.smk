@@ -11,7 +11,6 @@ import re
 import shlex
 from pathlib import Path
 
-from streamback import layout
 from streamback.eval.taskdata import LOCAL_TASKS
 from streamback.runs import run_matrix
 
@@ -19,11 +18,8 @@ EVAL = config["eval"]
 EVAL_RES = EVAL["resources"]
 EVAL_RUNS = list(run_matrix(config["train"]))
 LOCAL_TASK_FILES = [str(layout.eval_task_file(task)) for task in EVAL["tasks"] if task in LOCAL_TASKS]
-
-
-def corpus_seed():
-    """The training corpus's seed, which the local tasks' items must avoid (synthetic corpus only)."""
-    return f"--corpus-seed {config['data']['synthetic']['seed']}" if config["data"]["source"] == "synthetic" else ""
+# the local tasks' items must avoid the training corpus's seed (synthetic corpus only)
+CORPUS_SEED = f"--corpus-seed {config['data']['synthetic']['seed']}" if config["data"]["source"] == "synthetic" else ""
 
 
 rule eval_tasks:
@@ -40,10 +36,10 @@ rule eval_tasks:
         mem_mb=1000,
         runtime=10,
     params:
-        cfg=params_json("eval"),
-        seed=corpus_seed(),
+        eval=as_json(jobs.eval_tasks(config)["eval"]),
+        seed=CORPUS_SEED,
     shell:
-        "{STREAMBACK} eval-tasks --params {params.cfg} {params.seed} > {log} 2>&1"
+        "streamback eval-tasks --params {params.eval} {params.seed} > {log} 2>&1 || log_tail {log}"
 
 
 rule evaluate:
@@ -69,12 +65,12 @@ rule evaluate:
         gpu=EVAL_RES["gpus"] or None,
         cpus_per_gpu=EVAL_RES["threads"] if EVAL_RES["gpus"] else None,
     params:
-        cfg=params_json("eval"),
+        eval=as_json(jobs.evaluate(config)["eval"]),
         tokens=lambda wildcards, input: shlex.quote(str(Path(input.manifest).parent)),
-        outdir=lambda wildcards: layout.eval_dir(wildcards.run),
+        outdir=lambda wildcards, output: Path(output.results).parent,
     shell:
-        "OMP_NUM_THREADS={threads} {STREAMBACK} evaluate --params {params.cfg} --run-name {wildcards.run} --model {input.model} "
-        "--tokens {params.tokens} --outdir {params.outdir} --threads {threads} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} streamback evaluate --params {params.eval} --run-name {wildcards.run} --model {input.model} "
+        "--tokens {params.tokens} --outdir {params.outdir} --threads {threads} > {log} 2>&1 || log_tail {log}"
 
 
 rule benchmark_table:
@@ -95,10 +91,10 @@ rule benchmark_table:
         mem_mb=2000,
         runtime=30,
     params:
-        cfg=params_json("eval"),
-        train=params_json("train"),
+        eval=as_json(jobs.benchmark_table(config)["eval"]),
+        train=as_json(jobs.benchmark_table(config)["train"]),
     shell:
-        "{STREAMBACK} benchmark-table --params {params.cfg} --train-params {params.train} > {log} 2>&1"
+        "streamback benchmark-table --params {params.eval} --train-params {params.train} > {log} 2>&1 || log_tail {log}"
 
 
 TARGETS.extend(rules.benchmark_table.output)

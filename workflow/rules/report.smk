@@ -29,7 +29,7 @@ rule study_report:
         config=shlex.quote(json.dumps(config, sort_keys=True)),
         files=" ".join(shlex.quote(f) for f in CONFIG_FILES),
     shell:
-        "{STREAMBACK} study-report --config-json {params.config} --config-files {params.files} --out {output} > {log} 2>&1"
+        "streamback study-report --config-json {params.config} --config-files {params.files} --out {output} > {log} 2>&1 || log_tail {log}"
 
 
 TARGETS.append(rules.study_report.output[0])

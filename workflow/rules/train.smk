@@ -10,7 +10,7 @@
 #   gpus 0            one CPU process: python -m streamback train ...
 #   gpus G, nodes 1   torchrun --standalone with G processes (Slurm: a single task step with G GPUs)
 #   gpus G, nodes N   srun starts one torchrun per node (N tasks of G GPUs), the rendezvous host
-#                     being the job's first node (scontrol show hostnames); see _slurm below.
+#                     being the job's first node (scontrol show hostnames); see train_slurm in common.smk.
 # torchrun forwards SIGTERM and SIGUSR1 to the trainers (PET_SIGNALS_TO_HANDLE) and waits up to
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for them to save a checkpoint before killing them.
 # The log tells the whole story of a run resumed over several jobs: Snakemake deletes a job's log
@@ -26,65 +26,10 @@ import re
 import shlex
 from pathlib import Path
 
-from snakemake.exceptions import WorkflowError
-
-from streamback import layout
-from streamback.runs import run_matrix, run_setting
+from streamback.runs import run_matrix
 
 TRAIN = config["train"]
 RUNS = run_matrix(TRAIN)
-RENDEZVOUS_PORT = 29500
-TORCHRUN_ENV = "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300"
-
-
-def train_resources(run):
-    res = run_setting(TRAIN, run, "resources")
-    if res["nodes"] > 1 and res["gpus"] == 0:
-        raise WorkflowError(f"train run {run}: nodes = {res['nodes']} needs gpus > 0 (CPU runs are one process)")
-    return res
-
-
-def train_launcher(wildcards):
-    """The command line that starts `streamback` for this run: python, torchrun or srun + torchrun."""
-    res = train_resources(wildcards.run)
-    gpus, nodes = res["gpus"], res["nodes"]
-    if gpus == 0:
-        return f"OMP_NUM_THREADS={res['threads']} {STREAMBACK}"
-    torchrun = f"{TORCHRUN_ENV} {PYTHON} -m torch.distributed.run --nproc-per-node {gpus}"
-    if nodes == 1:
-        return f"{torchrun} --standalone -m streamback"
-    # the job's first node; `sed -n 1p` reads all the names (under pipefail, `head -n1` could
-    # end scontrol with SIGPIPE on a long node list and fail the job)
-    return (
-        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p); '
-        f"srun --kill-on-bad-exit=1 env {torchrun} --nnodes {nodes} "
-        f'--rdzv-backend c10d --rdzv-endpoint "$head:{RENDEZVOUS_PORT}" --rdzv-id "$SLURM_JOB_ID" -m streamback'
-    )
-
-
-def _slurm(key):
-    """A Slurm resource of this run; None leaves it unset (CPU runs have no GPU keys).
-
-    One node: the job asks for G GPUs (--gpus) and Snakemake's job step (srun -n1) gets them
-    all. N nodes: as TorchTitan's multi-node Slurm script, N tasks (one per node) with G GPUs
-    each (--gpus-per-task) and their CPUs; the `mpi` resource makes the job run this shell in
-    its batch step, whose srun then starts the N torchruns.
-    """
-
-    def get(wildcards):
-        res = train_resources(wildcards.run)
-        gpus, nodes, extra = res["gpus"], res["nodes"], res["slurm_extra"]
-        single = nodes == 1
-        return {
-            "gpu": gpus if gpus and single else None,
-            "cpus_per_gpu": res["threads"] if gpus and single else None,
-            "cpus_per_task": None if single else res["threads"] * gpus,
-            "tasks": None if single else nodes,
-            "mpi": None if single else "srun",
-            "slurm_extra": (extra if single else f"--gpus-per-task={gpus} {extra}".strip()) or None,
-        }[key]
-
-    return get
 
 
 rule train:
@@ -108,31 +53,33 @@ rule train:
         runtime=lambda wildcards: train_resources(wildcards.run)["runtime"],
         mem_mb=lambda wildcards: train_resources(wildcards.run)["mem_mb"],
         nodes=lambda wildcards: train_resources(wildcards.run)["nodes"],
-        gpu=_slurm("gpu"),
-        cpus_per_gpu=_slurm("cpus_per_gpu"),
-        cpus_per_task=_slurm("cpus_per_task"),
-        tasks=_slurm("tasks"),
-        mpi=_slurm("mpi"),
-        slurm_extra=_slurm("slurm_extra"),
+        gpu=train_slurm("gpu"),
+        cpus_per_gpu=train_slurm("cpus_per_gpu"),
+        cpus_per_task=train_slurm("cpus_per_task"),
+        tasks=train_slurm("tasks"),
+        mpi=train_slurm("mpi"),
+        slurm_extra=train_slurm("slurm_extra"),
     params:
-        launch=train_launcher,
-        cfg=params_json("train"),
-        model=params_json("model"),
+        train=train_settings("train"),
+        model=train_settings("model"),
+        execution=untracked(lambda wildcards: as_json(jobs.train_execution(config, wildcards.run)["train"])),
+        launch=untracked(train_launcher),
+        threads=untracked(lambda wildcards: train_resources(wildcards.run)["threads"]),
         data=lambda wildcards, input: shlex.quote(str(Path(input.manifest).parent)),
-        threads=lambda wildcards: train_resources(wildcards.run)["threads"],
-        outdir=lambda wildcards: layout.run_dir(wildcards.run),
+        outdir=lambda wildcards, output: Path(output.model).parent,
         checkpoints=lambda wildcards: layout.checkpoint_dir(wildcards.run),
         history=lambda wildcards: layout.train_log(wildcards.run),
     shell:
         "trap : TERM USR1; mkdir -p {params.checkpoints}; touch {params.history}; {{ ln -f {params.history} {log} 2>/dev/null || cp {params.history} {log}; }}; "
         'echo "=== attempt started $(date \'+%Y-%m-%d %H:%M:%S %Z\') on $(hostname)${{SLURM_JOB_ID:+, Slurm job $SLURM_JOB_ID}}" >> {params.history}; '
         "status_file={params.checkpoints}/.exit-status.$$; status=0; "
-        "{params.launch} train --params {params.cfg} --model-params {params.model} --run-name {wildcards.run} "
+        "{params.launch} train --params {params.train} --model-params {params.model} --execution {params.execution} --run-name {wildcards.run} "
         "--data {params.data} --outdir {params.outdir} --checkpoints {params.checkpoints} "
         '--threads {params.threads} --status-file "$status_file" >> {params.history} 2>&1 || status=$?; '
         'launcher=$status; if [ "$status" -ne 0 ] && [ -s "$status_file" ]; then status=$(cat "$status_file"); fi; rm -f "$status_file"; '
         'echo "=== attempt ended with status $status (the launcher returned $launcher)" >> {params.history}; '
-        '[ {params.history} -ef {log} ] || cp {params.history} {log}; exit "$status"'
+        '[ {params.history} -ef {log} ] || cp {params.history} {log}; '
+        'if [ "$status" -ne 0 ]; then echo "--- the end of {log}:" >&2; tail -n 5 {params.history} >&2; fi; exit "$status"'
 
 
 TARGETS.extend(expand(list(rules.train.output), run=list(RUNS)))
@@ -160,10 +107,10 @@ rule training_curves:
         mem_mb=2000,
         runtime=10,
     params:
-        cfg=params_json("train"),
+        train=as_json(jobs.training_curves(config)["train"]),
         runs=" ".join(RUNS),
     shell:
-        "{STREAMBACK} training-curves --params {params.cfg} --runs {params.runs} > {log} 2>&1"
+        "streamback training-curves --params {params.train} --runs {params.runs} > {log} 2>&1 || log_tail {log}"
 
 
 TARGETS.extend(rules.training_curves.output)

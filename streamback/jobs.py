@@ -1,0 +1,132 @@
+"""What each job of the workflow is given: the resolved settings it reads, and nothing else.
+
+Snakemake reruns a job whose params differ from those it last ran with, so a rule's params hold
+only what its job's outputs depend on: a train job gets its shape's model arguments and its run's
+recipe, not the whole `model` and `train` sections (else adding a shape, or the tiny shapes that
+config/paper.yaml is merged over, would mark every run as changed). Each function returns config
+sections in the config's own form, naming just this job's part (one shape, a one-run matrix), so
+the stage's CLI validates them as any config and computes what `--config FILE` would; keys left
+out take schema defaults that the job never reads.
+
+Execution settings say how a job runs, not what it writes: a run's micro-batch size, activation
+checkpointing and torch.compile (the schema's `per_run` keys) and its checkpoint cadence, and the
+tokenizer's reading batch. The rules pass them to the CLI (`--execution`) as params that
+Snakemake does not compare (common.smk's `untracked`), so changing one reruns nothing; a run
+resumed later continues with the new value. Resources (threads, GPUs, memory) are not settings.
+Standard library only: the rule files import it.
+"""
+
+from __future__ import annotations
+
+from streamback.runs import is_reversible, run_matrix, run_setting
+
+# how a run executes, resolved per run (train.per_run may override them)
+RUN_EXECUTION = ("micro_batch_size", "activation_checkpointing", "compile")
+# the data section's keys that change no shard: where the shards go, processes, reading batch, resources
+DATA_NOT_SETTINGS = ("corpus", "dir", "processes", "batch_documents", "mem_mb", "runtime")
+# the keys each analysis reads from the analysis section
+ANALYSIS_SETTINGS = {
+    "layer-error": ("batch_size", "reference", "variants", "seed"),
+    "envelope": ("batch_size", "curve_points"),
+    "swallowed": ("batch_size", "variants", "seed"),
+    "loss-difference": ("loss_windows", "micro_batch_size", "confidence", "smooth_steps", "curve_points", "band"),
+}
+# the keys `streamback evaluate` reads from the eval section (eval_tasks: local; benchmark_table: pairs)
+EVALUATE_SETTINGS = ("tasks", "include_path", "batch_size", "max_length", "bootstrap_iters")
+
+
+def _pick(section: dict, keys) -> dict:
+    return {key: section[key] for key in keys}
+
+
+def corpus(config: dict) -> dict:
+    """Rule corpus: the synthetic corpus's settings (seed, documents, files)."""
+    return {"data": {"synthetic": config["data"]["synthetic"]}}
+
+
+def tokenize(config: dict) -> dict:
+    """Rule tokenize: every data key that decides the shards; the file list is the rule's input,
+    the other sources' settings are left out."""
+    data = {k: v for k, v in config["data"].items() if k not in DATA_NOT_SETTINGS}
+    data["local"] = {k: v for k, v in data["local"].items() if k != "files"}  # files sources read text_unit too
+    for source in ("hub", "synthetic"):
+        if data["source"] != source:
+            del data[source]
+    return {"data": data}
+
+
+def tokenize_execution(config: dict) -> dict:
+    return {"data": _pick(config["data"], ("batch_documents",))}
+
+
+def _one_run_matrix(spec) -> dict:
+    """A train.runs matrix whose only run is `spec`."""
+    stream_run = spec.name != f"{spec.shape}-{spec.block}"
+    return {"shapes": [spec.shape], "blocks": [] if stream_run else [spec.block],
+            "streams": [spec.stream] if stream_run else [], "stream_shapes": None}
+
+
+def train(config: dict, run: str) -> dict:
+    """Rule train, one run: its recipe (seed, token budget, batch, optimizer, schedule, logging,
+    the reversible stream where it applies) with a matrix of this run alone, and its shape's model
+    arguments. The data is the rule's input (tokenize's manifest)."""
+    cfg, model = config["train"], config["model"]
+    spec = run_matrix(cfg)[run]
+    skip = (*RUN_EXECUTION, "checkpoint", "resources", "per_run")
+    recipe = {k: v for k, v in cfg.items() if k not in skip}
+    recipe["runs"] = _one_run_matrix(spec)
+    recipe["reversible"] = is_reversible(cfg, spec)
+    shape = model["shapes"][spec.shape]
+    arguments = {k: v for k, v in model.items() if k != "shapes"}
+    arguments["shapes"] = {spec.shape: shape}
+    if "multiple_of" in shape:  # the section's is not this shape's
+        arguments["multiple_of"] = shape["multiple_of"]
+    return {"train": recipe, "model": arguments}
+
+
+def train_execution(config: dict, run: str) -> dict:
+    cfg = config["train"]
+    return {"train": {**{key: run_setting(cfg, run, key) for key in RUN_EXECUTION}, "checkpoint": cfg["checkpoint"]}}
+
+
+def _matrix(config: dict) -> dict:
+    """The train section's run matrix alone: which runs exist and their shapes, blocks and streams."""
+    return {"runs": config["train"]["runs"]}
+
+
+def training_curves(config: dict) -> dict:
+    """Rule training_curves: the run matrix (the curves are the runs' metrics, its input)."""
+    return {"train": _matrix(config)}
+
+
+def analysis(config: dict, kind: str) -> dict:
+    """Rule analyze_<kind>: the analysis keys it reads, and of the train section the run matrix and
+    the window length (loss-difference: also the logged validation's window count, its default)."""
+    cfg = config["analysis"]
+    train = {**_matrix(config), "seq_len": config["train"]["seq_len"]}
+    if kind == "loss-difference" and cfg["loss_windows"] is None:
+        train["log"] = {"val_sequences": config["train"]["log"]["val_sequences"]}
+    return {"analysis": _pick(cfg, ANALYSIS_SETTINGS[kind]), "train": train}
+
+
+def eval_tasks(config: dict) -> dict:
+    """Rule eval_tasks: the local tasks asked for and how their items are drawn."""
+    from streamback.eval.taskdata import LOCAL_TASKS
+
+    cfg = config["eval"]
+    return {"eval": {"tasks": [t for t in cfg["tasks"] if t in LOCAL_TASKS], "local": cfg["local"]}}
+
+
+def evaluate(config: dict) -> dict:
+    """Rule evaluate, per run: the tasks and how lm-eval scores them (the model is its input)."""
+    return {"eval": _pick(config["eval"], EVALUATE_SETTINGS)}
+
+
+def benchmark_table(config: dict) -> dict:
+    """Rule benchmark_table: the tasks, the paired statistics and the run matrix."""
+    return {"eval": _pick(config["eval"], ("tasks", "pairs")), "train": _matrix(config)}
+
+
+def drift(config: dict) -> dict:
+    """Rule drift: the whole drift section (every key shapes the simulation)."""
+    return {"drift": config["drift"]}
