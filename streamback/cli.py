@@ -19,6 +19,7 @@ COMMANDS = {
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
     "train": "streamback.train.trainer",
+    "checkpoints": "streamback.train.checkpoint",
     "training-curves": "streamback.train.curves",
     "study-report": "streamback.report.stage",
     "export-hf": "streamback.model.export_hf",

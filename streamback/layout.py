@@ -67,7 +67,7 @@ def model_file(run: str) -> Path:
 
 
 def metrics_file(run: str) -> Path:
-    """One record per optimizer step (`streamback.train.metrics`); the live copy is in the checkpoint directory."""
+    """One record per optimizer step (`streamback.train.metrics`); the live copy is in the recipe's checkpoint directory."""
     return run_dir(run) / METRICS_FILE
 
 
@@ -76,12 +76,15 @@ def summary_file(run: str) -> Path:
     return run_dir(run) / SUMMARY_FILE
 
 
+CHECKPOINTS_DIR = RESULTS / "checkpoints"
+
+
 def checkpoint_dir(run: str) -> Path:
     """Resumable training state (not a rule output, so a failed job never loses it)."""
-    return RESULTS / "checkpoints" / run
+    return CHECKPOINTS_DIR / run
 
 
-# in a run's checkpoint directory, beside its step_* checkpoints (streamback.train.checkpoint):
+# in a run's checkpoint directory, beside its recipe directories (streamback.train.checkpoint):
 TRAINER_LOCK = "trainer.lock"  # flock'ed by the live trainer; says its PID and host
 VERIFIED_SHARDS = "verified-shards.json"  # the token shards this run has hashed (streamback.data.shards)
 TRAIN_LOG = "train.log"  # every attempt's log, appended (rule train links logs/train/<run>.log to it)
@@ -90,6 +93,20 @@ TRAIN_LOG = "train.log"  # every attempt's log, appended (rule train links logs/
 def train_log(run: str) -> Path:
     """The whole story of a run over all its attempts (Snakemake replaces logs/train/<run>.log)."""
     return checkpoint_dir(run) / TRAIN_LOG
+
+
+RECIPE_PREFIX = "recipe-"  # in a run's checkpoint directory, one directory per recipe the run was trained with
+
+
+def recipe_dir(checkpoints: str | Path, fingerprint: str) -> Path:
+    """One recipe's step_* checkpoints and live metrics.jsonl, in a run's checkpoint directory
+    (`checkpoint_dir(run)` or the trainer's --checkpoints): a changed recipe trains in its own."""
+    return Path(checkpoints) / f"{RECIPE_PREFIX}{fingerprint}"
+
+
+def recipe_dirs(checkpoints: str | Path) -> list[Path]:
+    """The recipe directories in a run's checkpoint directory, by name."""
+    return sorted(p for p in Path(checkpoints).glob(f"{RECIPE_PREFIX}*") if p.is_dir())
 
 
 TRAINING_TABLE = "training_curves"  # table(name): every run's loss, validation loss, grad norm per step

@@ -69,9 +69,10 @@ def test_requeued_training_job_resumes_bit_identical(tmp_path):
            "--directory", str(tmp_path), "--configfile", str(tmp_path / "small.yaml")]
     workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        live = tmp_path / layout.checkpoint_dir(run) / layout.METRICS_FILE
+        checkpoints = tmp_path / layout.checkpoint_dir(run)  # the recipe's live metrics, once the trainer made its directory
         deadline = time.monotonic() + 400
-        while not (live.exists() and len(live.read_text().splitlines()) >= 15):  # well into the run, past a checkpoint
+        while not any(len(p.read_text().splitlines()) >= 15 for d in layout.recipe_dirs(checkpoints)  # well into the run, past a checkpoint
+                      if (p := d / layout.METRICS_FILE).exists()):
             assert workflow.poll() is None and time.monotonic() < deadline, "the train job did not start"
             time.sleep(0.5)
         (job,) = [jid for jid, workdir in _squeue("%i", "%Z") if workdir == str(tmp_path)]  # this workflow's only job now

@@ -66,6 +66,12 @@ def final_weights(path):
     return read_model(path).state
 
 
+def recipe_of(root):
+    """The one recipe directory of the run trained with root / "ckpt" as its checkpoint directory."""
+    (only,) = layout.recipe_dirs(root / "ckpt")
+    return only
+
+
 def run_inprocess(data_dir, root, run="micro-streamback", **overrides):
     cfg = config(**overrides)
     torch.set_num_threads(1)
@@ -231,7 +237,7 @@ def test_run_outputs_and_same_seed_same_metrics(reference, tokens, tmp_path):
     assert (summary["steps"], summary["stream"], summary["final_val_loss"]) == (STEPS, "fp32", records[-1]["val_loss"])
     saved = read_model(reference["root"] / "out" / layout.MODEL_FILE)
     assert saved.args.block == "streamback" and saved.stream == "fp32" and all(v.dtype == torch.float32 for v in saved.state.values())
-    assert [s for s, _ in ckpt.list_checkpoints(reference["root"] / "ckpt")] == [25, 30]
+    assert [s for s, _ in ckpt.list_checkpoints(recipe_of(reference["root"]))] == [25, 30]
 
     assert run_inprocess(tokens, tmp_path) == 0
     assert deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE)) == deterministic(records)
@@ -258,7 +264,7 @@ def test_a_stochastically_rounded_stream_resumes_exactly(tokens, tmp_path):
     whole = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     metrics = deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE))
     shutil.rmtree(tmp_path / "out")
-    shutil.rmtree(ckpt.checkpoint_dir(tmp_path / "ckpt", 30))  # as if killed after the checkpoint of step 25
+    shutil.rmtree(ckpt.checkpoint_dir(recipe_of(tmp_path), 30))  # as if killed after the checkpoint of step 25
     assert run_inprocess(tokens, tmp_path, run=run) == 0
     assert deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE)) == metrics
     resumed = final_weights(tmp_path / "out" / layout.MODEL_FILE)
@@ -276,6 +282,11 @@ def _wait_for_step(proc, metrics, step, timeout=120):
     raise AssertionError(f"no step {step} after {timeout} s")
 
 
+def live_recipe(reference, root):
+    """Where a run of the reference's recipe under `root` keeps its checkpoints and live metrics."""
+    return root / "ckpt" / recipe_of(reference["root"]).name
+
+
 def _resume_matches(reference, tokens, root):
     proc = cli(tokens, root)
     _, err = proc.communicate(timeout=300)
@@ -291,24 +302,25 @@ def _resume_matches(reference, tokens, root):
 def test_sigkill_at_a_random_step_then_rerun_equals_uninterrupted(reference, tokens, tmp_path):
     kill_at = random.randint(6, STEPS - 4)
     proc = cli(tokens, tmp_path)
-    _wait_for_step(proc, tmp_path / "ckpt" / "metrics.jsonl", kill_at)
+    _wait_for_step(proc, live_recipe(reference, tmp_path) / "metrics.jsonl", kill_at)
     proc.kill()
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL, f"killed at step {kill_at}"
-    assert ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "out" / layout.MODEL_FILE).exists()
+    assert ckpt.list_checkpoints(live_recipe(reference, tmp_path)) and not (tmp_path / "out" / layout.MODEL_FILE).exists()
     _resume_matches(reference, tokens, tmp_path)
 
 
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_resumable(reference, tokens, tmp_path):
     proc = cli(tokens, tmp_path)
-    _wait_for_step(proc, tmp_path / "ckpt" / "metrics.jsonl", 3)
+    live = live_recipe(reference, tmp_path)
+    _wait_for_step(proc, live / "metrics.jsonl", 3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == train_module.EXIT_REQUEUE, err
-    logged = read_metrics(tmp_path / "ckpt" / "metrics.jsonl")[-1]["step"]
+    logged = read_metrics(live / "metrics.jsonl")[-1]["step"]
     assert logged < STEPS and f"saved the checkpoint of step {logged}" in err
-    assert ckpt.list_checkpoints(tmp_path / "ckpt")[-1][0] == logged  # the last completed step
+    assert ckpt.list_checkpoints(live)[-1][0] == logged  # the last completed step
     _resume_matches(reference, tokens, tmp_path)
 
 
@@ -327,8 +339,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tokens, tmp_path, mon
     assert run_inprocess(tokens, tmp_path) == train_module.EXIT_DIVERGED
     err = capsys.readouterr().err
     assert "the training loss is nan at step 12" in err and "step_000000010 (step 10)" in err
-    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "ckpt")] == [5, 10]
-    assert [r["step"] for r in read_metrics(tmp_path / "ckpt" / "metrics.jsonl")] == list(range(1, 12))
+    assert [s for s, _ in ckpt.list_checkpoints(recipe_of(tmp_path))] == [5, 10]
+    assert [r["step"] for r in read_metrics(recipe_of(tmp_path) / "metrics.jsonl")] == list(range(1, 12))
     assert not (tmp_path / "out").exists()
 
 
@@ -347,12 +359,44 @@ def test_bad_settings_stop_before_training(tokens, tmp_path, overrides, run, wor
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_resuming_under_another_recipe_is_refused(reference, tokens, tmp_path):
+def test_a_changed_recipe_trains_beside_the_old_one_which_resumes_at_its_end(reference, tokens, tmp_path, capsys, monkeypatch):
+    """A changed learning rate is another run: it trains from its first step in a directory of its
+    own and leaves the reference recipe's checkpoints as they were. Asked for again (what
+    `snakemake -R train` does), the reference recipe resumes at its end, says so, and writes the
+    same weights and metrics. `streamback checkpoints` says how the two differ; `--prune` keeps
+    the recipe the run's model came from."""
+    from streamback.cli import main
+
     shutil.copytree(reference["root"] / "ckpt", tmp_path / "ckpt")
-    with pytest.raises(StreambackError, match="optimizer differ"):
-        run_inprocess(tokens, tmp_path, optimizer={"lr": 1e-3})
-    with pytest.raises(StreambackError, match="does not exist"):
-        run_inprocess(tmp_path / "missing", tmp_path)
+    old = recipe_of(tmp_path)
+    untouched = {p: p.stat().st_mtime_ns for p in old.rglob("*")}
+    assert run_inprocess(tokens, tmp_path, optimizer={"lr": 1e-3}) == 0
+    new = next(p for p in layout.recipe_dirs(tmp_path / "ckpt") if p != old)
+    err = capsys.readouterr().err
+    assert "starting:" in err and f"checkpoints in {new}" in err and f"this run's other recipes are kept ({old.name})" in err
+    assert {p: p.stat().st_mtime_ns for p in old.rglob("*")} == untouched
+    assert [s for s, _ in ckpt.list_checkpoints(new)] == [25, 30]
+    assert not torch.equal(final_weights(tmp_path / "out" / layout.MODEL_FILE)["output.weight"], reference["model"]["output.weight"])
+
+    assert run_inprocess(tokens, tmp_path) == 0
+    err = capsys.readouterr().err
+    assert f"resuming from step {STEPS}:" in err and "this recipe was trained to its end" in err and f"delete {old} and rerun" in err
+    model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
+    assert all(torch.equal(model[k], reference["model"][k]) for k in model)
+    assert deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE)) == deterministic(reference["metrics"])
+
+    run = "micro-streamback"  # where the command looks: results/checkpoints/<run>, results/runs/<run>
+    monkeypatch.chdir(tmp_path)
+    for link, target in ((layout.checkpoint_dir(run), tmp_path / "ckpt"), (layout.run_dir(run), tmp_path / "out")):
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+    assert main(["checkpoints"]) == 0
+    out = capsys.readouterr().out
+    assert f"  {old.name}  step 30 of 30" in out and f"in use: the model of {layout.summary_file(run)}" in out
+    assert f"  {new.name}  step 30 of 30" in out and "differs in optimizer.lr 0.001 (in use: 0.003)" in out
+    assert main(["checkpoints", "--prune"]) == 0
+    assert f"removed {layout.checkpoint_dir(run) / new.name}" in capsys.readouterr().out
+    assert layout.recipe_dirs(tmp_path / "ckpt") == [old]
 
 
 @pytest.mark.slow
@@ -369,13 +413,14 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
     forward = {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120"}  # as rule train
     proc = cli(tokens, tmp_path, launcher=torchrun, env=forward)
-    _wait_for_step(proc, tmp_path / "ckpt" / "metrics.jsonl", 8)
+    live = live_recipe(reference, tmp_path)  # micro_batch_size and processes are not the recipe
+    _wait_for_step(proc, live / "metrics.jsonl", 8)
     proc.send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode != 0 and f"exiting with status {train_module.EXIT_REQUEUE}" in err, err[-3000:]
     assert "2 process(es) x 1 micro-batches" in err and "stream fp32" in err
-    stopped = read_metrics(tmp_path / "ckpt" / "metrics.jsonl")
-    assert ckpt.list_checkpoints(tmp_path / "ckpt")[-1][0] == stopped[-1]["step"] < STEPS
+    stopped = read_metrics(live / "metrics.jsonl")
+    assert ckpt.list_checkpoints(live)[-1][0] == stopped[-1]["step"] < STEPS
     ref = reference["metrics"]
     assert np.allclose([r["loss"] for r in stopped], [r["loss"] for r in ref[:len(stopped)]], rtol=0, atol=1e-5)
 
@@ -415,28 +460,28 @@ def _edit_meta(path):
 ])
 def test_a_corrupt_checkpoint_is_named_and_the_previous_one_resumes_exactly(reference, tokens, tmp_path, capsys, damage, problem):
     shutil.copytree(reference["root"] / "ckpt", tmp_path / "ckpt")
-    newest = ckpt.checkpoint_dir(tmp_path / "ckpt", 30)
+    newest = ckpt.checkpoint_dir(recipe_of(tmp_path), 30)
     damage(newest)
     assert run_inprocess(tokens, tmp_path) == 0
     err = capsys.readouterr().err
-    aside = tmp_path / "ckpt" / "corrupt-step_000000030"
+    aside = recipe_of(tmp_path) / "corrupt-step_000000030"
     assert re.search(rf"checkpoint {newest}: {problem}.*; moved aside to {aside}, resuming from .*step_000000025 instead", err), err
     assert "resuming from step 25" in err and aside.is_dir()
     model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     assert all(torch.equal(model[k], reference["model"][k]) for k in model)  # steps 26-30 redone: the same bits
     assert deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE)) == deterministic(reference["metrics"])
-    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "ckpt")] == [25, 30]
+    assert [s for s, _ in ckpt.list_checkpoints(recipe_of(tmp_path))] == [25, 30]
 
 
 def test_when_no_checkpoint_passes_the_run_stops_and_moves_nothing(reference, tokens, tmp_path):
     shutil.copytree(reference["root"] / "ckpt", tmp_path / "ckpt")
     for step in (25, 30):
-        flip_bit(ckpt.checkpoint_dir(tmp_path / "ckpt", step) / "__0_0.distcp", 7000)
+        flip_bit(ckpt.checkpoint_dir(recipe_of(tmp_path), step) / "__0_0.distcp", 7000)
     with pytest.raises(StreambackError) as err:
         run_inprocess(tokens, tmp_path)
     assert "no checkpoint in" in str(err.value) and "delete" in str(err.value)
     assert "step_000000030: the sha256 of __0_0.distcp" in str(err.value) and "step_000000025: the sha256 of __0_0.distcp" in str(err.value)
-    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "ckpt")] == [25, 30] and not (tmp_path / "out").exists()
+    assert [s for s, _ in ckpt.list_checkpoints(recipe_of(tmp_path))] == [25, 30] and not (tmp_path / "out").exists()
 
 
 def test_a_corrupt_shard_stops_the_run_before_training(tokens, tmp_path):
@@ -445,8 +490,7 @@ def test_a_corrupt_shard_stops_the_run_before_training(tokens, tmp_path):
     flip_bit(data / "train-00001.bin", 1024 + 20)
     with pytest.raises(StreambackError, match=r"shard .*train-00001\.bin: the sha256 of its tokens is .*manifest\.json records"):
         run_inprocess(data, tmp_path)
-    assert not ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "ckpt" / "metrics.jsonl").exists()
-    assert not (tmp_path / "ckpt" / layout.VERIFIED_SHARDS).exists()
+    assert not layout.recipe_dirs(tmp_path / "ckpt") and not (tmp_path / "ckpt" / layout.VERIFIED_SHARDS).exists()
 
 
 def test_verified_shards_are_recorded_and_a_changed_one_is_hashed_again(tokens, tmp_path, capsys, monkeypatch):
@@ -488,7 +532,7 @@ def test_a_second_trainer_on_the_run_is_refused_naming_the_first(tokens, tmp_pat
         with pytest.raises(StreambackError, match=rf"another trainer is training this run: .*trainer.lock is locked by PID {holder} "
                                                   rf"on host {socket.gethostname()}"):
             run_inprocess(tokens, tmp_path)
-        assert not ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "ckpt" / "metrics.jsonl").exists()
+        assert not layout.recipe_dirs(tmp_path / "ckpt")
     finally:
         os.kill(holder, signal.SIGKILL)  # no chance to clean up: the kernel releases the lock
         os.waitpid(holder, 0)
@@ -503,7 +547,7 @@ def test_unwritable_directories_are_found_before_training(tokens, tmp_path):
     cfg = config()
     with pytest.raises(StreambackError, match=rf"output directory {blocker}/out is not writable \(Not a directory\)"):
         train_module.train(cfg["train"], cfg["model"], "micro-streamback", tokens, blocker / "out", tmp_path / "ckpt")
-    assert not ckpt.list_checkpoints(tmp_path / "ckpt") and not (tmp_path / "ckpt" / "metrics.jsonl").exists()
+    assert not layout.recipe_dirs(tmp_path / "ckpt")
     with pytest.raises(StreambackError, match=rf"checkpoint directory {blocker}/ckpt is not writable"):
         train_module.train(cfg["train"], cfg["model"], "micro-streamback", tokens, tmp_path / "out", blocker / "ckpt")
     assert not (tmp_path / "out").exists()
@@ -532,7 +576,7 @@ def test_a_token_budget_larger_than_the_data_is_refused_or_repeated_on_purpose(t
     with pytest.raises(StreambackError, match=rf"{steps * batch:,} windows, but the train split of .* holds .* = {windows:,} windows: "
                                               rf"the run would read its data {steps * batch / windows:.2f} times"):
         run_inprocess(tokens, tmp_path, **big)
-    assert not ckpt.list_checkpoints(tmp_path / "ckpt")
+    assert not layout.recipe_dirs(tmp_path / "ckpt")
     assert run_inprocess(tokens, tmp_path, repeat_data=True, **big) == 0
     assert f"train.repeat_data is on: the run reads its train split {steps * batch / windows:.2f} times" in capsys.readouterr().err
 

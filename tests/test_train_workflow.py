@@ -50,7 +50,8 @@ def test_default_config_trains_the_six_models(run_snakemake, tmp_path):
         assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 61))
         assert summary["final_val_loss"] < unigram - 1.0, (run, summary["final_val_loss"], unigram)
         assert (out / layout.MODEL_FILE).stat().st_size > 0
-        assert (tmp_path / layout.checkpoint_dir(run) / "step_000000060" / ".metadata").exists()
+        (recipe,) = layout.recipe_dirs(tmp_path / layout.checkpoint_dir(run))
+        assert (recipe / "step_000000060" / ".metadata").exists()
 
 
 @pytest.mark.parametrize(
@@ -109,9 +110,9 @@ def test_requeue_status_under_torchrun_and_the_log_of_every_attempt(run_snakemak
     args = (target, "--cores", "2", "--directory", tmp_path, "--configfile", tmp_path / "micro.yaml")
     snakemake = subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *map(str, args)],
                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    live = tmp_path / layout.checkpoint_dir("micro-streamback") / layout.METRICS_FILE
+    checkpoints = tmp_path / layout.checkpoint_dir("micro-streamback")  # the recipe's live metrics, once the trainer made its directory
     deadline = time.time() + 300
-    while not (live.exists() and len(live.read_text().splitlines()) >= 8):
+    while not any(len(p.read_text().splitlines()) >= 8 for d in layout.recipe_dirs(checkpoints) if (p := d / layout.METRICS_FILE).exists()):
         assert snakemake.poll() is None and time.time() < deadline, snakemake.communicate()[0][-3000:]
         time.sleep(0.05)
     job = _job_processes(tmp_path, snakemake.pid)  # the rule's shell, torchrun and its two workers

@@ -1,6 +1,11 @@
 """Crash-safe, verified training checkpoints with torch.distributed.checkpoint (DCP); keep the last K.
 
-A checkpoint of step s is the directory `<root>/step_<s, 9 digits>/`: DCP's shards and
+A run keeps one directory per recipe, `<run's checkpoint directory>/recipe-<fingerprint>/`
+(`recipe_fingerprint` of the run's identity: model arguments, seed, token budget, batch,
+optimizer, schedule, data), so a changed recipe never resumes from, or prunes, another's
+checkpoints; `streamback checkpoints` lists each run's recipes, how they differ, and `--prune`
+removes those no longer in use. A checkpoint of step s is the directory `<root>/step_<s, 9 digits>/`
+of its recipe's directory `<root>`: DCP's shards and
 `.metadata` (model parameters and AdamW state, fp32, sharded as FSDP2 holds them, so each rank
 writes its own part and a resume may use another number of ranks) plus `meta.json` (the step,
 the run's identity, and the size and sha256 of every other file, sealed by the sha256 of its own
@@ -23,6 +28,7 @@ trainer on the same run is refused with the PID and host of the one that holds i
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import fcntl
@@ -35,6 +41,7 @@ import socket
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
@@ -72,6 +79,11 @@ class CorruptCheckpoint(StreambackError):
     def __init__(self, path: Path, problems: list[str]):
         self.path, self.problems = path, problems
         super().__init__(f"checkpoint {path}: " + "; ".join(problems))
+
+
+def recipe_fingerprint(identity: dict) -> str:
+    """16 hex digits of the sha256 of a run's identity (canonical JSON): its recipe directory's name."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
@@ -322,3 +334,123 @@ def lock_run(root: str | os.PathLike, say=print):
     handle.write(f"PID {os.getpid()} on host {socket.gethostname()} (since {time.strftime('%Y-%m-%d %H:%M:%S %Z')})\n")
     handle.flush()
     return handle
+
+
+# ---- `streamback checkpoints` -----------------------------------------------------------------
+
+HELP = "list each run's checkpoints by recipe and how the recipes differ; --prune removes those no longer in use"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One recipe directory of a run: its newest readable identity, its checkpoints' steps, bytes, last write."""
+
+    path: Path
+    identity: dict | None
+    steps: list[int]
+    bytes: int
+    written: float
+
+    def describe(self) -> str:
+        total = self.identity["tokens"] // (self.identity["batch_size"] * self.identity["seq_len"]) if self.identity else None
+        steps = f"step {self.steps[-1]}" + (f" of {total}" if total else "") if self.steps else "no checkpoint"
+        return f"{self.path.name}  {steps}, {self.bytes / 1e6:,.1f} MB, written {time.strftime('%Y-%m-%d %H:%M', time.localtime(self.written))}"
+
+
+def run_recipes(checkpoints: str | os.PathLike) -> list[Recipe]:
+    """The recipes in a run's checkpoint directory, oldest write first."""
+    found = []
+    for path in layout.recipe_dirs(checkpoints):
+        steps = list_checkpoints(path)
+        identity = None
+        for _, step_dir in reversed(steps):
+            with contextlib.suppress(CorruptCheckpoint):
+                identity = read_meta(step_dir).get("identity")
+                break
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        written = max([p.stat().st_mtime for _, p in steps] or [path.stat().st_mtime])
+        found.append(Recipe(path, identity, [s for s, _ in steps], size, written))
+    return sorted(found, key=lambda r: r.written)
+
+
+def model_recipe(summary: Path) -> str | None:
+    """The name of the recipe directory the run's model came from (its summary.json names the checkpoint), or None."""
+    if not summary.is_file():
+        return None
+    return Path(json.loads(summary.read_text()).get("checkpoint", "")).parent.name or None
+
+
+def recipe_in_use(recipes: list[Recipe], summary: Path) -> Path | None:
+    """The recipe to keep: the one the run's model came from (its summary.json names the
+    checkpoint), or, with no model (a run stopped midway), the one written last."""
+    model = model_recipe(summary)
+    named = [r.path for r in recipes if r.path.name == model]
+    return named[0] if named else (recipes[-1].path if recipes else None)
+
+
+def differences(identity: dict | None, reference: dict | None) -> str:
+    """How `identity` differs from `reference`, key by key (dotted), e.g. "optimizer.lr 0.002 (in use: 0.003)"."""
+    if identity is None or reference is None:
+        return "its identity cannot be read"
+
+    def flat(d, prefix=""):
+        for key, value in d.items():
+            yield from flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
+
+    mine, theirs = dict(flat(identity)), dict(flat(reference))
+    changed = [f"{k} {mine.get(k)!r} (in use: {theirs.get(k)!r})" for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k)]
+    return "; ".join(changed) or "the same recipe"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="*", metavar="RUN", help=f"runs to look at (default: every run in {layout.CHECKPOINTS_DIR})")
+    parser.add_argument("--prune", action="store_true",
+                        help="delete the checkpoints of every recipe but the one the run's model came from (with no model: the one "
+                             "written last), and those written before recipes had directories; a run being trained is skipped")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.runs:
+        names = args.runs
+    else:
+        names = sorted(p.name for p in layout.CHECKPOINTS_DIR.iterdir() if p.is_dir()) if layout.CHECKPOINTS_DIR.is_dir() else []
+        if not names:
+            print(f"no run has checkpoints in {layout.CHECKPOINTS_DIR}")
+    freed = 0
+    for name in names:
+        checkpoints, summary = layout.checkpoint_dir(name), layout.summary_file(name)
+        if not checkpoints.is_dir():
+            raise StreambackError(f"run {name} has no checkpoint directory {checkpoints}")
+        recipes = run_recipes(checkpoints)
+        keep = recipe_in_use(recipes, summary)
+        reference = next((r.identity for r in recipes if r.path == keep), None)
+        outside = sorted(p for p in checkpoints.iterdir() if _NAME.match(p.name.removeprefix(CORRUPT_PREFIX)))
+        print(f"{name}: {len(recipes)} recipe(s) in {checkpoints}")
+        for recipe in recipes:
+            if recipe.path == keep:
+                state = f"in use: the model of {summary}" if recipe.path.name == model_recipe(summary) else "in use: written last"
+            else:
+                state = f"differs in {differences(recipe.identity, reference)}"
+            print(f"  {recipe.describe()}; {state}")
+        if outside:
+            print(f"  {len(outside)} checkpoint(s) outside any recipe directory (written before checkpoints were kept per recipe; "
+                  f"never resumed from): {', '.join(p.name for p in outside)}")
+        if not args.prune:
+            continue
+        try:
+            lock = lock_run(checkpoints)
+        except StreambackError as err:
+            print(f"  not pruned: {err}")
+            continue
+        try:
+            for path in [r.path for r in recipes if r.path != keep] + outside:
+                size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                shutil.rmtree(path)
+                freed += size
+                print(f"  removed {path} ({size / 1e6:,.1f} MB)")
+        finally:
+            if lock is not None:
+                lock.close()
+    if args.prune:
+        print(f"freed {freed / 1e6:,.1f} MB")
+    return 0

@@ -9,10 +9,14 @@ is trained is `model.shapes[shape]` with the run's block and stream (`streamback
 
 Resumable and reproducible: batches (`streamback.train.batches`) and the random numbers of stochastic
 rounding (reseeded every step from (seed, step, rank)) depend only on the step, so a run resumed
-from a checkpoint computes what an uninterrupted one would. A run starts from the newest complete
-checkpoint under its checkpoint directory that passes its content hashes, if there is one (a
-corrupt one is named and set aside); it saves one every `checkpoint.every` steps and at the end
-(`streamback.train.checkpoint`: atomic, hashed, the last K kept).
+from a checkpoint computes what an uninterrupted one would. Checkpoints are kept per recipe (model
+arguments, seed, token budget, batch, optimizer, schedule and data: the run's identity), in
+`recipe-<fingerprint>/` under the run's checkpoint directory, so a changed recipe trains from its
+own first step and never meets, or removes, another recipe's checkpoints (`streamback checkpoints`
+lists and prunes them). A run starts from the newest complete checkpoint of its recipe that passes
+its content hashes, if there is one (a corrupt one is named and set aside); it saves one every
+`checkpoint.every` steps and at the end (`streamback.train.checkpoint`: atomic, hashed, the last K
+kept). A recipe trained to its end resumes at its end and writes the same outputs again.
 
 Before the first step, in this order: every run setting is checked (`streamback.runs.check_runs`),
 the output and checkpoint directories are checked for writing, the run's checkpoint directory is
@@ -64,7 +68,7 @@ from streamback.model.weights import save_model
 from streamback.progress import Progress
 from streamback.runs import RunSpec, check_runs, data_passes, is_reversible, run_matrix, run_setting, token_budget_problem, train_steps
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
-from streamback.train.checkpoint import TrainState, load_newest, lock_run, remove_partial, save_checkpoint
+from streamback.train.checkpoint import TrainState, load_newest, lock_run, recipe_fingerprint, remove_partial, save_checkpoint
 from streamback.train.metrics import MetricsLog
 from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.schedule import wsd_lr
@@ -84,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-name", required=True, help="run name, e.g. fat-short-streamback (see `train.runs` in the config)")
     parser.add_argument("--data", type=Path, default=None, help="token directory of the data stage (default: the config's, results/tokens/<corpus>)")
     parser.add_argument("--outdir", type=Path, default=None, help="for model.pt, metrics.jsonl and summary.json (default: results/runs/<run>)")
-    parser.add_argument("--checkpoints", type=Path, default=None, help="checkpoints and the live metrics.jsonl (default: results/checkpoints/<run>)")
+    parser.add_argument("--checkpoints", type=Path, default=None, help="the run's checkpoint directory: a recipe-*/ per recipe (checkpoints, live metrics.jsonl), trainer.lock, "
+                        "verified-shards.json (default: results/checkpoints/<run>)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
     parser.add_argument("--status-file", type=Path, default=None,
                         help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own")
@@ -284,6 +289,7 @@ class Trainer:
             **{key: cfg[key] for key in ("seed", "tokens", "seq_len", "batch_size", "optimizer", "schedule")},
             "data": self.train_data.manifest["fingerprint"],  # what the data stage tokenized, and how
         }
+        self.recipe_dir = layout.recipe_dir(ckpt_dir, recipe_fingerprint(self.identity))
 
     def say(self, message: str) -> None:
         """A line in the run's log (rank 0)."""
@@ -336,10 +342,12 @@ class Trainer:
     # ---- the loop -------------------------------------------------------------------------
 
     def fit(self) -> int:
-        remove_partial(self.ckpt_dir)
+        if self.env.rank == 0:
+            self.recipe_dir.mkdir(exist_ok=True)
+        remove_partial(self.recipe_dir)
         start_step, elapsed = self._resume()
         self.elapsed = elapsed
-        self.log = MetricsLog(self.ckpt_dir / layout.METRICS_FILE, start_step) if self.env.rank == 0 else None
+        self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step) if self.env.rank == 0 else None
         self.progress = Progress(self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None)
         self._announce(start_step)
         step, last_saved = start_step, start_step if start_step else None
@@ -362,11 +370,11 @@ class Trainer:
                         )
                         return EXIT_REQUEUE
         except Diverged as err:
-            where = f"{self.ckpt_dir}/step_{last_saved:09d} (step {last_saved})" if last_saved else "none (the run diverged before its first checkpoint)"
+            where = f"{self.recipe_dir}/step_{last_saved:09d} (step {last_saved})" if last_saved else "none (the run diverged before its first checkpoint)"
             self.progress.write(
                 f"[{self.spec.name}] stopped: {err}. Nothing of this step was applied or saved; the last good checkpoint is {where}. "
-                "A rerun resumes from it and meets the same batches again: change the recipe (e.g. a lower train.optimizer.lr) "
-                f"and delete {self.ckpt_dir} to start over."
+                "A rerun resumes from it and meets the same batches again: change the recipe (e.g. a lower train.optimizer.lr), "
+                "which trains from its first step in a directory of its own."
             )
             return EXIT_DIVERGED
         finally:
@@ -457,18 +465,18 @@ class Trainer:
             changed = sorted(k for k in self.identity if meta.get("identity", {}).get(k) != self.identity[k])
             if changed:
                 raise StreambackError(
-                    f"checkpoint {path} belongs to another recipe: {', '.join(changed)} differ from this config. "
-                    f"Restore the config, or delete {self.ckpt_dir} to start the run over"
+                    f"checkpoint {path} belongs to another recipe ({', '.join(changed)} differ from this config) but lies in "
+                    f"this recipe's directory {self.recipe_dir}: move it out"
                 )
 
-        meta = load_newest(self.ckpt_dir, self.state, accept=same_recipe, say=self.say)
+        meta = load_newest(self.recipe_dir, self.state, accept=same_recipe, say=self.say)
         return (0, 0.0) if meta is None else (meta["step"], float(meta.get("elapsed_s", 0.0)))
 
     def _save(self, step: int) -> None:
         if self.log is not None:
             self.log.sync()
         save_checkpoint(
-            self.ckpt_dir, step, self.state, {"identity": self.identity, "elapsed_s": self.elapsed, "world_size": self.env.world_size},
+            self.recipe_dir, step, self.state, {"identity": self.identity, "elapsed_s": self.elapsed, "world_size": self.env.world_size},
             keep=self.cfg["checkpoint"]["keep"],
         )
 
@@ -486,15 +494,15 @@ class Trainer:
         save_model(self.outdir / layout.MODEL_FILE, self.model_args, state, self.model.compute_dtype,
                    data={"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]})
         with atomic_path(self.outdir / layout.METRICS_FILE) as tmp:
-            shutil.copyfile(self.ckpt_dir / layout.METRICS_FILE, tmp)
-        last = _last_record(self.ckpt_dir / layout.METRICS_FILE)
+            shutil.copyfile(self.recipe_dir / layout.METRICS_FILE, tmp)
+        last = _last_record(self.recipe_dir / layout.METRICS_FILE)
         gpus = self.env.world_size if self.env.device.type == "cuda" else 0
         write_json(self.outdir / layout.SUMMARY_FILE, {
             "run": self.spec.name, "shape": self.spec.shape, "block": self.spec.block, "stream": str(self.model.stream_format.label),
             "steps": step, "tokens": step * self.tokens_per_step, "params": count_params(self.model),
             "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
             "train_seconds": self.elapsed, "processes": self.env.world_size, "device": self.env.device.type,
-            "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.ckpt_dir / f"step_{step:09d}"),
+            "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.recipe_dir / f"step_{step:09d}"),
         })
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
@@ -506,8 +514,18 @@ class Trainer:
             f"[{self.spec.name}] {what}: {self.steps} steps of {self.tokens_per_step:,} tokens "
             f"({self.batch_size} x {self.seq_len}; {self.env.world_size} process(es) x {self.accum} micro-batches of "
             f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type}; "
-            f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.ckpt_dir}"
+            f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.recipe_dir}"
         )
+        if start_step == self.steps:
+            self.progress.write(
+                f"[{self.spec.name}] this recipe was trained to its end: its outputs are written again from its last checkpoint, "
+                f"the same weights and metrics as before (training is deterministic). To train it again from its first step, "
+                f"delete {self.recipe_dir} and rerun")
+        others = [p.name for p in layout.recipe_dirs(self.ckpt_dir) if p != self.recipe_dir]
+        if others:
+            self.progress.write(
+                f"[{self.spec.name}] the checkpoints of this run's other recipes are kept ({', '.join(others)}); "
+                "`streamback checkpoints` says how they differ, `streamback checkpoints --prune` removes them")
 
 
 def _error_of(check, *args, **kwargs) -> str | None:

@@ -2,9 +2,10 @@
 # `streamback train` on the tokenized corpus (rules.tokenize).
 # Outputs (streamback/layout.py): results/runs/{run}/model.pt (the trained model,
 # streamback/model/weights.py), metrics.jsonl and summary.json (the completion record).
-# Checkpoints and the live metrics.jsonl go to results/checkpoints/{run}/, which is not an
-# output: Snakemake never deletes it when a job fails, and rerunning the rule (a retry, a
-# requeue, a new `snakemake` call) resumes from the newest checkpoint there.
+# Checkpoints and the live metrics.jsonl go to results/checkpoints/{run}/recipe-<fingerprint>/, one
+# directory per recipe, which is not an output: Snakemake never deletes it when a job fails, and
+# rerunning the rule (a retry, a requeue, a new `snakemake` call, `-R train`) resumes from the
+# newest checkpoint of the job's recipe; a changed recipe starts in a directory of its own.
 #
 # Launch, per run, from config["train"]["resources"] (merged with train.per_run[run].resources):
 #   gpus 0            one CPU process: python -m streamback train ...
