@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import functools
 import json
 from pathlib import Path
@@ -57,11 +58,26 @@ def validate_config(config: dict) -> dict:
     if not SCHEMA.exists():
         raise StreambackError(f"schema {SCHEMA} not found: install streamback from its repository (pip install -e .)")
     config = copy.deepcopy(config)
-    errors = sorted(_default_filling_validator().iter_errors(config), key=lambda e: list(e.absolute_path))
+    errors = sorted(_default_filling_validator().iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
-        lines = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}" for e in errors]
+        lines = [line for e in errors for line in _error_lines(e)]
         raise StreambackError("invalid configuration:\n  " + "\n  ".join(lines))
     return config
+
+
+def _error_lines(error) -> list[str]:
+    """One line per problem, naming the key: an unknown key with the closest allowed name and the
+    keys its section takes (jsonschema says only that it "was unexpected")."""
+    where = ".".join(map(str, error.absolute_path))
+    if error.validator == "additionalProperties" and error.validator_value is False and isinstance(error.instance, dict):
+        allowed = list(error.schema.get("properties", {}))
+        lines = []
+        for key in (k for k in error.instance if k not in allowed):
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            lines.append(f"{where + '.' if where else ''}{key}: unknown key{hint}; {where or 'the config'} takes {', '.join(allowed)}")
+        return lines
+    return [f"{where or '(top level)'}: {error.message}"]
 
 
 def read_config_file(path: str | Path) -> dict:

@@ -29,8 +29,9 @@ def _base():
 @pytest.mark.parametrize(
     "mutate, words",
     [
-        (lambda c: c.update(nonsense=1), ["nonsense", "unexpected"]),
-        (lambda c: c["drift"].update(stepz=10), ["stepz", "unexpected"]),
+        (lambda c: c.update(nonsense=1), ["nonsense: unknown key; the config takes drift, data, train, model, analysis, eval"]),
+        (lambda c: c["drift"].update(stepz=10), ["drift.stepz: unknown key (did you mean 'steps'?); drift takes coords, start, steps,"]),
+        (lambda c: c["train"].update(optimiser={"lr": 2e-3}), ["train.optimiser: unknown key (did you mean 'optimizer'?)"]),
         (lambda c: c["drift"].update(steps="many"), ["steps", "'many' is not of type 'integer'"]),
         (lambda c: c["drift"].update(coords=0), ["coords", "minimum"]),
         (lambda c: c["drift"].update(paths=["bf17"]), ["paths", "bf17"]),
