@@ -8,8 +8,12 @@ datasets or lm-eval imports it does not use.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import sys
+import textwrap
+from pathlib import Path
 
 from streamback.errors import StreambackError
 
@@ -33,15 +37,39 @@ COMMANDS = {
 }
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, with every option's default shown, unless its help says it already, it has none
+    (None, an empty list) or it is a flag; lines never break inside a hyphenated name or path."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if not action.option_strings or action.nargs == 0 or "default" in text or default in (None, [], argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def stage_help(module_name: str) -> str:
+    """A stage module's HELP line, read from its source: listing the stages imports none of them."""
+    tree = ast.parse(Path(importlib.util.find_spec(module_name).origin).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "HELP" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{module_name} defines no HELP")
+
+
 def _parser(command: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamback", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="streamback", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="<stage>", required=True)
     for name, module_name in COMMANDS.items():
         if name == command:
             module = importlib.import_module(module_name)
-            module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
-        else:
-            sub.add_parser(name, help=f"(see `streamback {name} --help`)")
+            module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter))
+        else:  # listed with its line; its options are parsed only when it is the one asked for
+            sub.add_parser(name, help=stage_help(module_name) if command is None else None)
     return parser
 
 

@@ -1,19 +1,41 @@
-"""The `streamback` CLI: every stage is listed, and bad input exits 2 with a message."""
+"""The `streamback` CLI: every stage is listed with its line, every option with its default, and
+bad input exits 2 with a message."""
 
+import argparse
+import importlib
 import subprocess
 import sys
+
+import pytest
 
 from streamback.cli import COMMANDS, main
 
 
-def test_help_lists_every_stage(capsys):
-    try:
-        main(["--help"])
-    except SystemExit as exit:
-        assert exit.code == 0
-    out = capsys.readouterr().out
-    for name in COMMANDS:
-        assert name in out
+def _help(capsys, *argv) -> str:
+    """The help text of `streamback *argv --help`, with argparse's line wrapping undone."""
+    with pytest.raises(SystemExit) as exit:
+        main([*argv, "--help"])
+    assert exit.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_lists_every_stage_with_its_line(capsys):
+    out = _help(capsys)
+    for name, module in COMMANDS.items():
+        assert f"{name} {importlib.import_module(module).HELP}" in out, name
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_option_shows_its_default(capsys, name):
+    """Each option's help shows its default (HelpFormatter), or says in words what it is."""
+    parser = argparse.ArgumentParser()
+    importlib.import_module(COMMANDS[name]).add_arguments(parser)
+    out = _help(capsys, name)
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0 and action.default not in (None, [], argparse.SUPPRESS):
+            words = " ".join((action.help or "").split())
+            shown = f"{words} (default: {action.default})" if "default" not in words else words
+            assert shown in out, (name, action.option_strings, shown)
 
 
 def test_unknown_stage_is_an_argparse_error():

@@ -410,14 +410,20 @@ def test_apply_fsdp_refuses_a_param_dtype_other_than_the_compute_dtype():
 
 
 @pytest.mark.slow
-def test_bench_cpu(tmp_path):
+def test_bench_cpu(tmp_path, capsys):
+    """The CPU's defaults (2 x 64 tokens, a 2048-word vocabulary, eager, one thread), a line per
+    configuration as it finishes, and a warning for too few timed steps."""
     out = tmp_path / "bench.json"
-    argv = ["bench", "--shapes", "tiny-fat-short", "--modes", "eager", "--batch", "2", "--seq-len", "64"]
-    argv += ["--vocab-size", "512", "--steps", "2", "--warmup", "0", "--out", str(out)]
-    assert cli_main(argv) == 0
+    assert cli_main(["bench", "--shapes", "tiny-fat-short", "--steps", "2", "--warmup", "0", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "warning: 2 timed step(s) per configuration are too few for a stable ratio" in printed
+    assert printed.index("tiny-fat-short  streamback  eager  ") < printed.index("Training step (forward + backward")
     result = json.loads(out.read_text())
+    assert (result["batch"], result["seq_len"], result["vocab_size"], result["threads"]) == (2, 64, 2048, 1)
+    assert "too few" in result["warnings"][0] and "Warning: 2 timed step(s)" in out.with_suffix(".md").read_text()
     rows = {r["variant"]: r for r in result["rows"]}
-    assert set(rows) == {"baseline", "streamback", "streamback-reversible"}
+    assert {r["mode"] for r in result["rows"]} == {"eager"} and set(rows) == {"baseline", "streamback", "streamback-reversible"}
+    assert all(r["median_noise"] is None for r in rows.values())  # no 95% interval of a median from 2 steps
     assert all(r["error"] is None and r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in rows.values())
     assert all(r["peak_mem_gib"] is None for r in rows.values())  # no GPU
     assert all(r["step_spread"] >= 1 for r in rows.values())
@@ -428,6 +434,22 @@ def test_bench_cpu(tmp_path):
     saved = {k: r["saved_activation_bytes"] for k, r in rows.items()}
     assert saved["streamback"] - saved["streamback-reversible"] == 2 * 2 * 128 * 128 * (4 - 2) + 128 * 128 * 2
     assert "| tiny-fat-short | streamback-reversible | eager |" in out.with_suffix(".md").read_text()
+
+
+def test_the_median_interval_is_the_binomial_one():
+    """bench's distribution-free interval of the median: the widest pair of order statistics whose
+    coverage, by scipy's binomial distribution, is at least 95%."""
+    from scipy.stats import binom
+
+    from streamback.measure.bench import median_interval, median_noise
+
+    for n in range(1, 41):
+        times = [float(k) for k in range(n, 0, -1)]  # sorted: x_(j) = j
+        got = median_interval(times)
+        covering = [j for j in range(1, n // 2 + 1) if binom.cdf(n - j, n, 0.5) - binom.cdf(j - 1, n, 0.5) >= 0.95]
+        assert got == ((max(covering), n + 1 - max(covering)) if covering else None), n
+    assert median_interval([1.0] * 5) is None and median_interval(list(range(1, 11))) == (2, 9)
+    assert median_noise([1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 0.8, 1.0, 1.0, 1.0]) == pytest.approx(0.0)
 
 
 def test_bench_refuses_unknown_names(tmp_path):

@@ -4,7 +4,7 @@ For each shape x variant (`baseline`, `streamback`, `streamback-reversible`) x m
 `compiled` = `streamback.parallel.apply_compile`, TorchTitan's per-block torch.compile), one
 process times forward + backward (bf16 compute, fp32 master weights, cross-entropy on random
 tokens; no optimizer step) at micro-batch `--batch` x `--seq-len`, after `--warmup` untimed
-steps (compilation happens there), and reports:
+steps (compilation happens there), prints a line per configuration as it finishes, and reports:
 - tokens/s from the median step time (each step timed alone: CUDA events on a GPU, the host
   clock on the CPU), its ratio to the baseline of the same shape and mode, and the spread
   (slowest over fastest step) as a noise gauge;
@@ -19,12 +19,21 @@ steps (compilation happens there), and reports:
 Writes `--out` (JSON) and a Markdown table beside it (same name, .md), both atomically, and
 prints the table. A configuration that fails (out of memory, a compiler error) is reported as
 such and the others still run. Runs unchanged on a CUDA machine with torch alone.
+
+Defaults by device: on a GPU the study's step (4 x 2048 tokens, Llama 3's vocabulary) of the
+study's shapes, eager and compiled; on the CPU the tiny shapes at 2 x 64 tokens and a 2048-word
+vocabulary, eager only, on one thread (on a shared CPU, threads make the step times erratic:
+slowest over fastest of 10-60x measured with two threads under load, 1.2-1.6x with one), which
+takes seconds. A warning says when the timed steps are too few (under MIN_STEPS) or too uneven for
+a stable ratio to the baseline: when the 95% interval of a configuration's median step time (from
+its order statistics, distribution-free) is wider than +-NOISE_LIMIT of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import statistics
 from pathlib import Path
 
@@ -47,20 +56,25 @@ from streamback.measure.step import (
     random_tokens,
     require_positive,
     step_seconds,
+    step_sizes,
     training_step,
 )
 
 HELP = "time a training step of every shape x block x eager/compiled; tokens/s, MFU, memory"
 
 MODES = ("eager", "compiled")
+MIN_STEPS = 10  # fewer timed steps give no stable median (a 2-step CPU run put StreamBack at 1.87x the baseline)
+NOISE_LIMIT = 0.05  # half-width of the median's 95% interval, relative to it, beyond which a speed is uncertain
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_step_arguments(parser)
+    add_step_arguments(parser, per_device=True)
     parser.add_argument("--shapes", default=None, help=f"comma-separated shape names (default: {GPU_SHAPES} on a GPU, {CPU_SHAPES} on the CPU)")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from eager, compiled")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--modes", default=None, help="comma-separated, from eager, compiled (default: both on a GPU; eager on the CPU, "
+                                                      "where compiling needs a C++ compiler and about a minute a configuration)")
+    parser.add_argument("--steps", type=int, default=20, help=f"timed steps per configuration (under {MIN_STEPS} get a warning)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: 1 on the CPU, torch's choice with a GPU)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--no-estimate", dest="estimate", action="store_false", help="skip the fake-tensor peak-memory estimate")
     parser.add_argument("--out", type=Path, default=layout.BENCH_FILE, help="JSON output; the table goes beside it as .md")
@@ -70,16 +84,41 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise StreambackError("--device cuda: no CUDA device is available")
+    step_sizes(args, device)
     require_positive(args, ("batch", "seq_len", "vocab_size", "steps"))
+    if args.threads is not None and args.threads < 1:
+        raise StreambackError(f"--threads must be at least 1, got {args.threads}")
     model_cfg = load_config(args.config)["model"]
     shapes = parse_names(args.shapes or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES), model_cfg["shapes"], "shapes")
     variants = parse_names(args.variants, VARIANTS, "variants")
-    modes = parse_names(args.modes, MODES, "modes")
+    modes = parse_names(args.modes or (",".join(MODES) if device.type == "cuda" else "eager"), MODES, "modes")
     if args.seq_len > model_cfg["max_seq_len"]:
         raise StreambackError(f"--seq-len {args.seq_len} exceeds model.max_seq_len {model_cfg['max_seq_len']} of {args.config}")
+    threads, previous = args.threads or (1 if device.type == "cpu" else None), torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        result = measure(args, device, model_cfg, shapes, variants, modes)
+    finally:
+        torch.set_num_threads(previous)  # as it was, for a caller in the same process (benchmarks/gpu_checks.py)
+    table = markdown_table(result)
+    write_json(args.out, result)
+    write_text(args.out.with_suffix(".md"), table)
+    print(table)
+    return 0
 
+
+def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, shapes, variants, modes) -> dict:
+    """Time every configuration, printing a line as each finishes; the result (see `run`)."""
+    warnings = []
+    if args.steps < MIN_STEPS:
+        warnings.append(f"{args.steps} timed step(s) per configuration are too few for a stable ratio to the baseline (a 2-step run "
+                        f"put StreamBack at 1.87x): time at least {MIN_STEPS} (--steps)")
+        print(f"warning: {warnings[-1]}", flush=True)
     matmul = matmul_flops(device)
-    print(f"bf16 matmul on {device_name(device)}: {matmul / 1e12:.2f} TFLOP/s")
+    print(f"bf16 matmul on {device_name(device)}: {matmul / 1e12:.2f} TFLOP/s; a training step of {args.batch} x {args.seq_len} tokens, "
+          f"vocabulary {args.vocab_size}, {args.steps} timed after {args.warmup} untimed, {torch.get_num_threads()} thread(s)")
+    print("  ".join(COLUMNS), flush=True)
     rows, estimates = [], {}
     for shape in shapes:
         for mode in modes:
@@ -91,7 +130,13 @@ def run(args: argparse.Namespace) -> int:
                 row["est_peak_gib"] = estimates.get((shape, variant))
                 rows.append(row)
                 print(_format_row(row, rows), flush=True)
-    result = {
+    noisy = [r for r in rows if not r.get("error") and (r["median_noise"] is None or r["median_noise"] > NOISE_LIMIT)]
+    if noisy and args.steps >= MIN_STEPS:
+        warnings.append(f"the median step time of {len(noisy)} of {len(rows)} configurations is known only to more than "
+                        f"+-{100 * NOISE_LIMIT:.0f}% (95%; the 'median +-' column): ratios to the baseline within that are noise. "
+                        "A busy machine? Time more steps (--steps), with the machine otherwise idle")
+        print(f"warning: {warnings[-1]}", flush=True)
+    return {
         "device": device_name(device),
         "torch": torch.__version__,
         "matmul_tflops": matmul / 1e12,
@@ -100,13 +145,10 @@ def run(args: argparse.Namespace) -> int:
         "vocab_size": args.vocab_size,
         "steps": args.steps,
         "warmup": args.warmup,
+        "threads": torch.get_num_threads(),
         "rows": rows,
+        "warnings": warnings,
     }
-    table = markdown_table(result)
-    write_json(args.out, result)
-    write_text(args.out.with_suffix(".md"), table)
-    print(table)
-    return 0
 
 
 def device_name(device: torch.device) -> str:
@@ -128,6 +170,25 @@ def matmul_flops(device: torch.device) -> float:
         a @ b
     _sync(device)
     return 2 * n**3 / statistics.median(step_seconds(lambda: a @ b, 20 if device.type == "cuda" else 3, device))
+
+
+def median_interval(times: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of `times`: the order statistics x_(j) and
+    x_(n+1-j) for the largest j whose coverage, 1 - 2 P(Binomial(n, 1/2) < j), is at least
+    `confidence` (n = 10: the 2nd and 9th of the sorted times, 97.9%); None when n is too small
+    for any (n < 6 at 95%)."""
+    n, ordered = len(times), sorted(times)
+    best = None
+    for j in range(1, n // 2 + 1):
+        if 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n >= confidence:
+            best = j
+    return None if best is None else (ordered[best - 1], ordered[n - best])
+
+
+def median_noise(times: list[float]) -> float | None:
+    """Half the width of the median's 95% interval over the median (None when there is none)."""
+    interval = median_interval(times)
+    return None if interval is None else (interval[1] - interval[0]) / (2 * statistics.median(times))
 
 
 def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
@@ -167,6 +228,7 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
             "tokens_per_s": tokens_per_s,
             "step_s": seconds,
             "step_spread": max(times) / min(times),
+            "median_noise": median_noise(times),
             "mfu": flops_per_token(model, args.seq_len) * tokens_per_s / matmul,
             "peak_mem_gib": peak,
             "saved_activation_bytes": saved,
@@ -190,7 +252,7 @@ def _baseline_ratio(row, rows):
     return row["tokens_per_s"] / base["tokens_per_s"]
 
 
-COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "spread", "MFU", "peak GiB", "est. GiB", "saved MiB")
+COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "median +-", "spread", "MFU", "peak GiB", "est. GiB", "saved MiB")
 
 
 def _cells(row, rows):
@@ -203,6 +265,7 @@ def _cells(row, rows):
         row["mode"],
         f"{row['tokens_per_s']:,.0f}",
         "" if ratio is None else f"{ratio:.3f}",
+        "n/a" if row.get("median_noise") is None else f"{100 * row['median_noise']:.1f}%",
         f"{row['step_spread']:.2f}",
         f"{100 * row['mfu']:.1f}%",
         "n/a" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.2f}",
@@ -221,4 +284,5 @@ def markdown_table(result: dict) -> str:
         f"vocabulary {result['vocab_size']}, on {result['device']} (torch {result['torch']}); "
         f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s.\n\n"
     )
-    return head + table_of(COLUMNS, [_cells(row, result["rows"]) for row in result["rows"]])
+    notes = "".join(f"\nWarning: {w}\n" for w in result.get("warnings", []))
+    return head + table_of(COLUMNS, [_cells(row, result["rows"]) for row in result["rows"]]) + notes

@@ -25,6 +25,10 @@ VARIANTS = {  # name -> (block, reversible)
 }
 GPU_SHAPES = "skinny-tall,medium,fat-short"
 CPU_SHAPES = "tiny-skinny-tall,tiny-medium,tiny-fat-short"
+# micro-batch, sequence and vocabulary of the measured step: the study's (Llama 3's vocabulary) on a
+# GPU; on a CPU, sizes at which the tiny shapes take milliseconds a step
+GPU_STEP = {"batch": 4, "seq_len": 2048, "vocab_size": 128256}
+CPU_STEP = {"batch": 2, "seq_len": 64, "vocab_size": 2048}
 
 
 def parse_names(text: str, allowed, what: str) -> list[str]:
@@ -36,13 +40,24 @@ def parse_names(text: str, allowed, what: str) -> list[str]:
     return names
 
 
-def add_step_arguments(parser: argparse.ArgumentParser) -> None:
-    """The training step measured: model config, variants, sizes."""
+def add_step_arguments(parser: argparse.ArgumentParser, per_device: bool = False) -> None:
+    """The training step measured: model config, variants, sizes (GPU_STEP's; with `per_device`,
+    None unless given, for `step_sizes` to choose by device)."""
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config file whose model section names the shapes")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
-    parser.add_argument("--batch", type=int, default=4, help="micro-batch size in sequences")
-    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
-    parser.add_argument("--vocab-size", type=int, default=128256, help="vocabulary (default: the Llama 3 tokenizer's)")
+    for key, flag, what in (("batch", "--batch", "micro-batch size in sequences"), ("seq_len", "--seq-len", "tokens per sequence"),
+                            ("vocab_size", "--vocab-size", "vocabulary (the study's: the Llama 3 tokenizer's)")):
+        if per_device:
+            parser.add_argument(flag, type=int, default=None, help=f"{what} (default: {GPU_STEP[key]} on a GPU, {CPU_STEP[key]} on the CPU)")
+        else:
+            parser.add_argument(flag, type=int, default=GPU_STEP[key], help=what)
+
+
+def step_sizes(args: argparse.Namespace, device: torch.device) -> None:
+    """Fill the sizes left unset (None) with the device's defaults: GPU_STEP or CPU_STEP."""
+    for key, value in (GPU_STEP if device.type == "cuda" else CPU_STEP).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
 
 def require_positive(args: argparse.Namespace, keys) -> None:
