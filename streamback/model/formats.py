@@ -200,7 +200,14 @@ class _StraightThrough(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, name: str, rounding: str) -> torch.Tensor:
-        return _quantise(name, x, rounding)
+        out = _quantise(name, x, rounding)
+        if out._base is None:
+            return out
+        # MX and NVFP4 quantise in blocks and return the flat view of them. A view as a block's
+        # output would lose FSDP2's pre-backward hook (its gradient reduction) to any in-place op
+        # on it: return a tensor of its own. Eagerly a detached alias is one, at no cost; a compiled
+        # graph would hand the view back, so there it is a copy (the fused kernel's own output).
+        return out.clone() if torch.compiler.is_compiling() else out.detach()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
