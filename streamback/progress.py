@@ -1,10 +1,20 @@
 """Progress of a long stage: a tqdm bar on a terminal; in a log file (or under Slurm) plain lines,
-each with the count done, the rate and an estimate of the time left."""
+each with the count done, the rate and an estimate of the time left. `plain_logs` keeps the
+libraries' own bars out of a log file."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+
+
+def plain_logs() -> None:
+    """In a log file (stderr not a terminal), turn off the tqdm bars of the libraries a stage calls
+    (lm-eval's, datasets'), whose carriage-return updates bury the log's lines; the stage's own
+    `Progress` prints plain ones. tqdm reads TQDM_DISABLE when it is imported: call this first."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 def _duration(seconds: float) -> str:

@@ -1,7 +1,8 @@
 """The study page: the whole default study (a smaller corpus and shorter runs) through `snakemake
 --cores 2`, then results/study.html checked for what a reader needs (every section, the answer
 computed from the tables, a missing stage named) and opened in headless Chromium with no network:
-no console error, no failed or outside request, every figure rendered; a screenshot is kept."""
+no console error, no failed or outside request, every figure rendered; a screenshot is kept.
+The same study's logs are plain lines with the long stages' progress, and it has nothing to rerun."""
 
 import json
 import re
@@ -53,6 +54,26 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     assert f"Of {len(pairs)} benchmark comparisons" in text
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
         assert run in text
+
+
+@pytest.mark.slow
+def test_every_log_is_plain_lines_with_the_progress_of_long_stages(study):
+    """In a log file no progress bar (no carriage return: lm-eval's and datasets' tqdm are off),
+    and the long stages say how far they are, how fast and how long is left."""
+    logs = {path.relative_to(study / "logs").as_posix(): path.read_text() for path in (study / "logs").rglob("*.log")}
+    assert not [name for name, text in logs.items() if "\r" in text]
+    assert re.search(r"tokenize: done: .* tokens, [\d,.]+ tokens/s", logs["tokenize/synthetic.log"])
+    for name, unit in [("train/tiny-medium-streamback.log", "step"), ("analysis/layer-error.log", "pass"),
+                       ("analysis/loss-difference.log", "model")]:
+        assert re.search(rf"\d+/\d+ {unit}, [\d,.]+ {unit}/s, \d+m\d\ds left", logs[name]), name
+
+
+@pytest.mark.slow
+def test_a_finished_study_has_nothing_to_rerun(study, run_snakemake):
+    """Snakemake's records of the real jobs (params, code, inputs, software) match what the workflow
+    would give them now: a second call plans no job."""
+    result = run_snakemake("-n", "--cores", "2", "--directory", study, "--configfile", study / "small.yaml")
+    assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
 
 
 @pytest.mark.slow

@@ -167,6 +167,7 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
         for name, subject in names.items():
             losses[name, split] = model_window_losses(subject.model, dataset, windows, seq_len, cfg["micro_batch_size"], device)
             progress.update(1, f"{name} {split}")
+            progress.write(f"analyze loss-difference: {name} {split} done ({progress.line()})")
     progress.close()
     curves, finals = [], []
     for shape, baseline, other in pairs:

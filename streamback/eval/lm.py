@@ -113,6 +113,7 @@ class StreambackLM(TemplateLM):
         for i, request in enumerate(requests):
             groups.setdefault(repr(sorted(request.args[1].items())), []).append(i)
         eos = self.scorer.tokenizer.decode([self.eot_token_id], skip_special_tokens=False)
+        meter = Progress("generate_until", len(requests), unit="request", active=not disable_tqdm)
         for members in groups.values():
             gen_kwargs = normalize_gen_kwargs(dict(requests[members[0]].args[1]), 256)
             if gen_kwargs.get("do_sample") or gen_kwargs.get("temperature", 0.0) > 0:
@@ -122,6 +123,8 @@ class StreambackLM(TemplateLM):
             for i, text in zip(members, texts):
                 out[i] = text
                 self.cache_hook.add_partial("generate_until", requests[i].args, text)
+            meter.update(len(members))
+        meter.close()
         return out  # type: ignore[return-value]
 
     def get_model_info(self) -> dict:

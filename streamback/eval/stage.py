@@ -28,6 +28,7 @@ from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args
 from streamback.errors import StreambackError
 from streamback.eval.taskdata import TASKS_DIR
+from streamback.progress import plain_logs
 
 HELP = "evaluate a trained run with lm-evaluation-harness (the `streamback` model): results.json and per-item samples"
 
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    plain_logs()  # before lm-eval and datasets import tqdm
     cfg = section_from_args(args, "eval")
     if args.threads is not None:
         import torch
