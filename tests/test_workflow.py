@@ -10,6 +10,8 @@ import sys
 import pytest
 import yaml
 
+from streamback import layout
+
 from conftest import ROOT
 
 
@@ -104,6 +106,16 @@ def test_every_rule_declares_log_threads_resources_and_env():
             body = body.split("\n\n\n")[0]  # the rule's own block, up to the next top-level statement
             for keyword in ("log:", "threads:", "resources:", "conda:", "shell:"):
                 assert f"\n    {keyword}" in "\n" + body, f"{smk.name}: rule {name} lacks {keyword}"
+
+
+def test_a_failed_job_shows_the_end_of_its_log(run_snakemake, tmp_path):
+    """Not only Snakemake's "check log file(s)": the job prints its log's last lines, the CLI's error last."""
+    (tmp_path / "held-in.yaml").write_text("eval: {local: {seed: 0}}\n")  # the corpus's own seed: refused when the job runs
+    result = run_snakemake("--cores", "1", layout.eval_task_file("streamback_cloze"), "--directory", tmp_path,
+                           "--configfile", tmp_path / "held-in.yaml")
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "--- the end of logs/eval/tasks.log:\nstreamback eval-tasks: error: eval.local.seed 0 is the training corpus's seed" in out, out[-3000:]
 
 
 def test_lint_finds_nothing(run_snakemake, tmp_path):
