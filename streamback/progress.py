@@ -9,11 +9,17 @@ import sys
 import time
 
 
+def on_terminal() -> bool:
+    """Is progress shown on a terminal (a bar), not written to a log file (plain lines)?"""
+    return sys.stderr.isatty()
+
+
 def plain_logs() -> None:
-    """In a log file (stderr not a terminal), turn off the tqdm bars of the libraries a stage calls
-    (lm-eval's, datasets'), whose carriage-return updates bury the log's lines; the stage's own
-    `Progress` prints plain ones. tqdm reads TQDM_DISABLE when it is imported: call this first."""
-    if not sys.stderr.isatty():
+    """In a log file, turn off the tqdm bars of the libraries a stage calls (lm-eval's, datasets'),
+    whose carriage-return updates bury the log's lines; the stage's own `Progress` prints plain
+    ones. tqdm reads TQDM_DISABLE when it is imported: call this first. (A bar made with an
+    explicit disable=False ignores it: `streamback.eval.lm` turns lm-eval's one such off itself.)"""
+    if not on_terminal():
         os.environ.setdefault("TQDM_DISABLE", "1")
 
 
@@ -37,7 +43,7 @@ class Progress:
         self.done = self.initial = initial
         self.t0 = self.last = time.monotonic()
         self.bar = None
-        if active and sys.stderr.isatty():
+        if active and on_terminal():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc=name, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr)

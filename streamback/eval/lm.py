@@ -38,7 +38,7 @@ from streamback.errors import StreambackError
 from streamback.eval.scoring import Scorer, open_run
 from streamback.model.model import count_params
 from streamback.model.weights import DTYPES
-from streamback.progress import Progress
+from streamback.progress import Progress, on_terminal
 
 
 def _batch_size(value) -> int:
@@ -88,8 +88,14 @@ class StreambackLM(TemplateLM):
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         return self.scorer.encode(string)
 
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """lm-eval's (tokenize, then `_loglikelihood_tokens`), its tokenizing bar on a terminal only:
+        made with tqdm(disable=False), it would write carriage returns into a log whatever the setting."""
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not on_terminal())
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
-        meter = Progress("loglikelihood", len(requests), unit="request", active=not disable_tqdm)
+        # in a log the meter always reports (plain lines; `loglikelihood` quiets only lm-eval's bar there)
+        meter = Progress("loglikelihood", len(requests), unit="request", active=not disable_tqdm or not on_terminal())
         answers = self.scorer.loglikelihood([(context, continuation) for _, context, continuation in requests], progress=meter)
         meter.close()
         for (request, _, _), answer in zip(requests, answers):
