@@ -37,7 +37,8 @@ def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
     stream_shapes = matrix["shapes"] if matrix["stream_shapes"] is None else matrix["stream_shapes"]
     outside = [s for s in stream_shapes if s not in matrix["shapes"]]
     if outside and matrix["streams"]:
-        raise StreambackError(f"train.runs.stream_shapes names shapes that are not in train.runs.shapes: {', '.join(outside)}")
+        raise StreambackError(f"train.runs.stream_shapes names shapes that are not in train.runs.shapes: {', '.join(outside)} "
+                              "(name some of train.runs.shapes, null for every shape, or set train.runs.streams: [])")
     runs = {}
     for shape in matrix["shapes"]:
         for block in matrix["blocks"]:

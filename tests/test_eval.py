@@ -21,12 +21,13 @@ from streamback.errors import StreambackError
 from streamback.eval import stage, tables, taskdata
 from streamback.eval.scoring import Scorer, open_run, rolling_windows
 from streamback.model.export_hf import export
+from streamback.model.weights import read_model, save_model
 from streamback.train import trainer
 
 from conftest import ROOT
 
 MODEL = {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64}
-TRAIN = {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"]}, "seed": 7, "tokens": 30 * 8 * 32, "seq_len": 32,
+TRAIN = {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "streams": []}, "seed": 7, "tokens": 30 * 8 * 32, "seq_len": 32,
          "batch_size": 8, "micro_batch_size": 8, "optimizer": {"lr": 3e-3}, "schedule": {"warmup_steps": 4, "decay_steps": 8},
          "checkpoint": {"every": 30, "keep": 1}, "log": {"every": 10, "stream_every": 10, "val_every": 30, "val_sequences": 8}}
 RUNS = ("micro-baseline", "micro-streamback")
@@ -294,6 +295,14 @@ def test_export_carries_the_runs_tokenizer(runs, tokens, tmp_path):
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == run.eos_id
     with pytest.raises(StreambackError, match="trained on a tokenized corpus: give its token directory"):
         export(runs["micro-streamback"], tmp_path / "no-tokenizer")
+    # the CLI's default token directory (the default config's) stands in for --data of a trained run only:
+    # a model without a recorded corpus (random weights) is exported without a tokenizer even when one exists
+    export(runs["micro-streamback"], tmp_path / "by-default", default_tokens=tokens)
+    assert (tmp_path / "by-default" / "tokenizer.json").read_bytes() == (tokens / "tokenizer.json").read_bytes()
+    trained = read_model(runs["micro-streamback"])
+    save_model(tmp_path / "random.pt", trained.args, trained.state, trained.compute_dtype)
+    export(tmp_path / "random.pt", tmp_path / "random-hf", default_tokens=tokens)
+    assert not (tmp_path / "random-hf" / "tokenizer.json").exists() and (tmp_path / "random-hf" / "model.safetensors").exists()
 
 
 # ---- bad input: named before any scoring ---------------------------------------------------------

@@ -67,13 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    default = None
     if args.data is None:
         from streamback import layout
         from streamback.config import load_config
 
         default = layout.tokens_dir(load_config()["data"])
-        args.data = default if (default / "manifest.json").is_file() else None
-    export(args.checkpoint, args.out, args.data)
+    export(args.checkpoint, args.out, args.data, default_tokens=default)
     print(f"wrote {args.out / 'model.safetensors'} and {args.out / 'config.json'}")
     return 0
 
@@ -147,16 +147,20 @@ def hf_tokenizer_files(manifest: dict, args: ModelArgs) -> dict[str, dict]:
     }
 
 
-def export(checkpoint: str | Path, out: str | Path, tokens: str | Path | None = None) -> None:
+def export(checkpoint: str | Path, out: str | Path, tokens: str | Path | None = None,
+           default_tokens: str | Path | None = None) -> None:
     """Write the export directory, with the tokenizer of `tokens` (the run's token directory), which
-    a model file that records the corpus it was trained on requires (one without, e.g. random
-    weights, is exported without a tokenizer)."""
+    a model file that records the corpus it was trained on requires; `default_tokens` stands in for
+    it when not given and it exists. A model without a recorded corpus (e.g. random weights) is
+    exported without a tokenizer."""
     from safetensors.torch import save_file
 
     out = Path(out)
     with output_dir(out, "export directory"):  # checked before a model that may be large is read
         trained = read_model(checkpoint)
         args, state = trained.args, trained.state
+        if tokens is None and trained.data is not None and default_tokens is not None and (Path(default_tokens) / "manifest.json").is_file():
+            tokens = default_tokens
         if tokens is None and trained.data is not None:
             raise StreambackError(f"{checkpoint} was trained on a tokenized corpus: give its token directory (--data) so that the "
                                   "export carries its tokenizer")
