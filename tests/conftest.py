@@ -1,5 +1,5 @@
-"""Shared test fixtures: the repository root, a way to run Snakemake on it, small token shards, and
-the devices a test runs on.
+"""Shared test fixtures: the repository root, a way to run Snakemake on it, small token shards, the
+whole default study (smaller; through Slurm where it is installed), and the devices a test runs on.
 
 A test that takes the `device` fixture runs once per device: on the CPU everywhere, and on CUDA
 as a test marked `gpu`, which is skipped (with its reason) where no CUDA device exists. A test
@@ -7,14 +7,25 @@ that needs CUDA alone is marked `@pytest.mark.gpu` itself. `pytest -m gpu` selec
 runs a GPU machine adds (`benchmarks/gpu_checks.py` runs them there).
 """
 
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# the default study, smaller: every stage and every run of config/config.yaml, on less data and fewer steps
+SMALL = {
+    "data": {"synthetic": {"documents": 4000, "files": 1}},
+    "train": {"tokens": 30 * 2048, "schedule": {"warmup_steps": 5, "decay_steps": 10}, "log": {"val_every": 10, "val_sequences": 16}},
+    "eval": {"local": {"pairs": 30, "documents": 30}},
+    "drift": {"coords": 256, "seeds": [0], "steps": 1000},
+}
+# what `--profile slurm` needs on the local test cluster (a real one sets them in the profile): no accounting, quick status checks
+SLURM_SITE = ["--slurm-no-account", "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1"]
 
 
 @pytest.fixture(params=DEVICES)
@@ -74,3 +85,33 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def start_slurm():
+    """Start the local one-node cluster (tests/slurm/start-cluster.sh; nothing to do if it runs)."""
+    subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start-cluster.sh")], check=True, timeout=120)
+
+
+@dataclass
+class Study:
+    root: Path  # the working directory: results/, logs/, small.yaml
+    output: str  # what Snakemake printed
+    slurm: bool  # whether every job went through sbatch
+
+
+@pytest.fixture(scope="session")
+def study(tmp_path_factory, run_snakemake):
+    """The whole default study with SMALL merged over it, built once for every test that reads it:
+    through `--profile slurm` where Slurm is installed (as .ci/run does), else `--cores 2`."""
+    import yaml
+
+    root = tmp_path_factory.mktemp("study")
+    (root / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    slurm = shutil.which("sbatch") is not None
+    if slurm:
+        start_slurm()
+    how = ["--profile", "slurm", *SLURM_SITE] if slurm else ["--cores", "2"]
+    result = run_snakemake(*how, "--directory", root, "--configfile", root / "small.yaml", timeout=1500)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    return Study(root, output, slurm)

@@ -4,6 +4,7 @@
 tests/slurm/start-cluster.sh; on a machine without Slurm this test is skipped.
 """
 
+import re
 import shutil
 import subprocess
 
@@ -11,7 +12,7 @@ import pytest
 
 from streamback import layout
 
-from conftest import ROOT
+from conftest import ROOT, SLURM_SITE, start_slurm
 
 pytestmark = [
     pytest.mark.slow,
@@ -19,33 +20,12 @@ pytestmark = [
 ]
 
 
-def test_profile_submits_jobs_to_slurm(run_snakemake, tmp_path):
-    small = tmp_path / "small.yaml"
-    small.write_text("drift: {steps: 200, coords: 256, seeds: [0]}\n")
-    subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start-cluster.sh")], check=True, timeout=120)
-    result = run_snakemake(
-        layout.DRIFT_DIR / layout.DRIFT_FILES["summary"],
-        "--profile", "slurm",  # resolved from the working directory, the repository root
-        # site settings a real cluster would put in the profile: this one has no accounting
-        "--slurm-no-account", "--slurm-status-command", "squeue",
-        "--slurm-init-seconds-before-status-checks", "1",
-        "--directory", tmp_path,
-        "--configfile", small,  # merged over config/config.yaml
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "has been submitted with SLURM jobid" in result.stderr
-    assert (tmp_path / layout.DRIFT_DIR / layout.DRIFT_FILES["summary"]).stat().st_size > 0
-    slurm_logs = list((tmp_path / "logs" / "slurm").rglob("*.log"))
-    assert slurm_logs, "the profile's slurm-logdir holds the job's Slurm log"
-
-
 def _squeue(*fields):
     out = subprocess.run(["squeue", "-h", "-o", "|".join(fields)], capture_output=True, text=True, check=True).stdout
     return [line.split("|") for line in out.splitlines() if line]
 
 
-def test_requeued_training_job_resumes_bit_identical(tmp_path):
+def test_requeued_training_job_resumes_bit_identical(run_snakemake, tmp_path):
     """`scontrol requeue` of a running train job (what preemption does): the trainer saves a
     checkpoint on SIGTERM and exits 75, Slurm runs the job again, the rerun resumes from that
     checkpoint, and the final weights equal those of an uninterrupted run bit for bit."""
@@ -59,13 +39,15 @@ def test_requeued_training_job_resumes_bit_identical(tmp_path):
     from streamback.model.weights import read_model
 
     run = "tiny-fat-short-streamback"
-    small = {"data": {"synthetic": {"documents": 6000, "files": 1}},
+    small = {"data": {"synthetic": {"documents": 3000, "files": 1}},
              "train": {"runs": {"shapes": ["tiny-fat-short"], "blocks": ["streamback"], "streams": []},
-                       "tokens": 200 * 16 * 128, "checkpoint": {"every": 10, "keep": 2}, "schedule": {"warmup_steps": 10, "decay_steps": 50}}}
+                       "tokens": 100 * 16 * 128, "checkpoint": {"every": 10, "keep": 2}, "schedule": {"warmup_steps": 10, "decay_steps": 50}}}
     (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
-    subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start-cluster.sh")], check=True, timeout=120)
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), str(layout.summary_file(run)), "--profile", "slurm",
-           "--slurm-no-account", "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
+    tokens = run_snakemake(layout.tokens_dir({"corpus": "synthetic"}) / "manifest.json", "--cores", "2",
+                           "--directory", tmp_path, "--configfile", tmp_path / "small.yaml")  # here: Slurm is for the train job
+    assert tokens.returncode == 0, tokens.stderr[-3000:]
+    start_slurm()
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), str(layout.summary_file(run)), "--profile", "slurm", *SLURM_SITE,
            "--directory", str(tmp_path), "--configfile", str(tmp_path / "small.yaml")]
     workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -89,7 +71,7 @@ def test_requeued_training_job_resumes_bit_identical(tmp_path):
     log = (tmp_path / "logs" / "train" / f"{run}.log").read_text()
     assert "SIGTERM received: saved the checkpoint of step" in log and f"Slurm job {job}" in log
     stopped = int(log.split("saved the checkpoint of step ")[1].split(";")[0])
-    assert 0 < stopped < 200 and f"resuming from step {stopped}" in log
+    assert 0 < stopped < 100 and f"resuming from step {stopped}" in log
 
     # the same run, uninterrupted, outside Slurm
     from snakemake.utils import update_config
@@ -106,29 +88,16 @@ def test_requeued_training_job_resumes_bit_identical(tmp_path):
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
 
 
-def test_the_whole_default_study_runs_through_slurm(tmp_path):
+def test_the_whole_default_study_runs_through_slurm(study):
     """Every job of the default study (corpus, tokenize, the training runs, evaluation, analyses,
-    drift, training curves, the study page), smaller as in test_study, goes through sbatch."""
-    import re
-    import sys
-
-    import yaml
-
-    from test_study import SMALL
-
-    (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
-    subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start-cluster.sh")], check=True, timeout=120)
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--profile", "slurm", "--slurm-no-account",
-           "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
-           "--directory", str(tmp_path), "--configfile", str(tmp_path / "small.yaml")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    steps = int(re.findall(r"(\d+) of (\d+) steps \(100%\) done", out)[-1][1])
-    submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", out)
+    drift, training curves, the study page), smaller: conftest's `study`, which test_study reads,
+    goes through sbatch, each job with its Slurm log in the profile's slurm-logdir."""
+    assert study.slurm
+    steps = int(re.findall(r"(\d+) of (\d+) steps \(100%\) done", study.output)[-1][1])
+    submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", study.output)
     assert len(set(submitted)) == steps - 1, (len(submitted), steps)  # every job but `all`, which has nothing to run
-    rules = set(re.findall(r"^(?:local)?rule (\w+):", out, re.M))
+    rules = set(re.findall(r"^(?:local)?rule (\w+):", study.output, re.MULTILINE))
     assert {"corpus", "tokenize", "train", "evaluate", "benchmark_table", "analyze_layer_error", "analyze_loss_difference",
             "drift", "training_curves", "study_report"} <= rules
-    assert (tmp_path / layout.STUDY_PAGE).stat().st_size > 100_000
-    assert len(list((tmp_path / "logs" / "slurm").rglob("*.log"))) == len(set(submitted))
+    assert (study.root / layout.STUDY_PAGE).stat().st_size > 100_000
+    assert len(list((study.root / "logs" / "slurm").rglob("*.log"))) == len(set(submitted))

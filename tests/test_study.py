@@ -1,5 +1,5 @@
-"""The study page: the whole default study (a smaller corpus and shorter runs) through `snakemake
---cores 2`, then results/study.html checked for what a reader needs (every section, the answer
+"""The study page: the whole default study (a smaller corpus and shorter runs; conftest's `study`,
+through Slurm where it is installed), then results/study.html checked for what a reader needs (every section, the answer
 computed from the tables, a missing stage named) and opened in headless Chromium with no network:
 no console error, no failed or outside request, every figure rendered; a screenshot is kept.
 The same study's logs are plain lines with the long stages' progress, and it has nothing to rerun."""
@@ -14,27 +14,18 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT
 from streamback import layout
 
-# the default study, smaller: every stage and every run of config/config.yaml, on less data and fewer steps
-SMALL = {
-    "data": {"synthetic": {"documents": 4000, "files": 1}},
-    "train": {"tokens": 30 * 2048, "schedule": {"warmup_steps": 5, "decay_steps": 10}, "log": {"val_every": 10, "val_sequences": 16}},
-    "eval": {"local": {"pairs": 30, "documents": 30}},
-    "drift": {"coords": 256, "seeds": [0], "steps": 1000},
-}
+from conftest import ROOT
+
 SECTIONS = ["What was run", "The answer", "Benchmarks", "Loss difference", "Residual envelope", "Precision error by layer",
             "Swallowed updates", "Training curves", "The drift of a long bf16 sum", "Speed and memory"]
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory, run_snakemake):
-    root = tmp_path_factory.mktemp("study")
-    (root / "small.yaml").write_text(yaml.safe_dump(SMALL))
-    result = run_snakemake("--cores", "2", "--directory", root, "--configfile", root / "small.yaml", timeout=1200)
-    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    return root
+def study(study):
+    """The shared study (conftest), by its working directory."""
+    return study.root
 
 
 @pytest.mark.slow
