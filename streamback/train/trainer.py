@@ -71,6 +71,7 @@ from streamback.train.batches import num_windows, rank_micro_batches, read_windo
 from streamback.train.checkpoint import TrainState, load_newest, lock_run, recipe_fingerprint, remove_partial, save_checkpoint
 from streamback.train.metrics import MetricsLog
 from streamback.train.parallel import StreamDtypeWatch
+from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
 from streamback.train.validation import window_losses
 
@@ -78,7 +79,6 @@ HELP = "train one run of the matrix (resumes from its newest checkpoint; torchru
 
 EXIT_DIVERGED = 3
 EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
 def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints) -> int:
     """Train `run_name` to its end or to a stop signal; returns the exit status (see the docstring)."""
     check_runs(train_cfg, model_cfg, processes=int(os.environ.get("WORLD_SIZE", "1")), only=run_name)
-    env = _Distributed.start()
+    env = Distributed.start()
     outdir, checkpoints, lock = Path(outdir), Path(checkpoints), None
     try:
         # found now, not after the last step: every rank writes checkpoints, rank 0 the outputs
@@ -158,74 +158,6 @@ def _say(run_name: str, message: str) -> None:
     print(f"[{run_name}] {message}", file=sys.stderr, flush=True)
 
 
-@dataclasses.dataclass
-class _Distributed:
-    """This process's place: rank, number of processes, device (torchrun's environment variables)."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-
-    @classmethod
-    def start(cls) -> _Distributed:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
-            device = torch.device("cuda", local_rank)
-            torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
-        if world_size > 1:
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
-        return cls(int(os.environ.get("RANK", "0")), world_size, device)
-
-    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.all_reduce(tensor, op=op)
-        return tensor
-
-    def gather(self, obj) -> list:
-        """`obj` (picklable) from every rank, in rank order."""
-        if self.world_size == 1:
-            return [obj]
-        out = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out
-
-    def agree(self, error: str | None, what: str) -> None:
-        """Raise StreambackError on every rank if any rank has an `error` (its own, or that `what` failed elsewhere)."""
-        failed = self.all_reduce(torch.tensor(float(error is not None), device=self.device)).item()
-        if error is not None:
-            raise StreambackError(error)
-        if failed:
-            raise StreambackError(f"{what} failed on another rank (see its message)")
-
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-class _StopRequest(contextlib.AbstractContextManager):
-    """Remembers a SIGTERM/SIGUSR1 instead of dying of it; the loop saves and exits at a step boundary."""
-
-    def __init__(self):
-        self.signal: int | None = None
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.signal = signum
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        return False
-
-
 class Diverged(Exception):
     """The loss or gradient norm of a step is NaN or infinite."""
 
@@ -243,7 +175,7 @@ def _envelope(h: torch.Tensor) -> torch.Tensor:
 class Trainer:
     """One run: the model, its optimizer, the data, checkpoints and metrics, and the loop."""
 
-    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: _Distributed):
+    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: Distributed):
         from streamback.model.model import ModelArgs
 
         self.spec, self.cfg, self.env = spec, cfg, env
@@ -353,7 +285,7 @@ class Trainer:
         step, last_saved = start_step, start_step if start_step else None
         watch = StreamDtypeWatch(self.model)
         try:
-            with _StopRequest() as stop:
+            with StopRequest() as stop:
                 while step < self.steps:
                     record, stop_now = self._step(step, stop, watch)
                     watch = None
@@ -384,7 +316,7 @@ class Trainer:
         self._finish(step)
         return 0
 
-    def _step(self, step: int, stop: _StopRequest, watch) -> tuple[dict, bool]:
+    def _step(self, step: int, stop: StopRequest, watch) -> tuple[dict, bool]:
         started = time.perf_counter()
         env, cfg = self.env, self.cfg
         lr = wsd_lr(step, cfg["optimizer"]["lr"], self.steps, cfg["schedule"]["warmup_steps"], cfg["schedule"]["decay_steps"])
