@@ -38,11 +38,10 @@ _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 90rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
 p { max-width: 60rem; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.25rem; margin-top: 2rem; }
-table { border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; display: block; max-width: 100%; overflow-x: auto; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
-td:last-child { text-align: left; min-width: 16rem; }
 th { background: #f4f4f4; }
-.chart { margin: 1rem 0; }
+.chart { margin: 1rem 0; max-width: 100%; overflow-x: auto; }
 h3 { font-size: 1.05rem; margin-top: 1.5rem; }
 .caption { font-size: 0.85rem; color: #555; margin-top: -0.5rem; max-width: 60rem; }
 .missing { background: #fff4e5; border-left: 4px solid #e69500; padding: 0.5rem 0.8rem; }
@@ -59,7 +58,7 @@ def _block(block: Block, index: int) -> str:
     if isinstance(block, str):
         return f"<p>{html.escape(block)}</p>"
     if isinstance(block, pd.DataFrame):
-        return block.to_html(index=False, border=0, na_rep="", escape=True)
+        return _table_style(block, f"table{index}") + block.to_html(index=False, border=0, na_rep="", escape=True, table_id=f"table{index}")
     if isinstance(block, alt.TopLevelMixin):
         # a "<" in the data could close the <script> early; JSON's "\u003c" means the same to the parser
         spec = json.dumps(block.to_dict()).replace("<", "\\u003c")
@@ -67,6 +66,20 @@ def _block(block: Block, index: int) -> str:
                 f'vegaEmbed("#chart{index}", {spec}, {{"mode": "vega-lite", "actions": false}}).catch(console.error);'
                 "</script>")
     raise TypeError(f"a report block must be text, a pandas DataFrame or an Altair chart, not {type(block).__name__}")
+
+
+def _table_style(frame: pd.DataFrame, table_id: str) -> str:
+    """Numbers align right (the page's default), numbers written as text too ("0.56 ± 0.02"); other
+    text aligns left, on one line if short (a name such as tiny-skinny-tall-baseline stays whole),
+    in a wide enough column if it holds sentences."""
+    rules = []
+    for i, (_, column) in enumerate(frame.items(), start=1):
+        text = column.dropna().astype(str)
+        if pd.api.types.is_numeric_dtype(column) or pd.api.types.is_bool_dtype(column) or text.str.match(r"[-+]?\.?\d").all():
+            continue
+        layout = " white-space: nowrap;" if text.str.len().max() <= 40 else " min-width: 20rem;"
+        rules.append(f"#{table_id} td:nth-child({i}), #{table_id} th:nth-child({i}) {{ text-align: left;{layout} }}")
+    return f"<style>{' '.join(rules)}</style>\n" if rules else ""
 
 
 def render_report(title: str, sections: Sequence[tuple[str, Sequence[Block]]]) -> str:

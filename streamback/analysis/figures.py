@@ -82,9 +82,9 @@ def envelope_chart(table: pd.DataFrame) -> alt.FacetChart:
     chart = alt.Chart().mark_line(point=alt.OverlayMarkDef(size=12)).encode(
         x=alt.X("layer:Q", title="layer boundary (0 = embedding)", axis=_integer_axis(table.layer.max())),
         y=alt.Y("value:Q", title="h"),
-        color=alt.Color("stream:N", sort=streams, title="trained stream", scale=alt.Scale(scheme="set1")),
+        color=alt.Color("stream:N", sort=streams, title="trained stream", scale=alt.Scale(scheme="category10")),
         strokeDash=alt.StrokeDash("line:N", sort=["max / min", "|h| 99.9th percentile"], title=None,
-                                  scale=alt.Scale(range=[[1, 0], [2, 3]])),
+                                  scale=alt.Scale(range=[[1, 0], [2, 3]]), legend=None),  # named in the subtitle
         detail=["run:N", "side:N"],
         tooltip=["run", "layer", "side", alt.Tooltip("value:Q", format=".4g")])
     zero = alt.Chart().mark_rule(color="gray", strokeWidth=0.5).encode(y=alt.datum(0))
