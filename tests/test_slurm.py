@@ -16,6 +16,7 @@ from conftest import ROOT, SLURM_SITE, start_slurm
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.slurm,
     pytest.mark.skipif(shutil.which("sbatch") is None, reason="Slurm is not installed (see tests/slurm/)"),
 ]
 
