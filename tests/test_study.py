@@ -18,6 +18,7 @@ from streamback import layout
 
 from conftest import ROOT
 
+SMALL_SEED = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["train"]["seed"]  # SMALL keeps the default's
 SECTIONS = ["What was run", "The answer", "Benchmarks", "Loss difference", "Residual envelope", "Precision error by layer",
             "Swallowed updates", "Training curves", "The drift of a long bf16 sum", "Speed and memory"]
 
@@ -41,6 +42,7 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     loss = pd.read_csv(study / layout.table("loss_difference"))
     row = loss[(loss.split == "val") & (loss.comparison == "streamback")].iloc[0]
     assert f"On {row['shape']}, StreamBack&#x27;s final validation loss is {abs(row.final_difference):.4f} nats" in text
+    assert f"each run was trained once, from seed {SMALL_SEED}" in text  # what the intervals do not cover
     pairs = pd.read_csv(study / layout.table("benchmark_pairs"))
     assert f"Of {len(pairs)} benchmark comparisons" in text
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():

@@ -49,6 +49,9 @@ def loss(config: dict) -> list[str]:
                    f"baseline's ({confidence:.0%} CI of the difference {row.ci_low:+.4f} to {row.ci_high:+.4f}, paired over the same "
                    f"validation windows): {_verdict(row.ci_low, row.ci_high)}, {'inside' if abs(d) <= band else 'outside'} the seed's "
                    f"band of ±{band:g}.")
+    if len(out):
+        out.append(f"These intervals cover the validation windows only: each run was trained once, from seed {config['train']['seed']}, "
+                   "so a difference near the band may also be the two training runs' own randomness, which no interval here includes.")
     below = val[val.comparison != "streamback"]
     if len(below):
         parts = [f"{r.comparison.removeprefix('streamback-')} {r.final_difference:+.4f} ({r.ci_low:+.4f} to {r.ci_high:+.4f}"
