@@ -278,6 +278,11 @@ def _format_row(row, rows) -> str:
     return "  ".join(_cells(row, rows))
 
 
+def table(result: dict) -> tuple[tuple[str, ...], list[list]]:
+    """The table's header and rows of text cells, as bench.md and the study page show them."""
+    return COLUMNS, [_cells(row, result["rows"]) for row in result["rows"]]
+
+
 def markdown_table(result: dict) -> str:
     head = (
         f"Training step (forward + backward, bf16 compute), micro-batch {result['batch']} x {result['seq_len']}, "
@@ -285,4 +290,4 @@ def markdown_table(result: dict) -> str:
         f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s.\n\n"
     )
     notes = "".join(f"\nWarning: {w}\n" for w in result.get("warnings", []))
-    return head + table_of(COLUMNS, [_cells(row, result["rows"]) for row in result["rows"]]) + notes
+    return head + table_of(*table(result)) + notes

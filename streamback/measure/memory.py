@@ -106,16 +106,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def markdown_table(result: dict) -> str:
-    head = (
-        f"Estimated peak memory (GiB) of an eager training step (forward + backward, bf16 compute, fp32 "
-        f"master weights, no optimizer), micro-batch {result['batch']} x {result['seq_len']}, vocabulary "
-        f"{result['vocab_size']}; fake tensors under torch's MemTracker.\n\n"
-    )
+def table(result: dict) -> tuple[tuple[str, ...], list[list]]:
+    """The table's header and rows of text cells (GiB), as memory.md and the study page show them."""
     cells = []
     for row in result["rows"]:
         base = next((r for r in result["rows"] if r["shape"] == row["shape"] and r["variant"] == "baseline"), None)
         diff = "" if base is None else f"{(row['peak'] - base['peak']) / GIB:+.3f}"
         cells.append([row["shape"], row["variant"], f"{row['peak'] / GIB:.3f}", diff]
                      + [f"{row.get(k, 0) / GIB:.3f}" for k in ("params", "activations", "temporaries")])
-    return head + table_of(("shape", "variant", "peak", "vs baseline", "params", "activations", "temporaries"), cells)
+    return ("shape", "variant", "peak", "vs baseline", "params", "activations", "temporaries"), cells
+
+
+def markdown_table(result: dict) -> str:
+    head = (
+        f"Estimated peak memory (GiB) of an eager training step (forward + backward, bf16 compute, fp32 "
+        f"master weights, no optimizer), micro-batch {result['batch']} x {result['seq_len']}, vocabulary "
+        f"{result['vocab_size']}; fake tensors under torch's MemTracker.\n\n"
+    )
+    return head + table_of(*table(result))

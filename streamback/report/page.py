@@ -20,6 +20,7 @@ import pandas as pd
 from streamback import layout
 from streamback.config import ROOT
 from streamback.html_report import Caption, Missing, Subheading
+from streamback.io import read_json
 from streamback.report import answer, provenance
 from streamback.runs import comparisons, run_matrix
 
@@ -153,22 +154,18 @@ def drift(study: Study) -> list:
 
 
 def speed_and_memory() -> list:
-    """The GPU benchmark's table where `streamback bench` has run (it is not part of the DAG), and the memory estimate."""
+    """The GPU benchmark's table where `streamback bench` has run (it is not part of the DAG), and the
+    memory estimate: each command's own table of its JSON (`streamback.measure.bench.table`, `.memory.table`)."""
+    from streamback.measure import bench, memory
+
     blocks = []
-    for path, what in ((layout.BENCH_FILE, "training-step speed and memory (streamback bench, on a GPU)"),
-                       (layout.MEMORY_FILE, "estimated peak memory of a training step (streamback memory)")):
-        md = path.with_suffix(".md")
-        if md.exists():
-            blocks += [Subheading(what), _markdown_table(md.read_text()), Caption(f"From {path}.")]
+    for path, stage, command, what in ((layout.BENCH_FILE, bench, "bench", "training-step speed and memory (streamback bench, on a GPU)"),
+                                       (layout.MEMORY_FILE, memory, "memory", "estimated peak memory of a training step (streamback memory)")):
+        if path.exists():
+            header, cells = stage.table(read_json(path, f"run `streamback {command}` again"))
+            blocks += [Subheading(what), pd.DataFrame(cells, columns=list(header)), Caption(f"From {path}.")]
     return blocks or [Missing("No speed or memory figures yet: `streamback bench` on a GPU (benchmarks/gpu_checks.py runs it) writes "
                               f"{layout.BENCH_FILE}, `streamback memory` writes {layout.MEMORY_FILE}.")]
-
-
-def _markdown_table(text: str) -> pd.DataFrame:
-    """The first Markdown table of `text` as a DataFrame of strings."""
-    lines = [line for line in text.splitlines() if line.startswith("|")]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if not set(line) <= set("|-: ")]
-    return pd.DataFrame(rows[1:], columns=rows[0])
 
 
 def sections(study: Study) -> list[tuple[str, list]]:
