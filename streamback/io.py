@@ -86,8 +86,6 @@ def markdown_table(header, rows) -> str:
 def read_json(path: str | os.PathLike, remedy: str):
     """The JSON document at `path`; a missing or unreadable file is a StreambackError naming the
     path and saying what to do (`remedy`, e.g. "run `streamback tokenize` (rule tokenize) first")."""
-    from streamback.errors import StreambackError
-
     path = Path(path)
     try:
         return json.loads(path.read_text())
