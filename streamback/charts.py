@@ -8,6 +8,7 @@ from pathlib import Path
 import altair as alt
 import vl_convert as vlc
 
+from streamback import layout
 from streamback.io import atomic_path
 
 # vl-convert names Vega-Lite versions like "v6_4"; use the one this Altair writes.
@@ -28,3 +29,8 @@ def save_chart(chart: alt.TopLevelMixin, *paths: str | os.PathLike, scale: float
         data = svg.encode() if path.suffix == ".svg" else vlc.svg_to_png(svg, scale=scale)
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
+
+
+def save_figure(chart: alt.TopLevelMixin, name: str) -> None:
+    """`chart` as the study figure `name`: results/figures/<name>.svg and .png (`layout.figure`)."""
+    save_chart(chart, *(layout.figure(name, suffix) for suffix in layout.FIGURE_SUFFIXES))

@@ -77,6 +77,12 @@ def write_json(path: str | os.PathLike, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def write_csv(path: str | os.PathLike, frame) -> None:
+    """A pandas DataFrame as CSV, without its index."""
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+
+
 def markdown_table(header, rows) -> str:
     """A Markdown table: a header row, the separator, then one line per row (cells as str)."""
     lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]

@@ -22,7 +22,7 @@ from streamback import layout
 from streamback.analysis.inputs import Subject, check_tokens, subjects, validation_batch
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
-from streamback.io import atomic_path
+from streamback.io import write_csv
 from streamback.progress import Progress
 from streamback.runs import comparisons, run_matrix
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                "loss-difference": loss_tables}[args.kind]
     tables = compute(todo, cfg, train_cfg, Path(tokens), device)
     for name, table in tables.items():
-        write_table(name, table)
+        write_csv(layout.table(name), table)
     computed = time.perf_counter() - began
     figures = write_figures(args.kind, tables, cfg["band"])
     print(f"analyze {args.kind}: {len(todo)} models on {device.type} in {computed:.1f} s, figures in "
@@ -70,18 +70,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_table(name: str, table: pd.DataFrame) -> None:
-    with atomic_path(layout.table(name)) as tmp:
-        table.to_csv(tmp, index=False)
-
-
 def write_figures(kind: str, tables: dict[str, pd.DataFrame], band: float) -> list[str]:
     from streamback.analysis.figures import charts
-    from streamback.charts import save_chart
+    from streamback.charts import save_figure
 
     drawn = charts(kind, tables, band)
     for name, chart in drawn.items():
-        save_chart(chart, *(layout.figure(name, suffix) for suffix in layout.FIGURE_SUFFIXES))
+        save_figure(chart, name)
     return list(drawn)
 
 

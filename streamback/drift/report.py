@@ -168,15 +168,13 @@ def write_outputs(cfg: dict, sim: Simulation, outdir: Path, seconds: float) -> N
     """Write the tables, the figures (SVG and PNG) and the HTML report under `outdir`."""
     from streamback.charts import save_chart
     from streamback.html_report import write_report
-    from streamback.io import atomic_path
+    from streamback.io import atomic_path, write_csv
 
     summary, trajectories, spacing = summary_table(cfg, sim), trajectory_table(cfg, sim), spacing_table()
-    with atomic_path(outdir / layout.DRIFT_FILES["summary"]) as tmp:
-        summary.to_csv(tmp, index=False)
+    write_csv(outdir / layout.DRIFT_FILES["summary"], summary)
     with atomic_path(outdir / layout.DRIFT_FILES["trajectories"]) as tmp:
         trajectories.to_parquet(tmp, index=False)
-    with atomic_path(outdir / layout.DRIFT_FILES["spacing"]) as tmp:
-        spacing.to_csv(tmp, index=False)
+    write_csv(outdir / layout.DRIFT_FILES["spacing"], spacing)
     charts = dict(zip(layout.DRIFT_FIGURES, (ratio_chart(summary), trajectory_chart(trajectories, cfg["start"], sim.skipped), spacing_chart(spacing))))
     for name, chart in charts.items():
         save_chart(chart, outdir / f"{name}.svg", outdir / f"{name}.png")

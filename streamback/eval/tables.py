@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 
 import pandas as pd
 
@@ -29,7 +28,7 @@ from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
 from streamback.eval import stats
-from streamback.io import atomic_path, read_json
+from streamback.io import read_json, write_csv
 from streamback.runs import RunSpec, run_matrix
 
 HELP = "aggregate lm-eval's results of every run (benchmarks.csv) and test each run against its shape's baseline (benchmark_pairs.csv)"
@@ -151,11 +150,6 @@ def tables(eval_cfg: dict, train_cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]
     return pd.DataFrame(benchmarks, columns=BENCHMARK_COLUMNS), pd.DataFrame(pairs, columns=PAIR_COLUMNS)
 
 
-def write_csv(frame: pd.DataFrame, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        frame.to_csv(tmp, index=False)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "eval")
     parser.add_argument("--train-params", default=None, help="the 'train' section as a JSON object, for the run matrix (what the rule passes; default: from --config)")
@@ -169,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         train_cfg = load_config(args.config or DEFAULT_CONFIG)["train"]
     benchmarks, pairs = tables(eval_cfg, train_cfg)
     for name, frame in zip(layout.BENCHMARK_TABLES, (benchmarks, pairs)):
-        write_csv(frame, layout.table(name))
+        write_csv(layout.table(name), frame)
         print(f"benchmark-table: wrote {layout.table(name)} ({len(frame)} rows)")
     for row in pairs.itertuples():
         print(f"{row.shape} {row.task} {row.metric}: {row.run} vs {row.baseline}: {row.verdict}")

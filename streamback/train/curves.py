@@ -16,7 +16,7 @@ import pandas as pd
 from streamback import layout
 from streamback.config import add_config_arguments, section_from_args
 from streamback.errors import StreambackError
-from streamback.io import atomic_path
+from streamback.io import write_csv
 from streamback.runs import run_matrix
 from streamback.train.metrics import read_metrics
 
@@ -80,13 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamback.charts import save_chart
+    from streamback.charts import save_figure
 
     table = curves_table(section_from_args(args, "train"), args.runs)
-    with atomic_path(layout.table(layout.TRAINING_TABLE)) as tmp:
-        table.to_csv(tmp, index=False)
+    write_csv(layout.table(layout.TRAINING_TABLE), table)
     for name, chart in zip(layout.TRAINING_FIGURES, (loss_chart(table), grad_norm_chart(table))):
-        save_chart(chart, *(layout.figure(name, suffix) for suffix in layout.FIGURE_SUFFIXES))
+        save_figure(chart, name)
     print(f"training-curves: {len(args.runs)} runs, {len(table)} steps -> {layout.table(layout.TRAINING_TABLE)} and "
           f"{', '.join(layout.TRAINING_FIGURES)} (.{', .'.join(layout.FIGURE_SUFFIXES)})")
     return 0
