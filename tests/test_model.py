@@ -234,13 +234,16 @@ def test_compiled_blocks_round_as_eager(stream, device):
     """Inductor (apply_compile, per block) rounds where eager does. Each compiled block is fed the
     eager run's input to it and its output compared with the eager block's: they may differ
     only by rounding-order noise (fp32 reductions and transcendentals evaluated in another order
-    flip a rounding now and then: on the CPU, 1 of 217,088 elements for the baseline, none for
-    fp32), so at most 1e-3 of the elements, and at most a tenth as many as the same blocks
+    flip a rounding now and then), so in at most a tenth as many elements as the same blocks
     compiled without emulate_precision_casts, which skip bf16 roundings inside each block (the
-    control, measured in the same test on the same device: 4.7e-3 baseline, 0.55 fp32 on the
-    CPU). Judging one block at a time keeps the noise from compounding through the layers (whole
-    -model logits: CPU 21 vs 4,536 of 49,664; CUDA 134-249 vs 4,336). Every output is on the
-    stream's grid in its dtype, stochastic streams included."""
+    control, measured in the same test on the same device). No absolute bound: in an fp32 stream
+    one flipped rounding reaches a token's every element, so the noise depends on how alike the
+    two GEMMs sum. Measured (baseline; fp32 stream), eager against compiled vs the control: AVX512-
+    BF16 CPU 4.6e-6 vs 4.7e-3; 0 vs 0.55. AVX2 (ONEDNN_MAX_CPU_ISA=AVX2), bf16 on fp32 kernels
+    (streamback.model.compute, auto there) 4.6e-6 vs 2.1e-2; 1.8e-4 vs 1.0; AVX2 forced onto torch's
+    own bf16 GEMM 4.6e-6 vs 4.7e-3; 4.2e-3 vs 0.55. Judging one block at a time keeps the noise from
+    compounding through the layers (whole-model logits: CPU 21 vs 4,536 of 49,664; CUDA 134-249 vs
+    4,336). Every output is on the stream's grid in its dtype, stochastic streams included."""
     if device.type == "cpu" and stream not in ("baseline", "fp32"):
         pytest.skip("Inductor on the CPU: the paper's two blocks only (the dtype of every format: test_stream_dtype_compiled)")
     args = ModelArgs(dim=106, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=97, multiple_of=32, max_seq_len=128,
@@ -277,7 +280,7 @@ def test_compiled_blocks_round_as_eager(stream, device):
         return  # draws differ by design; the grid and dtype were checked
     skipped = differing(lambda model: [layer.compile(backend="inductor") for layer in model.layers])
     torch._dynamo.reset()
-    assert emulated <= 1e-3 and emulated <= skipped / 10, f"{stream}: {emulated:.2e} of the elements differ, {skipped:.2e} with roundings skipped"
+    assert emulated <= skipped / 10, f"{stream}: {emulated:.2e} of the elements differ, {skipped:.2e} with roundings skipped"
 
 
 @pytest.mark.slow
@@ -426,11 +429,17 @@ def test_apply_fsdp_refuses_a_param_dtype_other_than_the_compute_dtype():
 
 @pytest.mark.slow
 def test_bench_cpu(tmp_path, capsys):
-    """The CPU's defaults (2 x 64 tokens, a 2048-word vocabulary, eager, one thread), a line per
-    configuration as it finishes, and a warning for too few timed steps."""
+    """The CPU's defaults (2 x 64 tokens, a 2048-word vocabulary, eager, one thread), the kernels
+    bf16 compute takes (here forced onto fp32 kernels), a line per configuration as it finishes,
+    and a warning for too few timed steps."""
+    from streamback.model import compute
+
     out = tmp_path / "bench.json"
-    assert cli_main(["bench", "--shapes", "tiny-fat-short", "--steps", "2", "--warmup", "0", "--out", str(out)]) == 0
+    with compute.use("emulated"):
+        assert cli_main(["bench", "--shapes", "tiny-fat-short", "--steps", "2", "--warmup", "0", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
+    assert "bf16 compute on cpu: bf16 on fp32 kernels (cpu_bf16 emulated); its matmul" in printed
+    assert "bf16 compute: bf16 on fp32 kernels)" in out.with_suffix(".md").read_text()
     assert "warning: 2 timed step(s) per configuration are too few for a stable ratio" in printed
     assert printed.index("tiny-fat-short  streamback  eager  ") < printed.index("Training step (forward + backward")
     result = json.loads(out.read_text())

@@ -35,9 +35,10 @@ def unigram_entropy(data_dir) -> float:
 @pytest.mark.slow
 def test_default_config_trains_the_six_models(run_snakemake, tmp_path):
     """`snakemake --cores 2` on the six runs of config/config.yaml, with a smaller corpus (6,000
-    stories instead of 40,000; the runs read their 123K tokens whatever the corpus holds)."""
+    stories instead of 40,000; the runs read their 123K tokens whatever the corpus holds), bf16
+    on fp32 kernels forced (`cpu_bf16`, which reaches every job)."""
     small = tmp_path / "small.yaml"
-    small.write_text(yaml.safe_dump({"data": {"synthetic": {"documents": 6000, "files": 1}}}))
+    small.write_text(yaml.safe_dump({"data": {"synthetic": {"documents": 6000, "files": 1}}, "cpu_bf16": "emulated"}))
     targets = [layout.summary_file(run) for run in SIX]
     result = run_snakemake(*targets, "--cores", "2", "--directory", tmp_path,
                            "--configfile", ROOT / "config" / "config.yaml", small, timeout=1200)
@@ -52,6 +53,7 @@ def test_default_config_trains_the_six_models(run_snakemake, tmp_path):
         assert (out / layout.MODEL_FILE).stat().st_size > 0
         (recipe,) = layout.recipe_dirs(tmp_path / layout.checkpoint_dir(run))
         assert (recipe / "step_000000060" / ".metadata").exists()
+        assert "parameters on cpu (bf16 on fp32 kernels)" in (tmp_path / "logs" / "train" / f"{run}.log").read_text()
 
 
 @pytest.mark.parametrize(

@@ -199,7 +199,7 @@ def test_editing_one_shape_reruns_only_its_runs_and_what_reads_them(run_snakemak
     # how jobs run, not what they compute: nothing but the study page (whose params are the whole config)
     ({"train": {"compile": True, "micro_batch_size": 8, "checkpoint": {"every": 5}, "resources": {"threads": 2},
                 "per_run": {"tiny-medium-baseline": {"activation_checkpointing": True}}},
-      "data": {"processes": 1, "batch_documents": 64}, "eval": {"resources": {"mem_mb": 999}}}, set()),
+      "data": {"processes": 1, "batch_documents": 64}, "eval": {"resources": {"mem_mb": 999}}, "cpu_bf16": "emulated"}, set()),
 ], ids=["drift-grid", "eval-pairs", "analysis-variants", "recipe", "execution"])
 def test_a_changed_setting_reruns_the_jobs_that_read_it(run_snakemake, touched_default, change, rules):
     jobs = planned_jobs(run_snakemake, touched_default, change)

@@ -45,6 +45,7 @@ from streamback.errors import StreambackError
 from streamback.io import markdown_table as table_of
 from streamback.io import write_json, write_text
 from streamback.measure.memory import estimate_step_memory
+from streamback.model import compute
 from streamback.measure.step import (
     CPU_SHAPES,
     GPU_SHAPES,
@@ -115,8 +116,9 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
         warnings.append(f"{args.steps} timed step(s) per configuration are too few for a stable ratio to the baseline (a 2-step run "
                         f"put StreamBack at 1.87x): time at least {MIN_STEPS} (--steps)")
         print(f"warning: {warnings[-1]}", flush=True)
-    matmul = matmul_flops(device)
-    print(f"bf16 matmul on {device_name(device)}: {matmul / 1e12:.2f} TFLOP/s; a training step of {args.batch} x {args.seq_len} tokens, "
+    matmul, kernels = matmul_flops(device), compute.path(device)
+    print(f"bf16 compute on {device_name(device)}: {kernels} (cpu_bf16 {compute.mode()}); its matmul {matmul / 1e12:.2f} TFLOP/s; "
+          f"a training step of {args.batch} x {args.seq_len} tokens, "
           f"vocabulary {args.vocab_size}, {args.steps} timed after {args.warmup} untimed, {torch.get_num_threads()} thread(s)")
     print("  ".join(COLUMNS), flush=True)
     rows, estimates = [], {}
@@ -139,6 +141,7 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
     return {
         "device": device_name(device),
         "torch": torch.__version__,
+        "compute": kernels,
         "matmul_tflops": matmul / 1e12,
         "batch": args.batch,
         "seq_len": args.seq_len,
@@ -162,14 +165,15 @@ def _sync(device: torch.device):
 
 def matmul_flops(device: torch.device) -> float:
     """Measured bf16 matmul rate (FLOP/s) of square matrices on random data (median of timed
-    products after warm-up): the MFU denominator."""
+    products after warm-up), on the kernels the model's bf16 compute takes (`compute.linear`):
+    the MFU denominator."""
     n = 8192 if device.type == "cuda" else 1024
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     for _ in range(3):
-        a @ b
+        compute.linear(a, b)
     _sync(device)
-    return 2 * n**3 / statistics.median(step_seconds(lambda: a @ b, 20 if device.type == "cuda" else 3, device))
+    return 2 * n**3 / statistics.median(step_seconds(lambda: compute.linear(a, b), 20 if device.type == "cuda" else 3, device))
 
 
 def median_interval(times: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
@@ -285,7 +289,7 @@ def table(result: dict) -> tuple[tuple[str, ...], list[list]]:
 
 def markdown_table(result: dict) -> str:
     head = (
-        f"Training step (forward + backward, bf16 compute), micro-batch {result['batch']} x {result['seq_len']}, "
+        f"Training step (forward + backward, bf16 compute: {result.get('compute', 'native bf16')}), micro-batch {result['batch']} x {result['seq_len']}, "
         f"vocabulary {result['vocab_size']}, on {result['device']} (torch {result['torch']}); "
         f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s.\n\n"
     )

@@ -89,9 +89,11 @@ def training_step(model, tokens: torch.Tensor) -> None:
 
 def fake_training_step(margs, batch: int, seq_len: int, watch, compute_dtype: torch.dtype = torch.bfloat16) -> None:
     """`training_step` of `Transformer(margs)` on fake tensors (shapes and storages, no data, no
-    arithmetic), run inside the context `watch(model)` returns (e.g. a dispatch mode)."""
+    arithmetic), run inside the context `watch(model)` returns (e.g. a dispatch mode). The step of
+    a GPU: native bf16 kernels, whatever this CPU would run (streamback.model.compute)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from streamback.model import compute
     from streamback.model.model import Transformer
 
     with torch.device("meta"):
@@ -99,7 +101,7 @@ def fake_training_step(margs, batch: int, seq_len: int, watch, compute_dtype: to
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")  # fake storages; no values are ever computed
         tokens = torch.randint(0, margs.vocab_size, (batch, seq_len + 1))
-        with watch(model):
+        with watch(model), compute.use("native"):
             training_step(model, tokens)
 
 

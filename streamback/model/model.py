@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from streamback.errors import StreambackError
+from streamback.model import compute
 from streamback.model.capture import STREAM_POINTS, StreamCapture
 from streamback.model.formats import StreamFormat
 from streamback.model.reversible import ReversibleStream, step_back_block
@@ -194,7 +195,7 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to(x.dtype))
+        return compute.linear(x, self.weight)
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +229,7 @@ class Attention(nn.Module):
         rep = self.n_heads // self.n_kv_heads  # grouped-query attention: share each kv head
         k = k.unsqueeze(3).expand(B, T, self.n_kv_heads, rep, self.head_dim).reshape(B, T, self.n_heads, self.head_dim)
         v = v.unsqueeze(3).expand(B, T, self.n_kv_heads, rep, self.head_dim).reshape(B, T, self.n_heads, self.head_dim)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        out = compute.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
     def init_weights(self, out_std: float, generator):

@@ -439,13 +439,14 @@ class Trainer:
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
     def _announce(self, start_step: int) -> None:
+        from streamback.model import compute
         from streamback.model.model import count_params
 
         what = f"resuming from step {start_step}" if start_step else "starting"
         self.progress.write(
             f"[{self.spec.name}] {what}: {self.steps} steps of {self.tokens_per_step:,} tokens "
             f"({self.batch_size} x {self.seq_len}; {self.env.world_size} process(es) x {self.accum} micro-batches of "
-            f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type}; "
+            f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type} ({compute.path(self.env.device)}); "
             f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.recipe_dir}"
         )
         if start_step == self.steps:

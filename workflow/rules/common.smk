@@ -21,8 +21,11 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
     PYTHON = "python"
 else:
     PYTHON = shlex.quote(sys.executable)
+# STREAMBACK_CPU_BF16 carries config["cpu_bf16"] (how bf16 runs on a CPU, streamback/model/compute.py)
+# to every job; the shell prefix is not a rule's code, so changing it reruns nothing.
 shell.prefix(
-    f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}} STREAMBACK_PYTHON={PYTHON}; "
+    f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}} STREAMBACK_PYTHON={PYTHON} "
+    f"STREAMBACK_CPU_BF16={shlex.quote(config['cpu_bf16'])}; "
     'streamback() {{ "$STREAMBACK_PYTHON" -m streamback "$@"; }}; '
     'log_tail() {{ local status=$?; echo "--- the end of $1:" >&2; tail -n 5 "$1" >&2; return "$status"; }}; set -euo pipefail; '
 )
