@@ -141,3 +141,38 @@ def test_every_value_in_a_rule_s_shell_line_is_quoted_there_or_by_construction()
     assert "CORPUS_SEED = shell_words(" in sources["eval.smk"]
 
 
+# ---- path escapes --------------------------------------------------------------------------------
+
+
+def test_a_name_is_checked_in_one_place_with_the_schema_s_pattern():
+    schema = yaml.safe_load((ROOT / "config" / "schema" / "config.schema.yaml").read_text())["$defs"]
+    for pattern in (schema["data"]["properties"]["corpus"]["pattern"], schema["eval"]["properties"]["tasks"]["items"]["pattern"]):
+        for text in [chr(c) for c in range(32, 127)] + [f"a{chr(c)}" for c in range(32, 127)]:  # the same names, however spelt
+            assert bool(re.match(pattern, text)) == bool(re.match(layout.NAME_PATTERN, text)), (pattern, text)
+    for good in ("tiny-medium-streamback-bf16_sr", "streamback_cloze", "arc_easy", "llama-3.2-1b", "{run}"):
+        assert layout.checked_name(good) == good
+    for bad, where in [("../../x", lambda n: layout.run_dir(n)), ("a/b", lambda n: layout.checkpoint_dir(n)),
+                       (".hidden", lambda n: layout.eval_dir(n)), ("..", lambda n: layout.hf_dir(n)),
+                       ("x/../../y", lambda n: layout.eval_samples("r", n)), ("", lambda n: layout.figure(n, "svg")),
+                       ("t b", lambda n: layout.table(n)), ("{a}/..", lambda n: layout.eval_task_file(n))]:
+        with pytest.raises(StreambackError, match=r"cannot name a file or directory: a name is letters, digits"):
+            where(bad)
+
+
+def test_a_run_name_that_climbs_out_of_results_is_refused(tmp_path, monkeypatch, capsys):
+    work = tmp_path / "work" / "deep"
+    victim = tmp_path / "victim" / "recipe-0123456789abcdef"
+    victim.mkdir(parents=True)
+    (victim / "keep.txt").write_text("mine")
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    assert main(["checkpoints", "--prune", "../../victim"]) == 2
+    assert "run name '../../victim' cannot name a file or directory" in capsys.readouterr().err
+    assert (victim / "keep.txt").read_text() == "mine"
+    assert main(["evaluate", "--run-name", "../../x", "--tokens", str(tmp_path)]) == 2
+    assert "run name '../../x' cannot name a file or directory" in capsys.readouterr().err
+    assert main(["analyze", "envelope", "--model", f"../x={tmp_path / 'model.pt'}", "--runs", "tiny-medium-baseline"]) == 2
+    assert "--model name '../x' cannot name a file or directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["deep", "keep.txt", "recipe-0123456789abcdef", "victim", "work"]
+
+

@@ -41,6 +41,7 @@ def subjects(train_cfg: dict, runs: list[str] | None = None, models: list[str] =
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise StreambackError(f"--model {item!r}: expected NAME=PATH, e.g. llama-3.2-1b=results/imported/llama-3.2-1b/model.pt")
+        layout.checked_name(name, "--model name")  # it names the model's figures
         out.append(Subject(name, name, Path(path), None))
     names = [s.name for s in out]
     if len(set(names)) < len(names):
