@@ -176,3 +176,28 @@ def test_a_run_name_that_climbs_out_of_results_is_refused(tmp_path, monkeypatch,
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["deep", "keep.txt", "recipe-0123456789abcdef", "victim", "work"]
 
 
+def test_a_delete_never_leaves_the_directory_it_belongs_to(tmp_path, monkeypatch, capsys):
+    owner, outside = tmp_path / "owner", tmp_path / "outside"
+    (owner / "a").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "precious").write_text("x")
+    for path in (outside, owner / ".." / "outside", owner, tmp_path):
+        with pytest.raises(StreambackError, match="refusing to delete .*: it is not inside .*owner"):
+            remove(path, owner)
+    (owner / "link").symlink_to(outside, target_is_directory=True)
+    remove(owner / "link", owner)  # the link, never what it points to
+    remove(owner / "a", owner)
+    assert sorted(p.name for p in owner.iterdir()) == [] and (outside / "precious").read_text() == "x"
+
+    # --prune of a run whose old recipe directory is a link elsewhere removes the link alone
+    monkeypatch.chdir(tmp_path)
+    checkpoints = layout.checkpoint_dir("tiny-medium-baseline")
+    (checkpoints / "recipe-aaaaaaaaaaaaaaaa" / "step_000000005").mkdir(parents=True)
+    (checkpoints / "recipe-bbbbbbbbbbbbbbbb").symlink_to(outside, target_is_directory=True)
+    os.utime(outside, (1e9, 1e9))  # written before the other recipe: the one pruned
+    assert main(["checkpoints", "--prune", "tiny-medium-baseline"]) == 0
+    assert "removed results/checkpoints/tiny-medium-baseline/recipe-bbbbbbbbbbbbbbbb" in capsys.readouterr().out
+    assert not (checkpoints / "recipe-bbbbbbbbbbbbbbbb").is_symlink() and (outside / "precious").read_text() == "x"
+    assert layout.recipe_dirs(checkpoints) == [checkpoints / "recipe-aaaaaaaaaaaaaaaa"]
+
+

@@ -12,8 +12,10 @@ the run's identity, and the size and sha256 of every other file, sealed by the s
 fields). It is written under a temporary name `<root>/.tmp_step_<s>/`, every file fsynced and
 hashed (each rank hashes the files it wrote), and renamed into place by rank 0 only after every
 rank has finished: the rename is atomic, so a crash at any moment leaves either the complete
-checkpoint or none, and a resume only ever looks at `step_*` directories. Leftover temporary
-directories are removed when a run starts; older checkpoints beyond the last K are deleted.
+checkpoint or none, and a resume only ever looks at `step_*` directories. A save that fails
+removes its temporary directory (a full disk is a DiskFull naming the checkpoint and what to
+free); those a killed run left behind are removed, and named, when a run starts; older
+checkpoints beyond the last K are deleted. Nothing is deleted outside the recipe's directory.
 
 A resume (`load_newest`) verifies the newest checkpoint before loading it (the ranks share the
 hashing): a missing, truncated or changed file, or a meta.json that does not match its seal,
@@ -36,7 +38,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import socket
 import time
 import warnings
@@ -46,12 +47,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from streamback import layout
 from streamback.data.shards import file_sha256
-from streamback.errors import StreambackError
+from streamback.errors import DiskFull, StreambackError
+from streamback.io import disk_full, free_bytes, remove
 
 _NAME = re.compile(r"^step_(\d{9})$")
 _RANK_FILE = re.compile(r"^__(\d+)_")  # DCP's FileSystemWriter names rank r's files __<r>_<k>.distcp
@@ -152,12 +155,14 @@ def _hash_files(directory: Path, names: list[str]) -> dict[str, dict]:
         return dict(pool.map(one, names))
 
 
-def remove_partial(root: str | os.PathLike) -> None:
-    """Delete temporary directories a crashed save left behind (rank 0; all ranks wait)."""
+def remove_partial(root: str | os.PathLike, say=print) -> None:
+    """Delete the temporary directories a killed save left behind, naming each through `say` (rank
+    0; all ranks wait)."""
     root = Path(root)
     if _rank() == 0 and root.is_dir():
-        for path in root.glob(".tmp_step_*"):
-            shutil.rmtree(path)
+        for path in sorted(root.glob(".tmp_step_*")):
+            remove(path, root)
+            say(f"removed {path}, the temporary directory of a checkpoint save that was killed")
     _barrier()
 
 
@@ -171,31 +176,55 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta:
     tmp = root / f".tmp_step_{step:09d}"
     if _rank() == 0:
         if tmp.exists():
-            shutil.rmtree(tmp)
+            remove(tmp, root)
         tmp.mkdir(parents=True)
     _barrier()
+    try:
+        files = _write(tmp, state)
+        if _rank() == 0:
+            record = {**meta, "step": step, "files": files}
+            record[SEAL] = _seal(record)
+            with open(tmp / META, "w") as f:
+                json.dump(record, f, indent=2, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            os.replace(tmp, final)
+            _fsync_dir(root)
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        full = disk_full(err, root)
+        free = free_bytes(root) if full else None
+        if _rank() == 0 and tmp.exists():
+            remove(tmp, root)
+        if full:
+            previous = list_checkpoints(root)
+            size = f"; the previous checkpoint takes {_bytes(previous[-1][1]) / 1e6:,.1f} MB" if previous else ""
+            raise DiskFull(final, free, f"free space there{size} (`streamback checkpoints --prune` deletes the checkpoints of "
+                                        "recipes no longer in use; corrupt-step_* directories can go; train.checkpoint.keep "
+                                        "says how many are kept), then rerun: the run resumes from its last checkpoint") from None
+        raise
+    if _rank() == 0:
+        for _, old in list_checkpoints(root)[:-keep]:
+            remove(old, root)
+    _barrier()
+    return final
+
+
+def _write(tmp: Path, state: TrainState) -> dict[str, dict]:
+    """DCP's files of `state` in `tmp` (a collective), and {name: {"bytes", "sha256"}} of each:
+    every rank hashes the files it wrote (still in its page cache), rank 0 also DCP's .metadata."""
     with _one_process_quietly():
         written = dcp.save({"train": state}, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
-    # each rank hashes the files it wrote (still in its page cache); rank 0 also DCP's .metadata
     names = sorted({info.relative_path for info in written.storage_data.values()} | {".metadata"})
     mine = [n for n in names if _owner(n, _world()) == _rank()]
     files = {}
     for part in _gather(_hash_files(tmp, mine)):
         files.update(part)
-    if _rank() == 0:
-        record = {**meta, "step": step, "files": files}
-        record[SEAL] = _seal(record)
-        with open(tmp / META, "w") as f:
-            json.dump(record, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        for _, old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old)
-    _barrier()
-    return final
+    return files
+
+
+def _bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
 def _owner(name: str, world: int) -> int:
@@ -256,7 +285,7 @@ def _load(path: Path, state: TrainState) -> None:
     try:
         with _one_process_quietly():
             dcp.load({"train": state}, storage_reader=dcp.FileSystemReader(path))
-    except Exception as err:  # DCP raises CheckpointException and others with the failing rank's cause
+    except (Exception, CheckpointException) as err:  # DCP raises CheckpointException (a BaseException) with the failing rank's cause
         raise StreambackError(f"checkpoint {path} cannot be loaded into this model: {err}") from err
 
 
@@ -296,7 +325,7 @@ def _set_aside(path: Path) -> Path:
     aside = path.with_name(CORRUPT_PREFIX + path.name)
     if _rank() == 0:
         if aside.exists():
-            shutil.rmtree(aside)
+            remove(aside, path.parent)
         os.replace(path, aside)
     _barrier()
     return aside
@@ -367,7 +396,7 @@ def run_recipes(checkpoints: str | os.PathLike) -> list[Recipe]:
             with contextlib.suppress(CorruptCheckpoint):
                 identity = read_meta(step_dir).get("identity")
                 break
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        size = _bytes(path)
         written = max([p.stat().st_mtime for _, p in steps] or [path.stat().st_mtime])
         found.append(Recipe(path, identity, [s for s, _ in steps], size, written))
     return sorted(found, key=lambda r: r.written)
@@ -444,8 +473,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         try:
             for path in [r.path for r in recipes if r.path != keep] + outside:
-                size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-                shutil.rmtree(path)
+                size = _bytes(path)
+                remove(path, checkpoints)
                 freed += size
                 print(f"  removed {path} ({size / 1e6:,.1f} MB)")
         finally:

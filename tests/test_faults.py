@@ -1,0 +1,216 @@
+"""Faults a user meets, each met by one line naming the thing and what to do: a model file changed
+after it was written (and one written before models were hashed), a full disk at every kind of
+write (a checkpoint, a model, a table, a figure; a real full tmpfs where one can be mounted, and a
+write that raises ENOSPC everywhere), the temporary files of a killed write, a checkpoint someone
+else could have written, a manifest that disagrees with its shards or lacks a key, and the
+analyses given a model and tokens that do not belong together."""
+
+import builtins
+import errno
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from streamback import layout
+from streamback.cli import main
+from streamback.data.shards import TokenDataset, read_manifest
+from streamback.errors import DiskFull, StreambackError
+from streamback.io import write_csv, write_text
+from streamback.model.model import ModelArgs, Transformer
+from streamback.model.weights import content_sha256, read_model, save_model
+from streamback.runs import run_matrix
+from streamback.train import checkpoint as ckpt
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+NO_SUCH_PID = 1 << 23  # above Linux's largest pid (pid_max is at most 2^22): never a live process
+
+
+def tiny(vocab=300, seed=0):
+    args = ModelArgs(n_layers=1, dim=32, n_heads=2, n_kv_heads=1, vocab_size=vocab, multiple_of=16, max_seq_len=64)
+    model = Transformer(args)
+    model.init_weights(seed)
+    return args, model.state_dict()
+
+
+def leftovers(directory):
+    """Temporary files or directories under `directory`: atomic_path's .<name>.<pid>.tmp, a checkpoint's .tmp_step_*."""
+    return sorted(p for p in directory.rglob("*") if p.name.startswith(".tmp") or p.name.endswith(".tmp"))
+
+
+# ---- a full disk, at every kind of write --------------------------------------------------------
+
+
+class _FullFile:
+    """A file opened for writing on a "full disk": every write raises ENOSPC."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._real.close()
+
+
+@pytest.fixture(params=["patched", "tmpfs"])
+def full_disk(request, tmp_path, monkeypatch):
+    """(a directory to prepare, `fill()`, after which every write in it fails with ENOSPC):
+    a real 1 MB tmpfs filled up (where this process may mount one), or every write under it
+    raising ENOSPC (open patched)."""
+    directory = tmp_path / "disk"
+    directory.mkdir()
+    if request.param == "tmpfs":
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(directory)], capture_output=True)
+        if mounted.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip() or 'not root'}")
+        request.addfinalizer(lambda: subprocess.run(["umount", "-l", str(directory)], check=True))
+
+        def fill():
+            with open(directory / ".filler", "wb") as f, pytest.raises(OSError) as full:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            assert full.value.errno == errno.ENOSPC
+    else:
+        real_open = io.open
+
+        def full_open(file, mode="r", *args, **kwargs):
+            handle = real_open(file, mode, *args, **kwargs)
+            writing = isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+")
+            return _FullFile(handle) if writing and str(os.path.abspath(file)).startswith(str(directory)) else handle
+
+        def fill():
+            monkeypatch.setattr(builtins, "open", full_open)
+            monkeypatch.setattr(io, "open", full_open)
+
+    return directory, fill
+
+
+def test_a_full_disk_while_a_checkpoint_is_written_is_named_and_leaves_nothing(full_disk):
+    disk, fill = full_disk
+    model = torch.nn.Linear(64, 64)
+    state = ckpt.TrainState(model, torch.optim.AdamW(model.parameters()))
+    root = disk / "recipe-0123456789abcdef"
+    root.mkdir()
+    fill()
+    with pytest.raises(DiskFull) as full:
+        ckpt.save_checkpoint(root, 20, state, {"identity": {}}, keep=2)
+    message = str(full.value)
+    assert message.startswith(f"no space left on device while writing {root / 'step_000000020'} (")
+    assert "MB free on its filesystem): free space there" in message and "`streamback checkpoints --prune`" in message
+    assert ckpt.list_checkpoints(root) == [] and leftovers(disk) == []
+
+
+def test_a_full_disk_while_a_table_is_written_is_one_line_of_the_command(full_disk, monkeypatch, capsys):
+    disk, fill = full_disk
+    monkeypatch.chdir(disk)
+    runs = ["tiny-fat-short-baseline", "tiny-fat-short-streamback"]
+    for run in runs:
+        write_text(layout.metrics_file(run), "".join(json.dumps({"step": s, "tokens": 2048 * s, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0})
+                                                     + "\n" for s in (1, 2)))
+    fill()
+    params = json.dumps({"runs": {"shapes": ["tiny-fat-short"], "blocks": ["baseline", "streamback"], "streams": []}})
+    assert main(["training-curves", "--params", params, "--runs", *runs]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"streamback training-curves: error: no space left on device while writing {layout.table(layout.TRAINING_TABLE)} (")
+    with pytest.raises(DiskFull, match=r"while writing .*t\.csv"):
+        write_csv(disk / "t.csv", pd.DataFrame({"a": [1.0]}))
+    assert not layout.table(layout.TRAINING_TABLE).exists() and leftovers(disk) == []
+
+
+def test_a_full_disk_while_a_figure_is_written_is_named_and_leaves_nothing(full_disk, monkeypatch):
+    import altair as alt
+
+    from streamback.charts import save_figure
+
+    disk, fill = full_disk
+    monkeypatch.chdir(disk)
+    chart = alt.Chart(pd.DataFrame({"x": [1, 2], "y": [3, 4]})).mark_line().encode(x="x", y="y")
+    layout.FIGURES_DIR.mkdir(parents=True)
+    fill()
+    with pytest.raises(DiskFull, match=rf"while writing {layout.figure('drift_ratio', 'svg')} "):
+        save_figure(chart, "drift_ratio")
+    assert list(layout.FIGURES_DIR.iterdir()) == [] and leftovers(disk) == []
+
+
+def test_an_expected_os_error_is_one_line_and_a_bug_keeps_its_traceback(monkeypatch, capsys):
+    import streamback.config
+
+    faults = iter([OSError(errno.ENOSPC, "No space left on device"), PermissionError(errno.EACCES, "Permission denied", "results/x"),
+                   KeyboardInterrupt(), OSError(errno.EBADF, "Bad file descriptor")])
+
+    def run(args):
+        raise next(faults)
+
+    monkeypatch.setattr(streamback.config, "run", run)
+    assert main(["check"]) == 2
+    assert capsys.readouterr().err == ("streamback check: error: no space left on device while writing a file the system does not "
+                                       "name: free space there (or write elsewhere), then rerun\n")
+    assert main(["check"]) == 2
+    assert capsys.readouterr().err == "streamback check: error: Permission denied: results/x\n"
+    assert main(["check"]) == 130
+    assert capsys.readouterr().err == "streamback check: interrupted\n"
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        main(["check"])
+
+
+# ---- temporary files of a killed write -----------------------------------------------------------
+
+
+def test_a_killed_write_leaves_a_temporary_file_that_the_next_write_removes_and_names(tmp_path, capsys):
+    target = tmp_path / "summary.json"
+    killed = subprocess.run([sys.executable, "-c", (
+        "import os, signal, sys\n"
+        "from streamback.io import atomic_path\n"
+        "with atomic_path(sys.argv[1]) as tmp:\n"
+        "    tmp.write_text('half')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"), str(target)], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert killed.returncode == -9
+    (left,) = leftovers(tmp_path)
+    alive = target.with_name(f".{target.name}.{os.getppid()}.tmp")  # a live process's: it may still be writing
+    alive.write_text("busy")
+    write_text(target, "{}\n")
+    assert target.read_text() == "{}\n" and leftovers(tmp_path) == [alive]
+    assert capsys.readouterr().err == f"removed {left}, left behind by a write of {target} that was killed\n"
+
+
+def test_a_killed_checkpoint_save_and_tokenize_leave_temporaries_the_next_run_removes_and_names(tmp_path, tokens, capsys):
+    from streamback.config import validate_config
+    from streamback.data.tokenize import tokenize
+
+    root = tmp_path / "recipe-0123456789abcdef"
+    (root / ".tmp_step_000000040").mkdir(parents=True)
+    (root / ".tmp_step_000000040" / "__0_0.distcp").write_bytes(b"half")
+    said = []
+    ckpt.remove_partial(root, say=said.append)
+    assert said == [f"removed {root / '.tmp_step_000000040'}, the temporary directory of a checkpoint save that was killed"]
+    assert list(root.iterdir()) == []
+
+    copy = tmp_path / "tokens"
+    shutil.copytree(tokens, copy)
+    (copy / f".train-00000.bin.{NO_SUCH_PID}.tmp").write_bytes(b"half")
+    data = validate_config({"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
+    tokenize(data, copy, inputs=[tokens.parent / "part.parquet"], processes=1, progress=True)
+    err = capsys.readouterr().err
+    assert f"tokenize: removed {copy / f'.train-00000.bin.{NO_SUCH_PID}.tmp'}, a temporary file of a tokenize that was killed" in err
+    assert "nothing to do" in err and leftovers(copy) == []
+
+
