@@ -214,3 +214,48 @@ def test_a_killed_checkpoint_save_and_tokenize_leave_temporaries_the_next_run_re
     assert "nothing to do" in err and leftovers(copy) == []
 
 
+# ---- the checkpoint trust boundary ---------------------------------------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A checkpoint of a small module under umask 002 (which gives the group write permission), and a fresh state to load it into."""
+    def state(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(8, 8)
+        return ckpt.TrainState(model, torch.optim.AdamW(model.parameters()))
+
+    root = tmp_path / "recipe-0123456789abcdef"
+    previous = os.umask(0o002)
+    try:
+        path = ckpt.save_checkpoint(root, 5, state(0), {"identity": {}}, keep=2)
+    finally:
+        os.umask(previous)
+    return root, path, state(1)
+
+
+def test_a_checkpoint_is_written_writable_by_its_owner_alone_and_resumes(saved):
+    root, path, fresh = saved
+    assert all(not p.stat().st_mode & 0o022 for p in [path, *path.iterdir()])
+    assert ckpt.load_newest(root, fresh)["step"] == 5
+    torch.manual_seed(0)
+    assert torch.equal(fresh.model.weight, torch.nn.Linear(8, 8).weight)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda p: os.chmod(p / ".metadata", 0o664), r"\.metadata may be written by its group or others \(-rw-rw-r--\)"),
+    (lambda p: os.chmod(p, 0o757), r"step_000000005 may be written by its group or others \(drwxr-xrwx\)"),
+    (lambda p: os.chown(p / ".metadata", 65534, 65534), r"\.metadata is owned by (nobody \()?uid 65534\)?, not by you"),
+], ids=["group-writable-metadata", "world-writable-directory", "another-owner"])
+def test_a_checkpoint_someone_else_could_have_written_is_refused_naming_it(saved, change, problem):
+    root, path, fresh = saved
+    if "owned by" in problem and os.geteuid() != 0:
+        pytest.skip("only root can give a file to another user")
+    change(path)
+    before = fresh.model.weight.clone()
+    with pytest.raises(StreambackError, match=r"not resuming from checkpoint .*step_000000005: loading a checkpoint runs its "
+                                              rf"pickled \.metadata(.|\n)*{problem}(.|\n)*chmod -R go-w"):
+        ckpt.load_newest(root, fresh)
+    assert torch.equal(fresh.model.weight, before) and ckpt.list_checkpoints(root) == [(5, path)]
+
+

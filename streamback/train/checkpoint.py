@@ -23,6 +23,12 @@ names the checkpoint and the file; the checkpoint is moved aside to `<root>/corr
 (kept for a look, never loaded or pruned) and the previous one is tried. If none passes,
 nothing is moved and the run stops.
 
+The trust boundary: loading a checkpoint unpickles DCP's `.metadata` (`pickle.load`), so a
+checkpoint is code to torch's loader, and the sha256 in meta.json authenticates nothing (whoever
+can write the files can rewrite it). A resume therefore refuses a checkpoint whose directory or
+any file in it another user owns, or its group or others may write (`check_trusted`), naming it;
+a save writes its checkpoint writable by its owner alone.
+
 `lock_run` takes an exclusive lock on the run's checkpoint directory (`flock` on its
 `trainer.lock`, released by the kernel when the process ends however it ends), so a second
 trainer on the same run is refused with the PID and host of the one that holds it.
@@ -39,6 +45,7 @@ import json
 import os
 import re
 import socket
+import stat
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -166,6 +173,13 @@ def remove_partial(root: str | os.PathLike, say=print) -> None:
     _barrier()
 
 
+def _no_write_but_owner(path: Path) -> None:
+    """Take write permission from group and others (a umask of 002 gives it to the group)."""
+    mode = path.stat().st_mode
+    if mode & 0o022:
+        os.chmod(path, stat.S_IMODE(mode) & ~0o022)
+
+
 def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta: dict, keep: int) -> Path:
     """Write the checkpoint of `step` atomically, with the sha256 of every file (a collective:
     every rank calls it); prune to the newest `keep`."""
@@ -188,6 +202,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta:
                 json.dump(record, f, indent=2, sort_keys=True)
                 f.flush()
                 os.fsync(f.fileno())
+            for path in [tmp, *(tmp / name for name in [*files, META])]:
+                _no_write_but_owner(path)
             _fsync_dir(tmp)
             os.replace(tmp, final)
             _fsync_dir(root)
@@ -281,7 +297,36 @@ def load_checkpoint(path: Path, state: TrainState) -> dict:
     return meta
 
 
+def check_trusted(path: Path) -> None:
+    """Refuse to load the checkpoint directory `path` (StreambackError naming each offender) if
+    it or any file in it is owned by another user, or its group or others may write it: loading
+    unpickles `.metadata`, so whoever can write a checkpoint can run code in this process."""
+    me, problems = os.geteuid(), []
+    for item in [path, *sorted(path.iterdir())]:
+        st = item.stat()  # a symlink is judged by what it points to
+        if st.st_uid != me:
+            problems.append(f"{item} is owned by {_user(st.st_uid)}, not by you ({_user(me)})")
+        elif st.st_mode & 0o022:
+            problems.append(f"{item} may be written by its group or others ({stat.filemode(st.st_mode)})")
+    if problems:
+        raise StreambackError(
+            f"not resuming from checkpoint {path}: loading a checkpoint runs its pickled .metadata, so only one that no one "
+            "else can have written is loaded:\n  " + "\n  ".join(problems)
+            + f"\nMove it away (the run then resumes from an older one, or starts over), or if you trust it make it yours: "
+              f"chown -R {_user(me)} {path} && chmod -R go-w {path}")
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def _load(path: Path, state: TrainState) -> None:
+    check_trusted(path)
     try:
         with _one_process_quietly():
             dcp.load({"train": state}, storage_reader=dcp.FileSystemReader(path))
