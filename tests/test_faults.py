@@ -47,6 +47,56 @@ def leftovers(directory):
     return sorted(p for p in directory.rglob("*") if p.name.startswith(".tmp") or p.name.endswith(".tmp"))
 
 
+# ---- a model file is verified like a checkpoint --------------------------------------------------
+
+
+def test_a_model_file_records_the_sha256_of_its_contents_and_a_changed_bit_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = layout.model_file("tiny-baseline")
+    args, state = tiny()
+    save_model(path, args, state)
+    record = torch.load(path, weights_only=True)
+    digest = hashlib.sha256(json.dumps({k: v for k, v in record.items() if k not in ("model", "sha256")}, sort_keys=True).encode())
+    for key in sorted(state):  # the documented layout, computed here on its own
+        digest.update(f"\n{key} {state[key].dtype} {tuple(state[key].shape)}\n".encode())
+        digest.update(state[key].numpy().tobytes())
+    assert record["sha256"] == digest.hexdigest() == content_sha256(record)
+    assert all(torch.equal(read_model(path).state[k], state[k]) for k in state)
+
+    data = bytearray(path.read_bytes())  # one bit inside the embedding's bytes, which torch.load alone accepts
+    at = data.find(state["tok_embeddings.weight"].numpy().tobytes()[:64])
+    assert at > 0
+    data[at + 1001] ^= 0x04
+    path.write_bytes(bytes(data))
+    torch.load(path, weights_only=True)
+    with pytest.raises(StreambackError) as refused:
+        read_model(path)
+    message = str(refused.value)
+    assert message.startswith(f"model file {path}: the sha256 of its contents is ") and "it changed after it was written" in message
+    assert f"`snakemake --cores 1 --forcerun {path}` (rule train" in message
+    # every reader reads through read_model: export-hf, through the CLI, prints that one line
+    assert main(["export-hf", "--checkpoint", str(path), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the sha256 of its contents is" in err and not (tmp_path / "hf").exists()
+
+    record["stream"] = "fp32"  # a changed field outside the tensors, the old seal kept
+    torch.save(record, tmp_path / "edited.pt")
+    with pytest.raises(StreambackError, match=r"edited\.pt: the sha256 of its contents .* rebuild it with the command that made it"):
+        read_model(tmp_path / "edited.pt")
+
+
+def test_a_model_file_written_before_models_were_hashed_is_read_with_one_warning(tmp_path, capsys):
+    args, state = tiny()
+    save_model(tmp_path / "model.pt", args, state)
+    record = torch.load(tmp_path / "model.pt", weights_only=True)
+    del record["sha256"]
+    torch.save(record, tmp_path / "old.pt")
+    for _ in range(2):
+        assert all(torch.equal(read_model(tmp_path / "old.pt").state[k], state[k]) for k in state)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"warning: model file {tmp_path / 'old.pt'} records no sha256")
+
+
 # ---- a full disk, at every kind of write --------------------------------------------------------
 
 
@@ -116,6 +166,18 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_named_and_leaves_nothing(f
     assert message.startswith(f"no space left on device while writing {root / 'step_000000020'} (")
     assert "MB free on its filesystem): free space there" in message and "`streamback checkpoints --prune`" in message
     assert ckpt.list_checkpoints(root) == [] and leftovers(disk) == []
+
+
+def test_a_full_disk_while_a_model_is_written_is_named_and_leaves_nothing(full_disk):
+    disk, fill = full_disk
+    args, state = tiny()
+    path = disk / "results" / "runs" / "tiny-baseline" / "model.pt"
+    path.parent.mkdir(parents=True)
+    fill()
+    with pytest.raises(DiskFull, match=rf"^no space left on device while writing {path} \(.* MB free on its filesystem\): "
+                                       r"free space there, then write it again with `snakemake --cores 1 --forcerun"):
+        save_model(path, args, state)
+    assert not path.exists() and leftovers(disk) == []
 
 
 def test_a_full_disk_while_a_table_is_written_is_one_line_of_the_command(full_disk, monkeypatch, capsys):

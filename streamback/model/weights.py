@@ -9,6 +9,10 @@ A `torch.save`d dict, written atomically:
 - `compute_dtype`: the compute dtype it was trained in (`bfloat16`);
 - `data` (written by the trainer): the corpus it was trained on, `{"fingerprint", "tokenizer_sha256"}`
   of the data manifest, so an evaluation can refuse a tokenizer of another corpus.
+- `sha256`: the sha256 of everything else in the file (`content_sha256`), checked by `read_model`,
+  so a file changed after it was written is refused, naming it and how to rebuild it. Hashing
+  runs at the speed of hashlib's sha256: `python benchmarks/bench_model_hash.py` prints the rate
+  and what it costs a 1B model. A file written before models were hashed is read with a warning.
 
 `load_model` gives a ready `Transformer` in evaluation mode: by default as trained, or in
 another compute dtype (e.g. fp32 for a reference) and with another stream format (a StreamBack
@@ -19,12 +23,16 @@ same weights is one `stream` argument away).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from streamback import layout
 from streamback.errors import StreambackError
 from streamback.io import atomic_path
 from streamback.model.model import ModelArgs, Transformer, model_args_from_dict
@@ -53,8 +61,34 @@ def save_model(path: str | os.PathLike, args: ModelArgs, state: dict[str, torch.
     record = {"model_args": dataclasses.asdict(args), "model": state, "stream": args.stream_format(compute_dtype).label, "compute_dtype": name}
     if data is not None:
         record["data"] = data
-    with atomic_path(path) as tmp:
-        torch.save(record, tmp)
+    record[HASH] = content_sha256(record)
+    with atomic_path(path, hint=f"free space there, then write it again with {rebuild(path)}") as tmp, open(tmp, "wb") as f:
+        torch.save(record, f)  # through a Python file, so a full disk is an OSError (torch's own writer says "unexpected pos")
+
+
+HASH = "sha256"  # the record's key for content_sha256
+_UNHASHED_WARNED: set[str] = set()
+
+
+def content_sha256(record: dict) -> str:
+    """sha256 of a model file's record: its other fields as canonical JSON, then each tensor of
+    `model` by name (name, dtype, shape, then its bytes as stored)."""
+    digest = hashlib.sha256(json.dumps({k: v for k, v in record.items() if k not in ("model", HASH)}, sort_keys=True).encode())
+    for key in sorted(record["model"]):
+        tensor = record["model"][key].detach().cpu().contiguous()
+        digest.update(f"\n{key} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def rebuild(path: str | os.PathLike) -> str:
+    """What writes the model file at `path` again: a run's (results/runs/<run>/model.pt) its rule,
+    any other the command that made it."""
+    path = Path(path)
+    if path.name == layout.MODEL_FILE and path.parent.parent.name == layout.run_dir("run").parent.name:
+        return (f"`snakemake --cores 1 --forcerun {path}` (rule train: the run resumes from its last checkpoint and writes "
+                "the same weights)")
+    return "the command that made it (`streamback import-hf` for a converted model)"
 
 
 def read_model(path: str | os.PathLike) -> TrainedModel:
@@ -68,6 +102,7 @@ def read_model(path: str | os.PathLike) -> TrainedModel:
         raise StreambackError(f"model file {path} cannot be read by torch.load: {err}") from None
     if not isinstance(record, dict) or not {"model_args", "model"} <= set(record):
         raise StreambackError(f"model file {path} must be a dict with keys 'model_args' and 'model'")
+    _check_hash(path, record)
     try:
         args = model_args_from_dict(record["model_args"])
     except (StreambackError, TypeError) as err:
@@ -86,6 +121,23 @@ def read_model(path: str | os.PathLike) -> TrainedModel:
             raise StreambackError(f"model file {path}: {key} has shape {tuple(state[key].shape)}, model_args give {tuple(shape)}")
     stream = record.get("stream") or args.stream_format(DTYPES[compute]).label
     return TrainedModel(args, state, stream, DTYPES[compute], record.get("data"))
+
+
+def _check_hash(path: Path, record: dict) -> None:
+    """The file's contents against the sha256 it records; a file without one gets a warning (once per process)."""
+    if HASH not in record:
+        if str(path) not in _UNHASHED_WARNED:
+            _UNHASHED_WARNED.add(str(path))
+            print(f"warning: model file {path} records no sha256 (written by an older streamback): read without verification; "
+                  f"rebuild it with {rebuild(path)} to add one", file=sys.stderr, flush=True)
+        return
+    try:
+        actual = content_sha256(record)
+    except (AttributeError, TypeError, RuntimeError, ValueError):  # a field that is no longer a tensor or JSON
+        actual = "not computable (a field is damaged)"
+    if actual != record[HASH]:
+        raise StreambackError(f"model file {path}: the sha256 of its contents is {actual[:16]}..., the file records "
+                              f"{str(record[HASH])[:16]}...: it changed after it was written (disk, copy or edit): rebuild it with {rebuild(path)}")
 
 
 def load_model(path: str | os.PathLike | TrainedModel, compute_dtype: torch.dtype | None = None, stream: str | None = None,
@@ -116,8 +168,6 @@ def check_corpus(trained: TrainedModel, model_file: str | os.PathLike, tokens_di
     model was trained on: the tokenizer file is the one the manifest names (sha256), its vocabulary
     fits the embedding, and the corpus fingerprint and tokenizer are those the model file records
     (a file without that record is checked by its vocabulary only). StreambackError names what differs."""
-    import hashlib
-
     from streamback.data.shards import read_manifest
 
     model_file, tokens_dir = Path(model_file), Path(tokens_dir)
