@@ -97,6 +97,77 @@ def test_a_model_file_written_before_models_were_hashed_is_read_with_one_warning
     assert err.count("\n") == 1 and err.startswith(f"warning: model file {tmp_path / 'old.pt'} records no sha256")
 
 
+# ---- a model and tokens that do not belong together ---------------------------------------------
+
+
+@pytest.fixture
+def analysis_dir(tmp_path, tokens, monkeypatch):
+    """A one-shape matrix (baseline, streamback) trained on `tokens` as far as its files say, and its config."""
+    import yaml
+
+    from streamback.config import validate_config
+
+    monkeypatch.chdir(tmp_path)
+    config = validate_config({
+        "data": {"dir": str(tokens)},
+        "model": {"shapes": {"t": {"n_layers": 1, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}},
+        "train": {"runs": {"shapes": ["t"], "streams": []}, "seq_len": 16, "tokens": 160, "batch_size": 1, "micro_batch_size": 1,
+                  "schedule": {"warmup_steps": 1, "decay_steps": 1}, "log": {"val_sequences": 4}},
+        "analysis": {"batch_size": 2, "variants": ["bf16"], "loss_windows": 4},
+    })
+    manifest = read_manifest(tokens)
+    corpus = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
+    for seed, (run, spec) in enumerate(run_matrix(config["train"]).items()):
+        args = ModelArgs.from_config(config["model"], spec.shape, manifest["vocab_size"], spec.block, spec.stream)
+        model = Transformer(args)
+        model.init_weights(seed)
+        save_model(layout.model_file(run), args, model.state_dict(), data=corpus)
+        layout.metrics_file(run).write_text("".join(json.dumps({"step": s, "tokens": 16 * s, "loss": 5.0 - s / 10}) + "\n" for s in (1, 2)))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path / "config.yaml", corpus
+
+
+def analyze(config, *args):
+    return main(["analyze", *map(str, args), "--config", str(config), "--device", "cpu", "--threads", "1"])
+
+
+def test_the_analyses_refuse_a_model_of_another_corpus_before_writing_anything(analysis_dir, capsys):
+    config, corpus = analysis_dir
+    assert analyze(config, "layer-error") == 0  # the pair belongs together: analysed
+    capsys.readouterr()
+    trained = read_model(layout.model_file("t-baseline"))
+    save_model(layout.model_file("t-baseline"), trained.args, trained.state, data={**corpus, "fingerprint": "f" * 64})
+    os.remove(layout.table("layer_error"))
+    for kind in ("layer-error", "loss-difference"):  # the per-model read and the loss windows' own read
+        assert analyze(config, kind) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert f"run t-baseline ({layout.model_file('t-baseline')}) was trained on another corpus than" in err and "its fingerprint is ffff" in err
+        assert not any(layout.table(name).exists() for name in layout.ANALYSIS_TABLES[kind])
+
+
+def test_an_imported_model_records_its_tokenizer_and_the_analyses_check_it(analysis_dir, tmp_path, capsys):
+    """import-hf records the tokenizer of the directory it reads; the analyses then refuse the tokens of another."""
+    from streamback.data.tokenizer import train_bpe
+    from streamback.model.export_hf import export
+
+    import yaml
+
+    config, corpus = analysis_dir
+    tokens = yaml.safe_load(config.read_text())["data"]["dir"]
+    export(layout.model_file("t-baseline"), tmp_path / "hf", tokens)
+    assert main(["import-hf", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "same.pt")]) == 0
+    assert read_model(tmp_path / "same.pt").data == {"tokenizer_sha256": corpus["tokenizer_sha256"]}  # the round trip keeps the tokenizer
+    other = train_bpe(["a quite different corpus, with other words in it"] * 20, 280)
+    (tmp_path / "hf" / "tokenizer.json").write_text(other.to_str())
+    assert main(["import-hf", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "other.pt")]) == 0
+    capsys.readouterr()
+    assert analyze(config, "swallowed", "--runs", "t-baseline", "--model", f"same={tmp_path / 'same.pt'}") == 0
+    capsys.readouterr()
+    assert analyze(config, "swallowed", "--runs", "t-baseline", "--model", f"other={tmp_path / 'other.pt'}") == 2
+    assert "was trained on another corpus than" in capsys.readouterr().err
+
+
 # ---- a full disk, at every kind of write --------------------------------------------------------
 
 

@@ -7,8 +7,9 @@ A `torch.save`d dict, written atomically:
 - `stream`: the label of the stream the model was trained with (`bf16` for the baseline at bf16
   compute, `fp32` for StreamBack, `mxfp8`, `nvfp4_sr`, ...);
 - `compute_dtype`: the compute dtype it was trained in (`bfloat16`);
-- `data` (written by the trainer): the corpus it was trained on, `{"fingerprint", "tokenizer_sha256"}`
-  of the data manifest, so an evaluation can refuse a tokenizer of another corpus.
+- `data`: the corpus it was trained on, `{"fingerprint", "tokenizer_sha256"}` of the data manifest
+  (written by the trainer; `import-hf` records the tokenizer alone), so a reader can refuse the
+  tokens of another corpus (`check_corpus`, the one check every reader of a model and tokens makes);
 - `sha256`: the sha256 of everything else in the file (`content_sha256`), checked by `read_model`,
   so a file changed after it was written is refused, naming it and how to rebuild it. Hashing
   runs at the speed of hashlib's sha256: `python benchmarks/bench_model_hash.py` prints the rate
@@ -164,10 +165,11 @@ def load_model(path: str | os.PathLike | TrainedModel, compute_dtype: torch.dtyp
 
 
 def check_corpus(trained: TrainedModel, model_file: str | os.PathLike, tokens_dir: str | os.PathLike) -> tuple[dict, Path]:
-    """(manifest, tokenizer file) of the tokenized corpus in `tokens_dir`, checked to be the one the
-    model was trained on: the tokenizer file is the one the manifest names (sha256), its vocabulary
-    fits the embedding, and the corpus fingerprint and tokenizer are those the model file records
-    (a file without that record is checked by its vocabulary only). StreambackError names what differs."""
+    """(manifest, tokenizer file) of the tokenized corpus in `tokens_dir`, checked to be one the
+    model can read: the tokenizer file is the one the manifest names (sha256), its vocabulary fits
+    the embedding, and the corpus fingerprint and tokenizer the model file records (all, some or
+    none of them) are the manifest's. The one check of every command that reads a model and
+    tokens together (evaluate, export-hf, the analyses); StreambackError names what differs."""
     from streamback.data.shards import read_manifest
 
     model_file, tokens_dir = Path(model_file), Path(tokens_dir)
@@ -181,11 +183,12 @@ def check_corpus(trained: TrainedModel, model_file: str | os.PathLike, tokens_di
         raise StreambackError(f"tokenizer {tokenizer_file} is not the one {tokens_dir / 'manifest.json'} was made with (sha256 differs)")
     if manifest["vocab_size"] > trained.args.vocab_size:
         raise StreambackError(f"tokenizer {tokenizer_file} has {manifest['vocab_size']} tokens, but the embedding of {model_file} has "
-                              f"{trained.args.vocab_size} rows: not the tokenizer the run was trained with")
+                              f"{trained.args.vocab_size} rows: not the tokenizer the model was trained with; give the token "
+                              "directory of its own tokenizer")
     corpus = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
     for key, value in corpus.items():
-        if trained.data is not None and trained.data.get(key) != value:
+        if trained.data is not None and key in trained.data and trained.data[key] != value:
             raise StreambackError(f"run {model_file.parent.name} ({model_file}) was trained on another corpus than {tokens_dir}: its "
-                                  f"{key} is {trained.data.get(key)}, {tokens_dir / 'manifest.json'} has {value}; "
+                                  f"{key} is {trained.data[key]}, {tokens_dir / 'manifest.json'} has {value}; "
                                   "give the token directory it was trained on")
     return manifest, tokenizer_file
