@@ -392,3 +392,37 @@ def test_a_checkpoint_someone_else_could_have_written_is_refused_naming_it(saved
     assert torch.equal(fresh.model.weight, before) and ckpt.list_checkpoints(root) == [(5, path)]
 
 
+# ---- a manifest that disagrees with its shards, or lacks a key --------------------------------------
+
+
+def test_a_manifest_that_disagrees_with_a_shard_names_both_and_which_is_newer(tokens, tmp_path):
+    data = shutil.copytree(tokens, tmp_path / "tokens")
+    manifest = json.loads((data / "manifest.json").read_text())
+    recorded = manifest["splits"]["train"]["shards"][0]["sha256"]
+    manifest["splits"]["train"]["shards"][0]["sha256"] = "0" * 64
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    os.utime(data / "train-00000.bin", (1e9, 1e9))
+    with pytest.raises(StreambackError) as edited:
+        TokenDataset(data, "train")
+    assert str(edited.value) == (
+        f"shard {data / 'train-00000.bin'} and {data / 'manifest.json'} disagree on its sha256: the shard's header records "
+        f"{recorded[:16]}..., the manifest {'0' * 16}...; manifest.json was written after train-00000.bin (so manifest.json is the one "
+        "that changed, or the other is a copy from another tokenize): rerun tokenize (`snakemake --forcerun tokenize`) to write both again")
+    os.utime(data / "manifest.json", (1e9, 1e9))
+    os.utime(data / "train-00000.bin", None)
+    with pytest.raises(StreambackError, match=r"train-00000\.bin was written after manifest\.json"):
+        TokenDataset(data, "train")
+
+
+@pytest.mark.parametrize("drop, named", [
+    (lambda m: m.pop("vocab_size"), " lacks 'vocab_size'"),
+    (lambda m: m["tokenizer"].pop("sha256"), "'s tokenizer lacks 'sha256'"),
+    (lambda m: m["splits"].pop("val"), "'s splits lacks 'val'"),
+])
+def test_a_manifest_without_a_key_it_needs_is_named(tokens, tmp_path, drop, named):
+    data = shutil.copytree(tokens, tmp_path / "tokens")
+    manifest = json.loads((data / "manifest.json").read_text())
+    drop(manifest)
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StreambackError, match=rf"^{data / 'manifest.json'}{named} \(edited, or not written by tokenize\): rerun tokenize"):
+        TokenDataset(data, "train")
