@@ -59,6 +59,28 @@ def tokenize_execution(config: dict) -> dict:
     return {"data": _pick(config["data"], ("batch_documents",))}
 
 
+def tokenized_train_split(config: dict) -> tuple[int, str] | None:
+    """(train tokens, where) of the data stage's output in the config's token directory when it is
+    current: its manifest.json was made with the settings rule tokenize is given now, from the
+    input files the config names, none of them newer than it (so Snakemake will not tokenize
+    again); None before the data is tokenized, or when it will be again."""
+    import json
+
+    from streamback import layout
+
+    data = config["data"]
+    path = layout.tokens_dir(data) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+        made_with, read = tokenize({"data": manifest["config"]}), [f["path"] for f in manifest["source"].get("files", [])]
+        tokens, written = int(manifest["splits"]["train"]["tokens"]), path.stat().st_mtime
+        inputs = layout.input_files(data)
+        current = made_with == tokenize(config) and read == [str(f) for f in inputs] and all(f.stat().st_mtime <= written for f in inputs)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (tokens, f"the train split of {path.parent}") if current else None
+
+
 def _one_run_matrix(spec) -> dict:
     """A train.runs matrix whose only run is `spec`."""
     stream_run = spec.name != f"{spec.shape}-{spec.block}"

@@ -201,3 +201,26 @@ def test_a_delete_never_leaves_the_directory_it_belongs_to(tmp_path, monkeypatch
     assert layout.recipe_dirs(checkpoints) == [checkpoints / "recipe-aaaaaaaaaaaaaaaa"]
 
 
+# ---- what Snakemake checks before any job --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_token_budget_larger_than_the_tokenized_data_stops_the_dry_run(hostile, run_snakemake):
+    """README: such a run stops before any job starts. The dry run reads the data's manifest when
+    it is current (made with these settings, from these files); when tokenize will run again, it
+    cannot know the count, and the train job refuses it before its first step."""
+    root, data = hostile
+    tokens = json.loads((root / HOSTILE_DIR / "manifest.json").read_text())["splits"]["train"]["tokens"]
+    big = {"train": {"tokens": 100_000_000}}
+    for name, override in [("big", big), ("repeat", {"train": {**big["train"], "repeat_data": True}}),
+                           ("retokenized", {**big, "data": {**data, "val_fraction": 0.2}})]:
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(override))
+        result = run_snakemake("-n", "--directory", root, "--configfile", root / HOSTILE_CONFIG, root / f"{name}.yaml")
+        out = result.stdout + result.stderr
+        if name == "big":
+            assert result.returncode != 0 and "Traceback" not in out
+            assert (f"train.tokens (100,000,000) takes 48,828 steps x 16 windows of 129 tokens = 781,248 windows, but the train split "
+                    f"of {HOSTILE_DIR} holds {tokens:,} tokens") in out
+        else:
+            assert result.returncode == 0, out[-2000:]
+
