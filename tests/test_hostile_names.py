@@ -224,3 +224,12 @@ def test_a_token_budget_larger_than_the_tokenized_data_stops_the_dry_run(hostile
         else:
             assert result.returncode == 0, out[-2000:]
 
+
+def test_a_missing_configfile_is_what_the_readme_says_snakemake_prints(run_snakemake, tmp_path):
+    """Snakemake reads --configfile before the Snakefile runs, so the Snakefile cannot name it: the
+    README's Troubleshooting says what Snakemake prints, and this keeps it true."""
+    result = run_snakemake("-n", "--directory", tmp_path, "--configfile", "missing.yaml")
+    assert result.returncode != 0
+    printed = "FileNotFoundError: [Errno 2] No such file or directory: 'missing.yaml'"
+    assert printed in result.stdout + result.stderr
+    assert f"`{printed}`" in (ROOT / "README.md").read_text()
