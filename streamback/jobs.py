@@ -18,12 +18,11 @@ Standard library only: the rule files import it.
 
 from __future__ import annotations
 
+from streamback.data.settings import shard_settings
 from streamback.runs import is_reversible, run_matrix, run_setting
 
 # how a run executes, resolved per run (train.per_run may override them)
 RUN_EXECUTION = ("micro_batch_size", "activation_checkpointing", "compile")
-# the data section's keys that change no shard: where the shards go, processes, reading batch, resources
-DATA_NOT_SETTINGS = ("corpus", "dir", "processes", "batch_documents", "mem_mb", "runtime")
 # the keys each analysis reads from the analysis section
 ANALYSIS_SETTINGS = {
     "layer-error": ("batch_size", "reference", "variants", "seed"),
@@ -47,38 +46,11 @@ def corpus(config: dict) -> dict:
 def tokenize(config: dict) -> dict:
     """Rule tokenize: every data key that decides the shards; the file list is the rule's input,
     the other sources' settings are left out."""
-    data = {k: v for k, v in config["data"].items() if k not in DATA_NOT_SETTINGS}
-    data["local"] = {k: v for k, v in data["local"].items() if k != "files"}  # files sources read text_unit too
-    for source in ("hub", "synthetic"):
-        if data["source"] != source:
-            del data[source]
-    return {"data": data}
+    return {"data": shard_settings(config["data"])}
 
 
 def tokenize_execution(config: dict) -> dict:
     return {"data": _pick(config["data"], ("batch_documents",))}
-
-
-def tokenized_train_split(config: dict) -> tuple[int, str] | None:
-    """(train tokens, where) of the data stage's output in the config's token directory when it is
-    current: its manifest.json was made with the settings rule tokenize is given now, from the
-    input files the config names, none of them newer than it (so Snakemake will not tokenize
-    again); None before the data is tokenized, or when it will be again."""
-    import json
-
-    from streamback import layout
-
-    data = config["data"]
-    path = layout.tokens_dir(data) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-        made_with, read = tokenize({"data": manifest["config"]}), [f["path"] for f in manifest["source"].get("files", [])]
-        tokens, written = int(manifest["splits"]["train"]["tokens"]), path.stat().st_mtime
-        inputs = layout.input_files(data)
-        current = made_with == tokenize(config) and read == [str(f) for f in inputs] and all(f.stat().st_mtime <= written for f in inputs)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return (tokens, f"the train split of {path.parent}") if current else None
 
 
 def _one_run_matrix(spec) -> dict:

@@ -138,7 +138,7 @@ def check_runs(train_cfg: dict, model_cfg: dict, data_cfg: dict | None = None, p
     of training processes (default: each run's from train.resources); `data_cfg` adds the static
     data checks (token budgets given in it; the trainer checks the tokenized counts itself), and
     `tokenized`, the (train tokens, where) of data already tokenized with these settings
-    (`jobs.tokenized_train_split`), the token budget against that count."""
+    (`data.settings.tokenized_train_split`), the token budget against that count."""
     problems = []
     try:
         runs = run_matrix(train_cfg)
