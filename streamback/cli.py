@@ -24,7 +24,7 @@ COMMANDS = {
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
     "train": "streamback.train.trainer",
-    "checkpoints": "streamback.train.checkpoint",
+    "checkpoints": "streamback.train.recipes",
     "training-curves": "streamback.train.curves",
     "study-report": "streamback.report.stage",
     "export-hf": "streamback.model.export_hf",

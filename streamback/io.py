@@ -100,6 +100,11 @@ def disk_full(err: BaseException, path: str | os.PathLike) -> bool:
     return free is not None and free < LOW_SPACE
 
 
+def tree_bytes(directory: str | os.PathLike) -> int:
+    """The bytes of the files under `directory`."""
+    return sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file())
+
+
 def remove(path: str | os.PathLike, owner: str | os.PathLike) -> None:
     """Delete the file or directory `path` (a symlink itself, never what it points to), which must
     lie inside the directory `owner` once both are resolved: StreambackError, deleting nothing, if

@@ -3,8 +3,9 @@
 A run keeps one directory per recipe, `<run's checkpoint directory>/recipe-<fingerprint>/`
 (`recipe_fingerprint` of the run's identity: model arguments, seed, token budget, batch,
 optimizer, schedule, data), so a changed recipe never resumes from, or prunes, another's
-checkpoints; `streamback checkpoints` lists each run's recipes, how they differ, and `--prune`
-removes those no longer in use. A checkpoint of step s is the directory `<root>/step_<s, 9 digits>/`
+checkpoints; `streamback checkpoints` (`streamback.train.recipes`) lists each run's recipes, how
+they differ, and `--prune` removes those no longer in use. A checkpoint of step s is the directory
+`<root>/step_<s, 9 digits>/`
 of its recipe's directory `<root>`: DCP's shards and
 `.metadata` (model parameters and AdamW state, fp32, sharded as FSDP2 holds them, so each rank
 writes its own part and a resume may use another number of ranks) plus `meta.json` (the step,
@@ -36,7 +37,6 @@ trainer on the same run is refused with the PID and host of the one that holds i
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import fcntl
@@ -49,7 +49,6 @@ import stat
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
@@ -61,9 +60,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 from streamback import layout
 from streamback.data.shards import file_sha256
 from streamback.errors import DiskFull, StreambackError
-from streamback.io import disk_full, free_bytes, remove
+from streamback.io import disk_full, free_bytes, remove, tree_bytes
 
-_NAME = re.compile(r"^step_(\d{9})$")
+STEP_NAME = re.compile(r"^step_(\d{9})$")  # a checkpoint directory of a recipe
 _RANK_FILE = re.compile(r"^__(\d+)_")  # DCP's FileSystemWriter names rank r's files __<r>_<k>.distcp
 META, SEAL, CORRUPT_PREFIX = "meta.json", "meta_sha256", "corrupt-"
 _HASH_THREADS = 4
@@ -105,7 +104,7 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_NAME.match(p.name)) and p.is_dir()]
     return sorted(found)
 
 
@@ -214,7 +213,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta:
             remove(tmp, root)
         if full:
             previous = list_checkpoints(root)
-            size = f"; the previous checkpoint takes {_bytes(previous[-1][1]) / 1e6:,.1f} MB" if previous else ""
+            size = f"; the previous checkpoint takes {tree_bytes(previous[-1][1]) / 1e6:,.1f} MB" if previous else ""
             raise DiskFull(final, free, f"free space there{size} (`streamback checkpoints --prune` deletes the checkpoints of "
                                         "recipes no longer in use; corrupt-step_* directories can go; train.checkpoint.keep "
                                         "says how many are kept), then rerun: the run resumes from its last checkpoint") from None
@@ -237,10 +236,6 @@ def _write(tmp: Path, state: TrainState) -> dict[str, dict]:
     for part in _gather(_hash_files(tmp, mine)):
         files.update(part)
     return files
-
-
-def _bytes(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
 def _owner(name: str, world: int) -> int:
@@ -408,123 +403,3 @@ def lock_run(root: str | os.PathLike, say=print):
     handle.write(f"PID {os.getpid()} on host {socket.gethostname()} (since {time.strftime('%Y-%m-%d %H:%M:%S %Z')})\n")
     handle.flush()
     return handle
-
-
-# ---- `streamback checkpoints` -----------------------------------------------------------------
-
-HELP = "list each run's checkpoints by recipe and how the recipes differ; --prune removes those no longer in use"
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """One recipe directory of a run: its newest readable identity, its checkpoints' steps, bytes, last write."""
-
-    path: Path
-    identity: dict | None
-    steps: list[int]
-    bytes: int
-    written: float
-
-    def describe(self) -> str:
-        total = self.identity["tokens"] // (self.identity["batch_size"] * self.identity["seq_len"]) if self.identity else None
-        steps = f"step {self.steps[-1]}" + (f" of {total}" if total else "") if self.steps else "no checkpoint"
-        return f"{self.path.name}  {steps}, {self.bytes / 1e6:,.1f} MB, written {time.strftime('%Y-%m-%d %H:%M', time.localtime(self.written))}"
-
-
-def run_recipes(checkpoints: str | os.PathLike) -> list[Recipe]:
-    """The recipes in a run's checkpoint directory, oldest write first."""
-    found = []
-    for path in layout.recipe_dirs(checkpoints):
-        steps = list_checkpoints(path)
-        identity = None
-        for _, step_dir in reversed(steps):
-            with contextlib.suppress(CorruptCheckpoint):
-                identity = read_meta(step_dir).get("identity")
-                break
-        size = _bytes(path)
-        written = max([p.stat().st_mtime for _, p in steps] or [path.stat().st_mtime])
-        found.append(Recipe(path, identity, [s for s, _ in steps], size, written))
-    return sorted(found, key=lambda r: r.written)
-
-
-def model_recipe(summary: Path) -> str | None:
-    """The name of the recipe directory the run's model came from (its summary.json names the checkpoint), or None."""
-    if not summary.is_file():
-        return None
-    return Path(json.loads(summary.read_text()).get("checkpoint", "")).parent.name or None
-
-
-def recipe_in_use(recipes: list[Recipe], summary: Path) -> Path | None:
-    """The recipe to keep: the one the run's model came from (its summary.json names the
-    checkpoint), or, with no model (a run stopped midway), the one written last."""
-    model = model_recipe(summary)
-    named = [r.path for r in recipes if r.path.name == model]
-    return named[0] if named else (recipes[-1].path if recipes else None)
-
-
-def differences(identity: dict | None, reference: dict | None) -> str:
-    """How `identity` differs from `reference`, key by key (dotted), e.g. "optimizer.lr 0.002 (in use: 0.003)"."""
-    if identity is None or reference is None:
-        return "its identity cannot be read"
-
-    def flat(d, prefix=""):
-        for key, value in d.items():
-            yield from flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
-
-    mine, theirs = dict(flat(identity)), dict(flat(reference))
-    changed = [f"{k} {mine.get(k)!r} (in use: {theirs.get(k)!r})" for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k)]
-    return "; ".join(changed) or "the same recipe"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="*", metavar="RUN", help=f"runs to look at (default: every run in {layout.CHECKPOINTS_DIR})")
-    parser.add_argument("--prune", action="store_true",
-                        help="delete the checkpoints of every recipe but the one the run's model came from (with no model: the one "
-                             "written last), and those written before recipes had directories; a run being trained is skipped")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.runs:
-        names = args.runs
-    else:
-        names = sorted(p.name for p in layout.CHECKPOINTS_DIR.iterdir() if p.is_dir()) if layout.CHECKPOINTS_DIR.is_dir() else []
-        if not names:
-            print(f"no run has checkpoints in {layout.CHECKPOINTS_DIR}")
-    freed = 0
-    for name in names:
-        checkpoints, summary = layout.checkpoint_dir(name), layout.summary_file(name)
-        if not checkpoints.is_dir():
-            raise StreambackError(f"run {name} has no checkpoint directory {checkpoints}")
-        recipes = run_recipes(checkpoints)
-        keep = recipe_in_use(recipes, summary)
-        reference = next((r.identity for r in recipes if r.path == keep), None)
-        outside = sorted(p for p in checkpoints.iterdir() if _NAME.match(p.name.removeprefix(CORRUPT_PREFIX)))
-        print(f"{name}: {len(recipes)} recipe(s) in {checkpoints}")
-        for recipe in recipes:
-            if recipe.path == keep:
-                state = f"in use: the model of {summary}" if recipe.path.name == model_recipe(summary) else "in use: written last"
-            else:
-                state = f"differs in {differences(recipe.identity, reference)}"
-            print(f"  {recipe.describe()}; {state}")
-        if outside:
-            print(f"  {len(outside)} checkpoint(s) outside any recipe directory (written before checkpoints were kept per recipe; "
-                  f"never resumed from): {', '.join(p.name for p in outside)}")
-        if not args.prune:
-            continue
-        try:
-            lock = lock_run(checkpoints)
-        except StreambackError as err:
-            print(f"  not pruned: {err}")
-            continue
-        try:
-            for path in [r.path for r in recipes if r.path != keep] + outside:
-                size = _bytes(path)
-                remove(path, checkpoints)
-                freed += size
-                print(f"  removed {path} ({size / 1e6:,.1f} MB)")
-        finally:
-            if lock is not None:
-                lock.close()
-    if args.prune:
-        print(f"freed {freed / 1e6:,.1f} MB")
-    return 0
