@@ -8,6 +8,7 @@ from pathlib import Path
 from snakemake.utils import min_version
 
 from streamback.config import read_config_file, validate_config
+from streamback.data.settings import tokenized_train_split
 from streamback.errors import StreambackError
 from streamback.runs import check_runs
 
@@ -29,7 +30,7 @@ report: "workflow/report/workflow.rst"
 # defaults filled in) and the cross-key check of every run; the message alone, no traceback.
 try:
     config.update(validate_config(config))
-    check_runs(config["train"], config["model"], config["data"])
+    check_runs(config["train"], config["model"], config["data"], tokenized=tokenized_train_split(config["data"]))
 except StreambackError as err:
     merged = " merged with ".join(str(f) for f in [DEFAULT_CONFIG.relative_to(workflow.basedir), *workflow.overwrite_configfiles])
     sys.exit(f"Error in the config ({merged}): {err}")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import errno
 import importlib
 import importlib.util
 import sys
 import textwrap
 from pathlib import Path
 
-from streamback.errors import StreambackError
+from streamback.errors import DiskFull, StreambackError
 
 COMMANDS = {
     "check": "streamback.config",
@@ -23,7 +24,7 @@ COMMANDS = {
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
     "train": "streamback.train.trainer",
-    "checkpoints": "streamback.train.checkpoint",
+    "checkpoints": "streamback.train.recipes",
     "training-curves": "streamback.train.curves",
     "study-report": "streamback.report.stage",
     "export-hf": "streamback.model.export_hf",
@@ -80,9 +81,31 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command])
     try:
         return int(module.run(args) or 0)
-    except StreambackError as err:
-        print(f"streamback {args.command}: error: {err}", file=sys.stderr)
+    except (StreambackError, OSError) as err:  # the expected faults, one line each; any other is a bug: its traceback
+        message = expected_fault(err)
+        if message is None:
+            raise
+        print(f"streamback {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"streamback {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+# OS errors a user meets and fixes (a full disk or quota, permissions, a read-only filesystem): a line, not a traceback
+EXPECTED_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def expected_fault(err: BaseException) -> str | None:
+    """The one line the CLI prints for an expected fault, or None for a bug."""
+    if isinstance(err, StreambackError):
+        return str(err)
+    if not isinstance(err, OSError) or err.errno not in EXPECTED_ERRNOS:
+        return None
+    where = err.filename or "a file the system does not name"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return str(DiskFull(where))
+    return f"{err.strerror}: {where}"
 
 
 if __name__ == "__main__":

@@ -165,13 +165,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamback.data.settings import tokenized_train_split
     from streamback.runs import check_runs, run_matrix
 
     config = read_config_file(DEFAULT_CONFIG)
     for path in args.configfiles:
         config = merge_config(config, read_config_file(path))
     config = validate_config(config)
-    check_runs(config["train"], config["model"], config["data"])
+    check_runs(config["train"], config["model"], config["data"], tokenized=tokenized_train_split(config["data"]))
     runs = run_matrix(config["train"])
     print(f"config OK ({' + '.join(map(str, [DEFAULT_CONFIG.relative_to(ROOT), *args.configfiles]))}): {len(runs)} runs: {', '.join(runs)}")
     return 0

@@ -1,29 +1,123 @@
-"""File output that never leaves a half-written result (write to a temporary name, then rename),
+"""File output that never leaves a half-written result (write to a temporary name, then rename;
+a full disk is a DiskFull naming the file), deletes that never leave the directory they belong to,
 output directories checked for writing before work starts, and the Markdown tables the reports print."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import json
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
-from streamback.errors import StreambackError
+from streamback.errors import DiskFull, StreambackError
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+LOW_SPACE = 16 << 20  # bytes: a write that failed with less than this free on its filesystem ran out of space
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+def atomic_path(path: str | os.PathLike, hint: str | None = None):
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds. The
+    temporary file is removed however the block ends; one that a killed write left behind (its
+    process is gone) is removed, and named, before this one starts. A full disk raises DiskFull
+    naming `path`, with `hint` saying what to free."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    remove_stale_temporaries(path)
+    tmp = _temporary(path, os.getpid())
     try:
         yield tmp
         os.replace(tmp, path)
+    except BaseException as err:
+        if not isinstance(err, StreambackError) and disk_full(err, path.parent):
+            raise DiskFull(path, free_bytes(path.parent), *([hint] if hint else [])) from err
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _temporary(path: Path, pid: int | str) -> Path:
+    return path.with_name(f".{path.name}.{pid}.tmp")
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary files of `path` (`atomic_path`'s) whose writing process no longer runs
+    on this host, saying so on stderr; returns them."""
+    removed = []
+    for tmp in sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp")):
+        pid = tmp.name[len(path.name) + 2:-len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+            print(f"removed {tmp}, left behind by a write of {path} that was killed", file=sys.stderr, flush=True)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        pass
+    return True
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """The bytes an unprivileged process may still write on the filesystem holding `path`."""
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(candidate).free
+    return None
+
+
+def disk_full(err: BaseException, path: str | os.PathLike) -> bool:
+    """Did `err`, raised while writing under `path`, come from a full disk or quota: an OSError
+    ENOSPC or EDQUOT anywhere in its chain (DCP's CheckpointException holds each rank's error);
+    else, for the writers' own errors (torch's C++ writer says only "unexpected pos"), less than
+    LOW_SPACE left on the filesystem."""
+    seen, stack, writer_error = set(), [err], False
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            return True
+        writer_error |= isinstance(e, (OSError, RuntimeError))
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            stack += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        stack += [e.__cause__, e.__context__]
+    free = free_bytes(path) if writer_error else None
+    return free is not None and free < LOW_SPACE
+
+
+def tree_bytes(directory: str | os.PathLike) -> int:
+    """The bytes of the files under `directory`."""
+    return sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file())
+
+
+def remove(path: str | os.PathLike, owner: str | os.PathLike) -> None:
+    """Delete the file or directory `path` (a symlink itself, never what it points to), which must
+    lie inside the directory `owner` once both are resolved: StreambackError, deleting nothing, if
+    it does not. Every delete of the package goes through here."""
+    path, owner = Path(path), Path(owner)
+    target, root = path.parent.resolve() / path.name, owner.resolve()
+    if root not in target.parents:
+        raise StreambackError(f"refusing to delete {path}: it is not inside {owner} ({root}), the only directory this "
+                              "command deletes in")
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    else:
+        target.unlink(missing_ok=True)
 
 
 def writable_dir(path: str | os.PathLike, what: str, keep: bool = True) -> Path:

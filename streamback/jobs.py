@@ -18,12 +18,11 @@ Standard library only: the rule files import it.
 
 from __future__ import annotations
 
+from streamback.data.settings import shard_settings
 from streamback.runs import is_reversible, run_matrix, run_setting
 
 # how a run executes, resolved per run (train.per_run may override them)
 RUN_EXECUTION = ("micro_batch_size", "activation_checkpointing", "compile")
-# the data section's keys that change no shard: where the shards go, processes, reading batch, resources
-DATA_NOT_SETTINGS = ("corpus", "dir", "processes", "batch_documents", "mem_mb", "runtime")
 # the keys each analysis reads from the analysis section
 ANALYSIS_SETTINGS = {
     "layer-error": ("batch_size", "reference", "variants", "seed"),
@@ -47,12 +46,7 @@ def corpus(config: dict) -> dict:
 def tokenize(config: dict) -> dict:
     """Rule tokenize: every data key that decides the shards; the file list is the rule's input,
     the other sources' settings are left out."""
-    data = {k: v for k, v in config["data"].items() if k not in DATA_NOT_SETTINGS}
-    data["local"] = {k: v for k, v in data["local"].items() if k != "files"}  # files sources read text_unit too
-    for source in ("hub", "synthetic"):
-        if data["source"] != source:
-            del data[source]
-    return {"data": data}
+    return {"data": shard_settings(config["data"])}
 
 
 def tokenize_execution(config: dict) -> dict:

@@ -4,26 +4,47 @@ Standard library only: the rule files import it to name their inputs and outputs
 its defaults and the tests to find what a stage wrote. Paths are relative to the working
 directory (Snakemake's `--directory`). A function of a run name also builds the rule's pattern:
 `model_file("{run}")` is `results/runs/{run}/model.pt`.
+
+Every name that becomes a path component (a run, task, corpus, table or figure name, a rule's
+job) is checked here, by `checked_name`, against the one pattern the schema also gives corpus and task
+names: a name can never climb out of its directory (`--run-name ../../x` is refused).
 """
 
 from __future__ import annotations
 
 import glob
+import re
 from pathlib import Path
 
+from streamback.errors import StreambackError
+
 RESULTS = Path("results")
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"  # config/schema/config.schema.yaml: data.corpus and eval.tasks (a test keeps them equal)
+_NAME = re.compile(NAME_PATTERN)
+_WILDCARD = re.compile(r"^\{[A-Za-z_]\w*\}$")  # `{run}`: a rule's pattern, filled by Snakemake with a checked name
+
+
+def checked_name(value: str, what: str = "name") -> str:
+    """`value`, if it can be a path component of its own: letters, digits, '.', '_' and '-',
+    beginning with a letter or digit (so never '..', a '/' or a hidden name), or a Snakemake
+    wildcard such as `{run}`; StreambackError naming `what` (e.g. "run name") otherwise."""
+    if not isinstance(value, str) or not (_NAME.match(value) or _WILDCARD.match(value)):
+        raise StreambackError(f"{what} {value!r} cannot name a file or directory: a name is letters, digits, '.', '_' and '-', "
+                              "beginning with a letter or digit")
+    return value
+
 
 # -- data (rules corpus, tokenize) ------------------------------------------------------------
 
 
 def tokens_dir(data: dict) -> Path:
     """The shard directory: `data.dir`, or results/tokens/<corpus>/."""
-    return Path(data["dir"]) if data.get("dir") else RESULTS / "tokens" / data["corpus"]
+    return Path(data["dir"]) if data.get("dir") else RESULTS / "tokens" / checked_name(data["corpus"], "corpus name")
 
 
 def corpus_dir(data: dict) -> Path:
     """Where the synthetic corpus's parquet files go: results/corpus/<corpus>/."""
-    return RESULTS / "corpus" / data["corpus"]
+    return RESULTS / "corpus" / checked_name(data["corpus"], "corpus name")
 
 
 def corpus_files(data: dict) -> list[Path]:
@@ -58,7 +79,7 @@ MODEL_FILE, METRICS_FILE, SUMMARY_FILE = "model.pt", "metrics.jsonl", "summary.j
 
 def run_dir(run: str) -> Path:
     """A trained run's outputs: model.pt, metrics.jsonl, summary.json."""
-    return RESULTS / "runs" / run
+    return RESULTS / "runs" / checked_name(run, "run name")
 
 
 def model_file(run: str) -> Path:
@@ -81,7 +102,7 @@ CHECKPOINTS_DIR = RESULTS / "checkpoints"
 
 def checkpoint_dir(run: str) -> Path:
     """Resumable training state (not a rule output, so a failed job never loses it)."""
-    return CHECKPOINTS_DIR / run
+    return CHECKPOINTS_DIR / checked_name(run, "run name")
 
 
 # in a run's checkpoint directory, beside its recipe directories (streamback.train.checkpoint):
@@ -101,7 +122,7 @@ RECIPE_PREFIX = "recipe-"  # in a run's checkpoint directory, one directory per 
 def recipe_dir(checkpoints: str | Path, fingerprint: str) -> Path:
     """One recipe's step_* checkpoints and live metrics.jsonl, in a run's checkpoint directory
     (`checkpoint_dir(run)` or the trainer's --checkpoints): a changed recipe trains in its own."""
-    return Path(checkpoints) / f"{RECIPE_PREFIX}{fingerprint}"
+    return Path(checkpoints) / checked_name(f"{RECIPE_PREFIX}{fingerprint}", "recipe directory")
 
 
 def recipe_dirs(checkpoints: str | Path) -> list[Path]:
@@ -115,7 +136,7 @@ TRAINING_FIGURES = ("training_loss", "training_grad_norm")  # figure(name, suffi
 
 def hf_dir(run: str) -> Path:
     """A run exported to Hugging Face format (`streamback export-hf`)."""
-    return RESULTS / "hf" / run
+    return RESULTS / "hf" / checked_name(run, "run name")
 
 
 # -- drift (rule drift) -----------------------------------------------------------------------
@@ -142,7 +163,7 @@ REPORT_PAGE = RESULTS / "report.html"  # Snakemake's report (snakemake --report)
 
 def eval_dir(run: str) -> Path:
     """lm-eval's outputs for a run: results.json and the per-item samples."""
-    return EVAL_DIR / run
+    return EVAL_DIR / checked_name(run, "run name")
 
 
 EVAL_RESULTS_FILE, EVAL_SAMPLES_FILE = "results.json", "samples_{task}.jsonl"  # in a run's eval directory
@@ -155,7 +176,7 @@ def eval_results(run: str) -> Path:
 
 def eval_samples(run: str, task: str) -> Path:
     """lm-eval's per-item samples of one task for a run (`log_samples`), one JSON object a line."""
-    return eval_dir(run) / EVAL_SAMPLES_FILE.format(task=task)
+    return eval_dir(run) / EVAL_SAMPLES_FILE.format(task=checked_name(task, "task name"))
 
 
 EVAL_TASKS_DIR = EVAL_DIR / "tasks"  # not a run: run names are <shape>-<block>...
@@ -164,17 +185,17 @@ BENCHMARK_TABLES = ("benchmarks", "benchmark_pairs")  # table(name): scores per 
 
 def eval_task_file(task: str) -> Path:
     """The items of a local lm-eval task (`streamback eval-tasks`); its YAML reads this path."""
-    return EVAL_TASKS_DIR / f"{task}.jsonl"
+    return EVAL_TASKS_DIR / f"{checked_name(task, 'task name')}.jsonl"
 
 
 def table(name: str) -> Path:
     """A table of the study: results/tables/<name>.csv."""
-    return TABLES_DIR / f"{name}.csv"
+    return TABLES_DIR / f"{checked_name(name, 'table name')}.csv"
 
 
 def figure(name: str, suffix: str) -> Path:
     """A figure of the study: results/figures/<name>.<suffix> (svg or png)."""
-    return FIGURES_DIR / f"{name}.{suffix}"
+    return FIGURES_DIR / f"{checked_name(name, 'figure name')}.{suffix}"
 
 
 # -- analyses (rules in workflow/rules/analysis.smk; `streamback analyze <kind>`) --------------
@@ -207,4 +228,4 @@ def analysis_outputs(kind: str, runs: list[str], shapes: list[str]) -> list[Path
 
 def timing_file(rule: str, job: str = "all") -> Path:
     """The benchmark record (wall-clock, CPU time, memory) of one job of `rule` (`job`: e.g. the run)."""
-    return TIMING_DIR / rule / f"{job}.tsv"
+    return TIMING_DIR / checked_name(rule, "rule name") / f"{checked_name(job, 'job name')}.tsv"

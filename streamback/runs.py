@@ -11,8 +11,9 @@ Snakemake rules import it to name their jobs.
 `check_runs` is the one cross-key check of the model, train and data sections: every run of the
 matrix can be built (its shape exists and its heads fit its width) and trained (the sequence
 fits the model, the batch splits into micro-batches on every process, the schedule fits the
-steps, the data holds the token budget). The Snakefile calls it before any job starts (so
-`snakemake -n` fails on it) and `streamback train` before it touches anything.
+steps, the data holds the token budget: data.train_tokens, or the tokenized data's own count
+once it is tokenized). The Snakefile calls it before any job starts (so `snakemake -n` fails on
+it) and `streamback train` before it touches anything.
 """
 
 from __future__ import annotations
@@ -131,11 +132,13 @@ def shape_problems(dim: int, n_heads: int, n_kv_heads: int) -> list[str]:
 
 
 def check_runs(train_cfg: dict, model_cfg: dict, data_cfg: dict | None = None, processes: int | None = None,
-               only: str | None = None) -> None:
+               only: str | None = None, tokenized: tuple[int, str] | None = None) -> None:
     """Raise StreambackError listing, one line each, every reason a run of the matrix (or only the
     run `only`) cannot be built or trained with these validated sections. `processes`: the number
     of training processes (default: each run's from train.resources); `data_cfg` adds the static
-    data checks (token budgets given in it; the trainer checks the tokenized counts itself)."""
+    data checks (token budgets given in it; the trainer checks the tokenized counts itself), and
+    `tokenized`, the (train tokens, where) of data already tokenized with these settings
+    (`data.settings.tokenized_train_split`), the token budget against that count."""
     problems = []
     try:
         runs = run_matrix(train_cfg)
@@ -170,8 +173,9 @@ def check_runs(train_cfg: dict, model_cfg: dict, data_cfg: dict | None = None, p
         problems.append(f"train.batch_size ({batch}) must be a multiple of micro_batch_size ({micro}) x processes ({procs}) "
                         f"= {micro * procs}; it is not for {', '.join(names)}")
     if data_cfg is not None and runs:
-        if data_cfg["train_tokens"] is not None:
-            problem = token_budget_problem(train_cfg, data_cfg["train_tokens"], "data.train_tokens")
+        split_tokens, where = tokenized or (data_cfg["train_tokens"], "data.train_tokens")
+        if split_tokens is not None:
+            problem = token_budget_problem(train_cfg, split_tokens, where)
             problems += [problem] if problem else []
         most = max(processes or run_processes(train_cfg, name) for name in runs)
         if data_cfg["val_tokens"] is not None and num_windows(data_cfg["val_tokens"], seq_len) < most:

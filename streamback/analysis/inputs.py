@@ -4,7 +4,8 @@ A `Subject` is one model the analyses look at: a run of the `train.runs` matrix 
 its metrics.jsonl, its shape) or a model file named on the command line (e.g. one converted by
 `streamback import-hf`), which has no training metrics and is its own "shape" in per-shape figures.
 Every name asked for must exist: a run outside the matrix, or one not trained yet, is an error
-naming it, before any work starts.
+naming it, before any work starts. Each model is read with the check that it belongs with the
+tokens analysed (`read_subject`: `weights.check_corpus`, the check evaluate and export-hf make).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from streamback import layout
 from streamback.data.shards import TokenDataset
 from streamback.errors import StreambackError
+from streamback.model.weights import TrainedModel, check_corpus, read_model
 from streamback.runs import run_matrix
 from streamback.train.batches import num_windows, read_windows, val_windows
 
@@ -41,6 +43,7 @@ def subjects(train_cfg: dict, runs: list[str] | None = None, models: list[str] =
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise StreambackError(f"--model {item!r}: expected NAME=PATH, e.g. llama-3.2-1b=results/imported/llama-3.2-1b/model.pt")
+        layout.checked_name(name, "--model name")  # it names the model's figures
         out.append(Subject(name, name, Path(path), None))
     names = [s.name for s in out]
     if len(set(names)) < len(names):
@@ -64,8 +67,10 @@ def validation_batch(tokens_dir: str | Path, seq_len: int, size: int) -> torch.T
     return read_windows(dataset, val_windows(n, size, 0, 1), seq_len)
 
 
-def check_tokens(batch: torch.Tensor, vocab_size: int, name: str) -> None:
-    """A model can read the batch: every token id is below its vocabulary size."""
-    if int(batch.max()) >= vocab_size:
-        raise StreambackError(f"model {name} has a vocabulary of {vocab_size} tokens, but the data holds token id "
-                              f"{int(batch.max())}: analyse a model on data of its own tokenizer (--data)")
+def read_subject(subject: Subject, tokens_dir: str | Path) -> TrainedModel:
+    """The subject's model file (`weights.read_model`), checked to belong with the tokenized
+    corpus in `tokens_dir` (`weights.check_corpus`: its tokenizer and corpus, as the file records
+    them, and a vocabulary that fits the embedding)."""
+    trained = read_model(subject.model)
+    check_corpus(trained, subject.model, tokens_dir)
+    return trained

@@ -75,7 +75,7 @@ def split_windows(dataset, seq_len: int, count: int, split: str) -> np.ndarray:
     return val_windows(n, count, 0, 1)
 
 
-def model_window_losses(model_file, dataset, windows: np.ndarray, seq_len: int, micro_batch_size: int, device) -> np.ndarray:
-    """The model as trained: its mean loss (nats) on each window, fp64."""
-    model = load_model(model_file, device=device)
+def model_window_losses(trained, dataset, windows: np.ndarray, seq_len: int, micro_batch_size: int, device) -> np.ndarray:
+    """The model as trained (a model file, or what `read_model` returned): its mean loss (nats) on each window, fp64."""
+    model = load_model(trained, device=device)
     return window_losses(model, dataset, windows, seq_len, micro_batch_size, device).cpu().numpy()

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from streamback import layout
-from streamback.analysis.inputs import Subject, check_tokens, subjects, validation_batch
+from streamback.analysis.inputs import Subject, read_subject, subjects, validation_batch
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
 from streamback.io import write_csv
@@ -82,14 +82,11 @@ def write_figures(kind: str, tables: dict[str, pd.DataFrame], band: float) -> li
 
 def _per_model(todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, name: str, steps_per_model: int, fn) -> pd.DataFrame:
     """`fn(trained, batch, progress)` for each model on the validation batch, its rows tagged with the run (first) and shape (last)."""
-    from streamback.model.weights import read_model
-
     batch = validation_batch(tokens, train_cfg["seq_len"], cfg["batch_size"])
     progress = Progress(f"analyze {name}", len(todo) * steps_per_model, "pass")
     frames = []
     for subject in todo:
-        trained = read_model(subject.model)
-        check_tokens(batch, trained.args.vocab_size, subject.name)
+        trained = read_subject(subject, tokens)
         table = fn(trained, batch, progress)
         table.insert(0, "run", subject.name)
         frames.append(table.assign(shape=subject.shape))
@@ -156,11 +153,12 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
     records = {name: read_metrics(s.metrics) for name, s in names.items()}
     progress = Progress("analyze loss-difference", 2 * len(names), "model")
     losses = {}  # (run, split) -> per-window losses
-    for split in ("train", "val"):
-        dataset = TokenDataset(tokens, split)
-        windows = split_windows(dataset, seq_len, count, split)
-        for name, subject in names.items():
-            losses[name, split] = model_window_losses(subject.model, dataset, windows, seq_len, cfg["micro_batch_size"], device)
+    datasets = {split: TokenDataset(tokens, split) for split in ("train", "val")}
+    windows = {split: split_windows(dataset, seq_len, count, split) for split, dataset in datasets.items()}
+    for name, subject in names.items():
+        trained = read_subject(subject, tokens)  # once for both splits
+        for split, dataset in datasets.items():
+            losses[name, split] = model_window_losses(trained, dataset, windows[split], seq_len, cfg["micro_batch_size"], device)
             progress.update(1, f"{name} {split}")
             progress.write(f"analyze loss-difference: {name} {split} done ({progress.line()})")
     progress.close()

@@ -139,12 +139,21 @@ def write_record(path: str | Path, shards: dict) -> None:
     write_json(path, {"format": RECORD_FORMAT, "shards": shards})
 
 
-def check_shard(path: Path, expect: dict) -> dict:
-    """The header of `path` after checking its size and every field in `expect` against it."""
+def check_shard(path: Path, expect: dict, manifest: Path | None = None) -> dict:
+    """The header of `path` after checking its size and every field in `expect` against it.
+    `manifest`: the manifest.json `expect` comes from, which a disagreement then names beside the
+    shard, saying which of the two was written later (else `expect` is what this config gives)."""
     header = read_header(path)
     for key, value in expect.items():
-        if header.get(key) != value:
-            raise StreambackError(f"shard {path}: header says {key}={header.get(key)!r}, expected {value!r}")
+        if header.get(key) == value:
+            continue
+        if manifest is None:
+            raise StreambackError(f"shard {path}: header says {key}={header.get(key)!r}, this config gives {value!r}")
+        newer, older = (manifest, path) if manifest.stat().st_mtime > path.stat().st_mtime else (path, manifest)
+        raise StreambackError(
+            f"shard {path} and {manifest} disagree on its {key}: the shard's header records {_short(header.get(key))}, the "
+            f"manifest {_short(value)}; {newer.name} was written after {older.name} (so {newer.name} is the one that changed, or "
+            "the other is a copy from another tokenize): rerun tokenize (`snakemake --forcerun tokenize`) to write both again")
     size = HEADER_BYTES + header["tokens"] * np_dtype(header["dtype"]).itemsize
     actual = path.stat().st_size
     if actual != size:
@@ -152,12 +161,29 @@ def check_shard(path: Path, expect: dict) -> dict:
     return header
 
 
+# what a manifest must hold (section -> keys; None: the top level), as tokenize writes it
+MANIFEST_KEYS = {None: ("vocab_size", "eos_id", "dtype", "tokenizer", "splits", "fingerprint"), "tokenizer": ("file", "sha256"),
+                 "splits": SPLITS}
+
+
+def _short(value) -> str:
+    """A header or manifest value for a message: a hash by its first 16 digits."""
+    return f"{value[:16]}..." if isinstance(value, str) and len(value) > 20 else repr(value)
+
+
 def read_manifest(data_dir: str | Path) -> dict:
-    """The manifest.json of a tokenized corpus."""
+    """The manifest.json of a tokenized corpus, checked to hold every key MANIFEST_KEYS names."""
     path = Path(data_dir) / "manifest.json"
+    remedy = "rerun tokenize (`streamback tokenize`, or `snakemake --forcerun tokenize`) to write it again"
     manifest = read_json(path, "run `streamback tokenize` (rule tokenize) first")
-    if manifest.get("format") != FORMAT:
-        raise StreambackError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise StreambackError(f"{path}: format {manifest.get('format') if isinstance(manifest, dict) else None!r} is not {FORMAT!r}")
+    for section, keys in MANIFEST_KEYS.items():
+        held = manifest if section is None else manifest.get(section)
+        missing = [key for key in keys if not isinstance(held, dict) or key not in held]
+        if missing:
+            where = "" if section is None else f"'s {section}"
+            raise StreambackError(f"{path}{where} lacks {', '.join(map(repr, missing))} (edited, or not written by tokenize): {remedy}")
     return manifest
 
 
@@ -189,7 +215,7 @@ class TokenDataset:
             check_shard(path, {"dtype": self.manifest["dtype"], "tokens": entry["tokens"], "sha256": entry["sha256"],
                                "split": split, "index": index,
                                "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
-                               "fingerprint": self.manifest["fingerprint"]})
+                               "fingerprint": self.manifest["fingerprint"]}, manifest=self.data_dir / "manifest.json")
         self.sha256 = [entry["sha256"] for entry in entries]
         sizes = [entry["tokens"] for entry in entries]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()

@@ -45,7 +45,7 @@ from streamback.data.shards import (
 )
 from streamback.data.sources import is_validation, open_source
 from streamback.errors import StreambackError
-from streamback.io import output_dir, write_json, write_text
+from streamback.io import output_dir, remove, write_json, write_text
 from streamback.progress import Progress
 
 HELP = "tokenize the corpus (synthetic, local files or FineWeb) into token shards and manifest.json"
@@ -128,7 +128,7 @@ class SplitWriter:
                 self.resume_at = (header["next_document"], header["next_offset"])
         for stale in sorted(self.out_dir.glob(f"{self.split}-*.bin")):
             if stale.name not in {s["file"] for s in self.shards}:
-                stale.unlink()
+                remove(stale, self.out_dir)
         self.done = self.budget is not None and self.total >= self.budget
         if self.shards:
             say(f"{self.split}: kept {len(self.shards)} complete shards ({self.total} tokens), resuming at document {self.resume_at[0]}")
@@ -240,10 +240,11 @@ def _tokenizer(data: dict, source, say):
     return text, eos_token, eos, {**entry, "file": "tokenizer.json", "sha256": tk.sha256_text(text)}, tokenizer.get_vocab_size()
 
 
-def _clear_temporaries(out_dir: Path) -> None:
-    """Temporary files a killed run left behind (never taken as complete, only clutter)."""
-    for tmp in out_dir.glob(".*.tmp"):
-        tmp.unlink()
+def _clear_temporaries(out_dir: Path, say) -> None:
+    """Remove, naming them, the temporary files a killed run left behind (never taken as complete, only clutter)."""
+    for tmp in sorted(out_dir.glob(".*.tmp")):
+        remove(tmp, out_dir)
+        say(f"removed {tmp}, a temporary file of a tokenize that was killed")
 
 
 def tokenize(data: dict, out_dir: str | Path, inputs: list[Path] | None = None, processes: int | None = None,
@@ -265,7 +266,7 @@ def tokenize(data: dict, out_dir: str | Path, inputs: list[Path] | None = None, 
 
 
 def _tokenize(data: dict, source, out_dir: Path, processes: int, progress: bool, say) -> dict:
-    _clear_temporaries(out_dir)
+    _clear_temporaries(out_dir, say)
     tokenizer_json, eos_token, eos, tokenizer_entry, vocab_size = _tokenizer(data, source, say)
     dtype = token_dtype(vocab_size)
     fingerprint = tk.sha256_text(json.dumps({**identity(data, source), "tokenizer_sha256": tokenizer_entry["sha256"],
@@ -285,7 +286,7 @@ def _tokenize(data: dict, source, out_dir: Path, processes: int, progress: bool,
                 return manifest
         except StreambackError as err:
             say(f"redoing {manifest_path}: {err}")
-        manifest_path.unlink()
+        remove(manifest_path, out_dir)
 
     meta = {"dtype": dtype, "tokenizer_sha256": tokenizer_entry["sha256"], "fingerprint": fingerprint}
     writers = {

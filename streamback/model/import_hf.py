@@ -5,7 +5,9 @@ shards listed in `model.safetensors.index.json`), a `LlamaForCausalLM` or a `Mis
 without sliding window (what `streamback export-hf` writes, and most public Llama-family models).
 Output: a model file (`streamback.model.weights.save_model`, fp32 weights) that every analysis
 and `load_model` read like a trained run's, so the analyses run on a public model too (the first
-seed document measured an 80-layer one).
+seed document measured an 80-layer one). When the directory holds a `tokenizer.json`, the file
+records that tokenizer (as the data stage identifies one), so an analysis refuses the tokens of
+another tokenizer (`weights.check_corpus`).
 
 Conversion: `export_hf.NAMES` read backwards, and wq/wk rows put back from transformers'
 rotate-half layout to this model's interleaved RoPE pairs (the inverse of export_hf's
@@ -153,5 +155,14 @@ def import_hf(directory: str | Path, out: str | Path) -> ModelArgs:
     for key, shape in expected.items():
         if state[key].shape != shape:
             raise StreambackError(f"{directory}: {key} has shape {tuple(state[key].shape)}, config.json gives {tuple(shape)}")
-    save_model(out, args, state)
+    save_model(out, args, state, data=tokenizer_record(directory))
     return args
+
+
+def tokenizer_record(directory: Path) -> dict | None:
+    """{"tokenizer_sha256"} of the directory's tokenizer.json as the data stage records a
+    tokenizer (the sha256 of its canonical JSON), or None without one."""
+    from streamback.data import tokenizer as tk
+
+    path = directory / "tokenizer.json"
+    return {"tokenizer_sha256": tk.sha256_text(tk.load_file(path).to_str())} if path.is_file() else None

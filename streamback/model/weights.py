@@ -7,8 +7,13 @@ A `torch.save`d dict, written atomically:
 - `stream`: the label of the stream the model was trained with (`bf16` for the baseline at bf16
   compute, `fp32` for StreamBack, `mxfp8`, `nvfp4_sr`, ...);
 - `compute_dtype`: the compute dtype it was trained in (`bfloat16`);
-- `data` (written by the trainer): the corpus it was trained on, `{"fingerprint", "tokenizer_sha256"}`
-  of the data manifest, so an evaluation can refuse a tokenizer of another corpus.
+- `data`: the corpus it was trained on, `{"fingerprint", "tokenizer_sha256"}` of the data manifest
+  (written by the trainer; `import-hf` records the tokenizer alone), so a reader can refuse the
+  tokens of another corpus (`check_corpus`, the one check every reader of a model and tokens makes);
+- `sha256`: the sha256 of everything else in the file (`content_sha256`), checked by `read_model`,
+  so a file changed after it was written is refused, naming it and how to rebuild it. Hashing
+  runs at the speed of hashlib's sha256: `python benchmarks/bench_model_hash.py` prints the rate
+  and what it costs a 1B model. A file written before models were hashed is read with a warning.
 
 `load_model` gives a ready `Transformer` in evaluation mode: by default as trained, or in
 another compute dtype (e.g. fp32 for a reference) and with another stream format (a StreamBack
@@ -19,12 +24,16 @@ same weights is one `stream` argument away).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from streamback import layout
 from streamback.errors import StreambackError
 from streamback.io import atomic_path
 from streamback.model.model import ModelArgs, Transformer, model_args_from_dict
@@ -53,8 +62,34 @@ def save_model(path: str | os.PathLike, args: ModelArgs, state: dict[str, torch.
     record = {"model_args": dataclasses.asdict(args), "model": state, "stream": args.stream_format(compute_dtype).label, "compute_dtype": name}
     if data is not None:
         record["data"] = data
-    with atomic_path(path) as tmp:
-        torch.save(record, tmp)
+    record[HASH] = content_sha256(record)
+    with atomic_path(path, hint=f"free space there, then write it again with {rebuild(path)}") as tmp, open(tmp, "wb") as f:
+        torch.save(record, f)  # through a Python file, so a full disk is an OSError (torch's own writer says "unexpected pos")
+
+
+HASH = "sha256"  # the record's key for content_sha256
+_UNHASHED_WARNED: set[str] = set()
+
+
+def content_sha256(record: dict) -> str:
+    """sha256 of a model file's record: its other fields as canonical JSON, then each tensor of
+    `model` by name (name, dtype, shape, then its bytes as stored)."""
+    digest = hashlib.sha256(json.dumps({k: v for k, v in record.items() if k not in ("model", HASH)}, sort_keys=True).encode())
+    for key in sorted(record["model"]):
+        tensor = record["model"][key].detach().cpu().contiguous()
+        digest.update(f"\n{key} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def rebuild(path: str | os.PathLike) -> str:
+    """What writes the model file at `path` again: a run's (results/runs/<run>/model.pt) its rule,
+    any other the command that made it."""
+    path = Path(path)
+    if path.name == layout.MODEL_FILE and path.parent.parent.name == layout.run_dir("run").parent.name:
+        return (f"`snakemake --cores 1 --forcerun {path}` (rule train: the run resumes from its last checkpoint and writes "
+                "the same weights)")
+    return "the command that made it (`streamback import-hf` for a converted model)"
 
 
 def read_model(path: str | os.PathLike) -> TrainedModel:
@@ -68,6 +103,7 @@ def read_model(path: str | os.PathLike) -> TrainedModel:
         raise StreambackError(f"model file {path} cannot be read by torch.load: {err}") from None
     if not isinstance(record, dict) or not {"model_args", "model"} <= set(record):
         raise StreambackError(f"model file {path} must be a dict with keys 'model_args' and 'model'")
+    _check_hash(path, record)
     try:
         args = model_args_from_dict(record["model_args"])
     except (StreambackError, TypeError) as err:
@@ -86,6 +122,23 @@ def read_model(path: str | os.PathLike) -> TrainedModel:
             raise StreambackError(f"model file {path}: {key} has shape {tuple(state[key].shape)}, model_args give {tuple(shape)}")
     stream = record.get("stream") or args.stream_format(DTYPES[compute]).label
     return TrainedModel(args, state, stream, DTYPES[compute], record.get("data"))
+
+
+def _check_hash(path: Path, record: dict) -> None:
+    """The file's contents against the sha256 it records; a file without one gets a warning (once per process)."""
+    if HASH not in record:
+        if str(path) not in _UNHASHED_WARNED:
+            _UNHASHED_WARNED.add(str(path))
+            print(f"warning: model file {path} records no sha256 (written by an older streamback): read without verification; "
+                  f"rebuild it with {rebuild(path)} to add one", file=sys.stderr, flush=True)
+        return
+    try:
+        actual = content_sha256(record)
+    except (AttributeError, TypeError, RuntimeError, ValueError):  # a field that is no longer a tensor or JSON
+        actual = "not computable (a field is damaged)"
+    if actual != record[HASH]:
+        raise StreambackError(f"model file {path}: the sha256 of its contents is {actual[:16]}..., the file records "
+                              f"{str(record[HASH])[:16]}...: it changed after it was written (disk, copy or edit): rebuild it with {rebuild(path)}")
 
 
 def load_model(path: str | os.PathLike | TrainedModel, compute_dtype: torch.dtype | None = None, stream: str | None = None,
@@ -112,12 +165,11 @@ def load_model(path: str | os.PathLike | TrainedModel, compute_dtype: torch.dtyp
 
 
 def check_corpus(trained: TrainedModel, model_file: str | os.PathLike, tokens_dir: str | os.PathLike) -> tuple[dict, Path]:
-    """(manifest, tokenizer file) of the tokenized corpus in `tokens_dir`, checked to be the one the
-    model was trained on: the tokenizer file is the one the manifest names (sha256), its vocabulary
-    fits the embedding, and the corpus fingerprint and tokenizer are those the model file records
-    (a file without that record is checked by its vocabulary only). StreambackError names what differs."""
-    import hashlib
-
+    """(manifest, tokenizer file) of the tokenized corpus in `tokens_dir`, checked to be one the
+    model can read: the tokenizer file is the one the manifest names (sha256), its vocabulary fits
+    the embedding, and the corpus fingerprint and tokenizer the model file records (all, some or
+    none of them) are the manifest's. The one check of every command that reads a model and
+    tokens together (evaluate, export-hf, the analyses); StreambackError names what differs."""
     from streamback.data.shards import read_manifest
 
     model_file, tokens_dir = Path(model_file), Path(tokens_dir)
@@ -131,11 +183,12 @@ def check_corpus(trained: TrainedModel, model_file: str | os.PathLike, tokens_di
         raise StreambackError(f"tokenizer {tokenizer_file} is not the one {tokens_dir / 'manifest.json'} was made with (sha256 differs)")
     if manifest["vocab_size"] > trained.args.vocab_size:
         raise StreambackError(f"tokenizer {tokenizer_file} has {manifest['vocab_size']} tokens, but the embedding of {model_file} has "
-                              f"{trained.args.vocab_size} rows: not the tokenizer the run was trained with")
+                              f"{trained.args.vocab_size} rows: not the tokenizer the model was trained with; give the token "
+                              "directory of its own tokenizer")
     corpus = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
     for key, value in corpus.items():
-        if trained.data is not None and trained.data.get(key) != value:
+        if trained.data is not None and key in trained.data and trained.data[key] != value:
             raise StreambackError(f"run {model_file.parent.name} ({model_file}) was trained on another corpus than {tokens_dir}: its "
-                                  f"{key} is {trained.data.get(key)}, {tokens_dir / 'manifest.json'} has {value}; "
+                                  f"{key} is {trained.data[key]}, {tokens_dir / 'manifest.json'} has {value}; "
                                   "give the token directory it was trained on")
     return manifest, tokenizer_file

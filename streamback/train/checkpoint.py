@@ -3,8 +3,9 @@
 A run keeps one directory per recipe, `<run's checkpoint directory>/recipe-<fingerprint>/`
 (`recipe_fingerprint` of the run's identity: model arguments, seed, token budget, batch,
 optimizer, schedule, data), so a changed recipe never resumes from, or prunes, another's
-checkpoints; `streamback checkpoints` lists each run's recipes, how they differ, and `--prune`
-removes those no longer in use. A checkpoint of step s is the directory `<root>/step_<s, 9 digits>/`
+checkpoints; `streamback checkpoints` (`streamback.train.recipes`) lists each run's recipes, how
+they differ, and `--prune` removes those no longer in use. A checkpoint of step s is the directory
+`<root>/step_<s, 9 digits>/`
 of its recipe's directory `<root>`: DCP's shards and
 `.metadata` (model parameters and AdamW state, fp32, sharded as FSDP2 holds them, so each rank
 writes its own part and a resume may use another number of ranks) plus `meta.json` (the step,
@@ -12,14 +13,22 @@ the run's identity, and the size and sha256 of every other file, sealed by the s
 fields). It is written under a temporary name `<root>/.tmp_step_<s>/`, every file fsynced and
 hashed (each rank hashes the files it wrote), and renamed into place by rank 0 only after every
 rank has finished: the rename is atomic, so a crash at any moment leaves either the complete
-checkpoint or none, and a resume only ever looks at `step_*` directories. Leftover temporary
-directories are removed when a run starts; older checkpoints beyond the last K are deleted.
+checkpoint or none, and a resume only ever looks at `step_*` directories. A save that fails
+removes its temporary directory (a full disk is a DiskFull naming the checkpoint and what to
+free); those a killed run left behind are removed, and named, when a run starts; older
+checkpoints beyond the last K are deleted. Nothing is deleted outside the recipe's directory.
 
 A resume (`load_newest`) verifies the newest checkpoint before loading it (the ranks share the
 hashing): a missing, truncated or changed file, or a meta.json that does not match its seal,
 names the checkpoint and the file; the checkpoint is moved aside to `<root>/corrupt-step_<s>/`
 (kept for a look, never loaded or pruned) and the previous one is tried. If none passes,
 nothing is moved and the run stops.
+
+The trust boundary: loading a checkpoint unpickles DCP's `.metadata` (`pickle.load`), so a
+checkpoint is code to torch's loader, and the sha256 in meta.json authenticates nothing (whoever
+can write the files can rewrite it). A resume therefore refuses a checkpoint whose directory or
+any file in it another user owns, or its group or others may write (`check_trusted`), naming it;
+a save writes its checkpoint writable by its owner alone.
 
 `lock_run` takes an exclusive lock on the run's checkpoint directory (`flock` on its
 `trainer.lock`, released by the kernel when the process ends however it ends), so a second
@@ -28,7 +37,6 @@ trainer on the same run is refused with the PID and host of the one that holds i
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import fcntl
@@ -36,24 +44,25 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import socket
+import stat
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from streamback import layout
 from streamback.data.shards import file_sha256
-from streamback.errors import StreambackError
+from streamback.errors import DiskFull, StreambackError
+from streamback.io import disk_full, free_bytes, remove, tree_bytes
 
-_NAME = re.compile(r"^step_(\d{9})$")
+STEP_NAME = re.compile(r"^step_(\d{9})$")  # a checkpoint directory of a recipe
 _RANK_FILE = re.compile(r"^__(\d+)_")  # DCP's FileSystemWriter names rank r's files __<r>_<k>.distcp
 META, SEAL, CORRUPT_PREFIX = "meta.json", "meta_sha256", "corrupt-"
 _HASH_THREADS = 4
@@ -95,7 +104,7 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_NAME.match(p.name)) and p.is_dir()]
     return sorted(found)
 
 
@@ -152,13 +161,22 @@ def _hash_files(directory: Path, names: list[str]) -> dict[str, dict]:
         return dict(pool.map(one, names))
 
 
-def remove_partial(root: str | os.PathLike) -> None:
-    """Delete temporary directories a crashed save left behind (rank 0; all ranks wait)."""
+def remove_partial(root: str | os.PathLike, say=print) -> None:
+    """Delete the temporary directories a killed save left behind, naming each through `say` (rank
+    0; all ranks wait)."""
     root = Path(root)
     if _rank() == 0 and root.is_dir():
-        for path in root.glob(".tmp_step_*"):
-            shutil.rmtree(path)
+        for path in sorted(root.glob(".tmp_step_*")):
+            remove(path, root)
+            say(f"removed {path}, the temporary directory of a checkpoint save that was killed")
     _barrier()
+
+
+def _no_write_but_owner(path: Path) -> None:
+    """Take write permission from group and others (a umask of 002 gives it to the group)."""
+    mode = path.stat().st_mode
+    if mode & 0o022:
+        os.chmod(path, stat.S_IMODE(mode) & ~0o022)
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta: dict, keep: int) -> Path:
@@ -171,31 +189,53 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta:
     tmp = root / f".tmp_step_{step:09d}"
     if _rank() == 0:
         if tmp.exists():
-            shutil.rmtree(tmp)
+            remove(tmp, root)
         tmp.mkdir(parents=True)
     _barrier()
+    try:
+        files = _write(tmp, state)
+        if _rank() == 0:
+            record = {**meta, "step": step, "files": files}
+            record[SEAL] = _seal(record)
+            with open(tmp / META, "w") as f:
+                json.dump(record, f, indent=2, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            for path in [tmp, *(tmp / name for name in [*files, META])]:
+                _no_write_but_owner(path)
+            _fsync_dir(tmp)
+            os.replace(tmp, final)
+            _fsync_dir(root)
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        full = disk_full(err, root)
+        free = free_bytes(root) if full else None
+        if _rank() == 0 and tmp.exists():
+            remove(tmp, root)
+        if full:
+            previous = list_checkpoints(root)
+            size = f"; the previous checkpoint takes {tree_bytes(previous[-1][1]) / 1e6:,.1f} MB" if previous else ""
+            raise DiskFull(final, free, f"free space there{size} (`streamback checkpoints --prune` deletes the checkpoints of "
+                                        "recipes no longer in use; corrupt-step_* directories can go; train.checkpoint.keep "
+                                        "says how many are kept), then rerun: the run resumes from its last checkpoint") from None
+        raise
+    if _rank() == 0:
+        for _, old in list_checkpoints(root)[:-keep]:
+            remove(old, root)
+    _barrier()
+    return final
+
+
+def _write(tmp: Path, state: TrainState) -> dict[str, dict]:
+    """DCP's files of `state` in `tmp` (a collective), and {name: {"bytes", "sha256"}} of each:
+    every rank hashes the files it wrote (still in its page cache), rank 0 also DCP's .metadata."""
     with _one_process_quietly():
         written = dcp.save({"train": state}, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
-    # each rank hashes the files it wrote (still in its page cache); rank 0 also DCP's .metadata
     names = sorted({info.relative_path for info in written.storage_data.values()} | {".metadata"})
     mine = [n for n in names if _owner(n, _world()) == _rank()]
     files = {}
     for part in _gather(_hash_files(tmp, mine)):
         files.update(part)
-    if _rank() == 0:
-        record = {**meta, "step": step, "files": files}
-        record[SEAL] = _seal(record)
-        with open(tmp / META, "w") as f:
-            json.dump(record, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        for _, old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old)
-    _barrier()
-    return final
+    return files
 
 
 def _owner(name: str, world: int) -> int:
@@ -252,11 +292,40 @@ def load_checkpoint(path: Path, state: TrainState) -> dict:
     return meta
 
 
+def check_trusted(path: Path) -> None:
+    """Refuse to load the checkpoint directory `path` (StreambackError naming each offender) if
+    it or any file in it is owned by another user, or its group or others may write it: loading
+    unpickles `.metadata`, so whoever can write a checkpoint can run code in this process."""
+    me, problems = os.geteuid(), []
+    for item in [path, *sorted(path.iterdir())]:
+        st = item.stat()  # a symlink is judged by what it points to
+        if st.st_uid != me:
+            problems.append(f"{item} is owned by {_user(st.st_uid)}, not by you ({_user(me)})")
+        elif st.st_mode & 0o022:
+            problems.append(f"{item} may be written by its group or others ({stat.filemode(st.st_mode)})")
+    if problems:
+        raise StreambackError(
+            f"not resuming from checkpoint {path}: loading a checkpoint runs its pickled .metadata, so only one that no one "
+            "else can have written is loaded:\n  " + "\n  ".join(problems)
+            + f"\nMove it away (the run then resumes from an older one, or starts over), or if you trust it make it yours: "
+              f"chown -R {_user(me)} {path} && chmod -R go-w {path}")
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def _load(path: Path, state: TrainState) -> None:
+    check_trusted(path)
     try:
         with _one_process_quietly():
             dcp.load({"train": state}, storage_reader=dcp.FileSystemReader(path))
-    except Exception as err:  # DCP raises CheckpointException and others with the failing rank's cause
+    except (Exception, CheckpointException) as err:  # DCP raises CheckpointException (a BaseException) with the failing rank's cause
         raise StreambackError(f"checkpoint {path} cannot be loaded into this model: {err}") from err
 
 
@@ -296,7 +365,7 @@ def _set_aside(path: Path) -> Path:
     aside = path.with_name(CORRUPT_PREFIX + path.name)
     if _rank() == 0:
         if aside.exists():
-            shutil.rmtree(aside)
+            remove(aside, path.parent)
         os.replace(path, aside)
     _barrier()
     return aside
@@ -334,123 +403,3 @@ def lock_run(root: str | os.PathLike, say=print):
     handle.write(f"PID {os.getpid()} on host {socket.gethostname()} (since {time.strftime('%Y-%m-%d %H:%M:%S %Z')})\n")
     handle.flush()
     return handle
-
-
-# ---- `streamback checkpoints` -----------------------------------------------------------------
-
-HELP = "list each run's checkpoints by recipe and how the recipes differ; --prune removes those no longer in use"
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """One recipe directory of a run: its newest readable identity, its checkpoints' steps, bytes, last write."""
-
-    path: Path
-    identity: dict | None
-    steps: list[int]
-    bytes: int
-    written: float
-
-    def describe(self) -> str:
-        total = self.identity["tokens"] // (self.identity["batch_size"] * self.identity["seq_len"]) if self.identity else None
-        steps = f"step {self.steps[-1]}" + (f" of {total}" if total else "") if self.steps else "no checkpoint"
-        return f"{self.path.name}  {steps}, {self.bytes / 1e6:,.1f} MB, written {time.strftime('%Y-%m-%d %H:%M', time.localtime(self.written))}"
-
-
-def run_recipes(checkpoints: str | os.PathLike) -> list[Recipe]:
-    """The recipes in a run's checkpoint directory, oldest write first."""
-    found = []
-    for path in layout.recipe_dirs(checkpoints):
-        steps = list_checkpoints(path)
-        identity = None
-        for _, step_dir in reversed(steps):
-            with contextlib.suppress(CorruptCheckpoint):
-                identity = read_meta(step_dir).get("identity")
-                break
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        written = max([p.stat().st_mtime for _, p in steps] or [path.stat().st_mtime])
-        found.append(Recipe(path, identity, [s for s, _ in steps], size, written))
-    return sorted(found, key=lambda r: r.written)
-
-
-def model_recipe(summary: Path) -> str | None:
-    """The name of the recipe directory the run's model came from (its summary.json names the checkpoint), or None."""
-    if not summary.is_file():
-        return None
-    return Path(json.loads(summary.read_text()).get("checkpoint", "")).parent.name or None
-
-
-def recipe_in_use(recipes: list[Recipe], summary: Path) -> Path | None:
-    """The recipe to keep: the one the run's model came from (its summary.json names the
-    checkpoint), or, with no model (a run stopped midway), the one written last."""
-    model = model_recipe(summary)
-    named = [r.path for r in recipes if r.path.name == model]
-    return named[0] if named else (recipes[-1].path if recipes else None)
-
-
-def differences(identity: dict | None, reference: dict | None) -> str:
-    """How `identity` differs from `reference`, key by key (dotted), e.g. "optimizer.lr 0.002 (in use: 0.003)"."""
-    if identity is None or reference is None:
-        return "its identity cannot be read"
-
-    def flat(d, prefix=""):
-        for key, value in d.items():
-            yield from flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
-
-    mine, theirs = dict(flat(identity)), dict(flat(reference))
-    changed = [f"{k} {mine.get(k)!r} (in use: {theirs.get(k)!r})" for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k)]
-    return "; ".join(changed) or "the same recipe"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="*", metavar="RUN", help=f"runs to look at (default: every run in {layout.CHECKPOINTS_DIR})")
-    parser.add_argument("--prune", action="store_true",
-                        help="delete the checkpoints of every recipe but the one the run's model came from (with no model: the one "
-                             "written last), and those written before recipes had directories; a run being trained is skipped")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.runs:
-        names = args.runs
-    else:
-        names = sorted(p.name for p in layout.CHECKPOINTS_DIR.iterdir() if p.is_dir()) if layout.CHECKPOINTS_DIR.is_dir() else []
-        if not names:
-            print(f"no run has checkpoints in {layout.CHECKPOINTS_DIR}")
-    freed = 0
-    for name in names:
-        checkpoints, summary = layout.checkpoint_dir(name), layout.summary_file(name)
-        if not checkpoints.is_dir():
-            raise StreambackError(f"run {name} has no checkpoint directory {checkpoints}")
-        recipes = run_recipes(checkpoints)
-        keep = recipe_in_use(recipes, summary)
-        reference = next((r.identity for r in recipes if r.path == keep), None)
-        outside = sorted(p for p in checkpoints.iterdir() if _NAME.match(p.name.removeprefix(CORRUPT_PREFIX)))
-        print(f"{name}: {len(recipes)} recipe(s) in {checkpoints}")
-        for recipe in recipes:
-            if recipe.path == keep:
-                state = f"in use: the model of {summary}" if recipe.path.name == model_recipe(summary) else "in use: written last"
-            else:
-                state = f"differs in {differences(recipe.identity, reference)}"
-            print(f"  {recipe.describe()}; {state}")
-        if outside:
-            print(f"  {len(outside)} checkpoint(s) outside any recipe directory (written before checkpoints were kept per recipe; "
-                  f"never resumed from): {', '.join(p.name for p in outside)}")
-        if not args.prune:
-            continue
-        try:
-            lock = lock_run(checkpoints)
-        except StreambackError as err:
-            print(f"  not pruned: {err}")
-            continue
-        try:
-            for path in [r.path for r in recipes if r.path != keep] + outside:
-                size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-                shutil.rmtree(path)
-                freed += size
-                print(f"  removed {path} ({size / 1e6:,.1f} MB)")
-        finally:
-            if lock is not None:
-                lock.close()
-    if args.prune:
-        print(f"freed {freed / 1e6:,.1f} MB")
-    return 0

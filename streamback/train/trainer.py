@@ -276,7 +276,7 @@ class Trainer:
     def fit(self) -> int:
         if self.env.rank == 0:
             self.recipe_dir.mkdir(exist_ok=True)
-        remove_partial(self.recipe_dir)
+        remove_partial(self.recipe_dir, say=self.say)
         start_step, elapsed = self._resume()
         self.elapsed = elapsed
         self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step) if self.env.rank == 0 else None

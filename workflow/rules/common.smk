@@ -1,5 +1,9 @@
 # Shared by the stage files: how a job calls the CLI, how its settings are passed, and every
 # function the stages' rules use (`snakemake --lint` wants functions and rules in separate files).
+# Quoting, by construction: every value in a rule's shell line is either quoted there with
+# Snakemake's `:q` (`{input:q}`, `{params.tokens:q}`: paths, names) or a param made shell-quoted
+# here (`as_json`, `shell_words`), never interpolated raw; the one exception is train's
+# `{params.launch}`, a command line (train_launcher) built from integers of the config.
 
 import json
 import shlex
@@ -40,6 +44,11 @@ TARGETS = []
 def as_json(section):
     """A config section as a shell-quoted JSON argument (`--params`, `--execution`)."""
     return shlex.quote(json.dumps(section, sort_keys=True))
+
+
+def shell_words(words):
+    """Several arguments as one param, each shell-quoted (a list of runs, of files)."""
+    return " ".join(shlex.quote(str(word)) for word in words)
 
 
 def untracked(value):
@@ -156,8 +165,8 @@ def analysis_params(kind, runs):
         "kind": kind,
         "analysis": as_json(settings["analysis"]),
         "train": as_json(settings["train"]),
-        "data": lambda wildcards, input: shlex.quote(str(Path(input.manifest).parent)),
-        "runs": " ".join(shlex.quote(r) for r in runs),
+        "tokens": lambda wildcards, input: Path(input.manifest).parent,
+        "runs": shell_words(runs),
         "device": untracked("cuda" if resources["gpus"] else "cpu"),
     }
 

@@ -26,7 +26,7 @@ rule corpus:
         data=as_json(jobs.corpus(config)["data"]),
         out=lambda wildcards, output: Path(output[0]).parent,
     shell:
-        "streamback corpus --params {params.data} --out {params.out} --processes {threads} > {log} 2>&1 || log_tail {log}"
+        "streamback corpus --params {params.data} --out {params.out:q} --processes {threads} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 # Shards of an interrupted run are not outputs, so Snakemake keeps them and a rerun resumes.
@@ -50,8 +50,8 @@ rule tokenize:
         execution=untracked(as_json(jobs.tokenize_execution(config)["data"])),
         out=lambda wildcards, output: Path(output.manifest).parent,
     shell:
-        "streamback tokenize --params {params.data} --execution {params.execution} --out {params.out} --processes {threads} "
-        "--inputs {input} > {log} 2>&1 || log_tail {log}"
+        "streamback tokenize --params {params.data} --execution {params.execution} --out {params.out:q} --processes {threads} "
+        "--inputs {input:q} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 TARGETS.append(rules.tokenize.output.manifest)

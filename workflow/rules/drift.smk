@@ -29,7 +29,7 @@ rule drift:
         drift=as_json(jobs.drift(config)["drift"]),
         outdir=lambda wildcards, output: Path(output.summary).parent,
     shell:
-        "OMP_NUM_THREADS={threads} streamback drift --params {params.drift} --outdir {params.outdir} > {log} 2>&1 || log_tail {log}"
+        "OMP_NUM_THREADS={threads} streamback drift --params {params.drift} --outdir {params.outdir:q} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 TARGETS.extend(rules.drift.output)

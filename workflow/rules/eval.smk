@@ -8,7 +8,6 @@
 # benchmark_pairs.csv.
 
 import re
-import shlex
 from pathlib import Path
 
 from streamback.eval.taskdata import LOCAL_TASKS
@@ -19,7 +18,7 @@ EVAL_RES = EVAL["resources"]
 EVAL_RUNS = list(run_matrix(config["train"]))
 LOCAL_TASK_FILES = [str(layout.eval_task_file(task)) for task in EVAL["tasks"] if task in LOCAL_TASKS]
 # the local tasks' items must avoid the training corpus's seed (synthetic corpus only)
-CORPUS_SEED = f"--corpus-seed {config['data']['synthetic']['seed']}" if config["data"]["source"] == "synthetic" else ""
+CORPUS_SEED = shell_words(["--corpus-seed", config["data"]["synthetic"]["seed"]] if config["data"]["source"] == "synthetic" else [])
 
 
 rule eval_tasks:
@@ -39,7 +38,7 @@ rule eval_tasks:
         eval=as_json(jobs.eval_tasks(config)["eval"]),
         seed=CORPUS_SEED,
     shell:
-        "streamback eval-tasks --params {params.eval} {params.seed} > {log} 2>&1 || log_tail {log}"
+        "streamback eval-tasks --params {params.eval} {params.seed} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 rule evaluate:
@@ -66,11 +65,11 @@ rule evaluate:
         cpus_per_gpu=EVAL_RES["threads"] if EVAL_RES["gpus"] else None,
     params:
         eval=as_json(jobs.evaluate(config)["eval"]),
-        tokens=lambda wildcards, input: shlex.quote(str(Path(input.manifest).parent)),
+        tokens=lambda wildcards, input: Path(input.manifest).parent,
         outdir=lambda wildcards, output: Path(output.results).parent,
     shell:
-        "OMP_NUM_THREADS={threads} streamback evaluate --params {params.eval} --run-name {wildcards.run} --model {input.model} "
-        "--tokens {params.tokens} --outdir {params.outdir} --threads {threads} > {log} 2>&1 || log_tail {log}"
+        "OMP_NUM_THREADS={threads} streamback evaluate --params {params.eval} --run-name {wildcards.run:q} --model {input.model:q} "
+        "--tokens {params.tokens:q} --outdir {params.outdir:q} --threads {threads} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 rule benchmark_table:
@@ -94,7 +93,7 @@ rule benchmark_table:
         eval=as_json(jobs.benchmark_table(config)["eval"]),
         train=as_json(jobs.benchmark_table(config)["train"]),
     shell:
-        "streamback benchmark-table --params {params.eval} --train-params {params.train} > {log} 2>&1 || log_tail {log}"
+        "streamback benchmark-table --params {params.eval} --train-params {params.train} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 TARGETS.extend(rules.benchmark_table.output)

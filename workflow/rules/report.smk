@@ -1,8 +1,6 @@
 # The study page (streamback/report/): results/study.html from everything the other stages make
 # (TARGETS, filled by the rule files included before this one) and the merged config.
 
-import json
-import shlex
 from pathlib import Path
 
 from streamback import layout
@@ -26,10 +24,10 @@ rule study_report:
         mem_mb=2000,
         runtime=10,
     params:
-        config=shlex.quote(json.dumps(config, sort_keys=True)),
-        files=" ".join(shlex.quote(f) for f in CONFIG_FILES),
+        config=as_json(config),
+        files=shell_words(CONFIG_FILES),
     shell:
-        "streamback study-report --config-json {params.config} --config-files {params.files} --out {output} > {log} 2>&1 || log_tail {log}"
+        "streamback study-report --config-json {params.config} --config-files {params.files} --out {output:q} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 TARGETS.append(rules.study_report.output[0])

@@ -24,7 +24,6 @@
 # and act on them) so that it can.
 
 import re
-import shlex
 from pathlib import Path
 
 from streamback.runs import run_matrix
@@ -66,21 +65,22 @@ rule train:
         execution=untracked(lambda wildcards: as_json(jobs.train_execution(config, wildcards.run)["train"])),
         launch=untracked(train_launcher),
         threads=untracked(lambda wildcards: train_resources(wildcards.run)["threads"]),
-        data=lambda wildcards, input: shlex.quote(str(Path(input.manifest).parent)),
+        tokens=lambda wildcards, input: Path(input.manifest).parent,
         outdir=lambda wildcards, output: Path(output.model).parent,
         checkpoints=lambda wildcards: layout.checkpoint_dir(wildcards.run),
         history=lambda wildcards: layout.train_log(wildcards.run),
     shell:
-        "trap : TERM USR1; mkdir -p {params.checkpoints}; touch {params.history}; {{ ln -f {params.history} {log} 2>/dev/null || cp {params.history} {log}; }}; "
-        'echo "=== attempt started $(date \'+%Y-%m-%d %H:%M:%S %Z\') on $(hostname)${{SLURM_JOB_ID:+, Slurm job $SLURM_JOB_ID}}" >> {params.history}; '
-        "status_file={params.checkpoints}/.exit-status.$$; status=0; "
-        "{params.launch} train --params {params.train} --model-params {params.model} --execution {params.execution} --run-name {wildcards.run} "
-        "--data {params.data} --outdir {params.outdir} --checkpoints {params.checkpoints} "
-        '--threads {params.threads} --status-file "$status_file" >> {params.history} 2>&1 || status=$?; '
+        "trap : TERM USR1; checkpoints={params.checkpoints:q}; history={params.history:q}; log={log:q}; "
+        'mkdir -p "$checkpoints"; touch "$history"; {{ ln -f "$history" "$log" 2>/dev/null || cp "$history" "$log"; }}; '
+        'echo "=== attempt started $(date \'+%Y-%m-%d %H:%M:%S %Z\') on $(hostname)${{SLURM_JOB_ID:+, Slurm job $SLURM_JOB_ID}}" >> "$history"; '
+        'status_file="$checkpoints/.exit-status.$$"; status=0; '
+        "{params.launch} train --params {params.train} --model-params {params.model} --execution {params.execution} --run-name {wildcards.run:q} "
+        '--data {params.tokens:q} --outdir {params.outdir:q} --checkpoints "$checkpoints" '
+        '--threads {params.threads:q} --status-file "$status_file" >> "$history" 2>&1 || status=$?; '
         'launcher=$status; if [ "$status" -ne 0 ] && [ -s "$status_file" ]; then status=$(cat "$status_file"); fi; rm -f "$status_file"; '
-        'echo "=== attempt ended with status $status (the launcher returned $launcher)" >> {params.history}; '
-        '[ {params.history} -ef {log} ] || cp {params.history} {log}; '
-        'if [ "$status" -ne 0 ]; then echo "--- the end of {log}:" >&2; tail -n 5 {params.history} >&2; fi; exit "$status"'
+        'echo "=== attempt ended with status $status (the launcher returned $launcher)" >> "$history"; '
+        '[ "$history" -ef "$log" ] || cp "$history" "$log"; '
+        'if [ "$status" -ne 0 ]; then echo "--- the end of $log:" >&2; tail -n 5 "$history" >&2; fi; exit "$status"'
 
 
 TARGETS.extend(expand(list(rules.train.output), run=list(RUNS)))
@@ -109,9 +109,9 @@ rule training_curves:
         runtime=10,
     params:
         train=as_json(jobs.training_curves(config)["train"]),
-        runs=" ".join(RUNS),
+        runs=shell_words(RUNS),
     shell:
-        "streamback training-curves --params {params.train} --runs {params.runs} > {log} 2>&1 || log_tail {log}"
+        "streamback training-curves --params {params.train} --runs {params.runs} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 TARGETS.extend(rules.training_curves.output)
