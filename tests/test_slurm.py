@@ -139,10 +139,10 @@ TWO_NODES = {"nodes": 2, "processes": 1}
 ONE_NODE = {"nodes": 1, "processes": 2}
 
 
-def _snakemake(root, slurm):
-    """Snakemake on the micro run: locally, or through Slurm with the train job in the `multinode`
-    partition (tests/slurm/start-cluster.sh's node1 and node2)."""
-    how = ["--profile", "slurm", *SLURM_SITE, "--set-resources", "train:slurm_partition=multinode"] if slurm else ["--cores", "2"]
+def _snakemake(root, partition=None):
+    """Snakemake on the micro run: locally, or through Slurm with the train job in `partition`
+    (tests/slurm/start-cluster.sh's `multinode` holds node1 and node2)."""
+    how = ["--profile", "slurm", *SLURM_SITE, "--set-resources", f"train:slurm_partition={partition}"] if partition else ["--cores", "2"]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), str(layout.summary_file(MICRO_RUN)), *how,
            "--directory", str(root), "--configfile", str(root / "micro.yaml")]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -191,11 +191,11 @@ def test_a_run_on_two_nodes_matches_one_node_and_resumes_across_them_and_after_a
     one node and a 1-node checkpoint on two, each again to the same weights."""
     start_slurm()
     one = _micro_workdir(tokens, tmp_path / "one", **ONE_NODE)
-    assert "2 process(es) x 1 micro-batches" in _finish(_snakemake(one, slurm=False), one)
+    assert "2 process(es) x 1 micro-batches" in _finish(_snakemake(one), one)
     reference = _weights(one)
 
     two = _micro_workdir(tokens, tmp_path / "two", **TWO_NODES)
-    workflow = _snakemake(two, slurm=True)
+    workflow = _snakemake(two, "multinode")
     try:
         checkpoints = two / layout.checkpoint_dir(MICRO_RUN)
         deadline = time.monotonic() + 300
@@ -220,15 +220,19 @@ def test_a_run_on_two_nodes_matches_one_node_and_resumes_across_them_and_after_a
     assert 10 < stopped < MICRO_STEPS and f"resuming from step {stopped}:" in log and "2 process(es) x 1 micro-batches" in log
     assert _same_weights(_weights(two), reference)
 
-    # a checkpoint the 2-node job wrote before it was requeued, resumed on one node; a 1-node one on two nodes
+    # a checkpoint the 2-node job wrote before it was requeued, resumed on one node (the default
+    # partition's, two processes on its CPUs); a 1-node one on two nodes; both jobs at the same time
     back, across = tmp_path / "back", tmp_path / "across"
     _resume_from(two, _micro_workdir(tokens, back, **ONE_NODE), 10)
     _resume_from(one, _micro_workdir(tokens, across, **TWO_NODES), 10)
-    workflows = {root: _snakemake(root, slurm) for root, slurm in ((across, True), (back, False))}  # at the same time
+    workflows = {across: _snakemake(across, "multinode"), back: _snakemake(back, "debug")}
     try:
-        for root, slurm in ((back, False), (across, True)):
+        for root, nodes in ((back, "1"), (across, "2")):
             attempt = _finish(workflows[root], root).split("=== attempt started")[-1]  # the log came with the checkpoints
-            assert "resuming from step 10:" in attempt and "2 process(es)" in attempt and ("Slurm job" in attempt) == slurm
+            assert "resuming from step 10:" in attempt and "2 process(es)" in attempt
+            job = re.search(r"Slurm job (\d+)", attempt).group(1)
+            allocation = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, check=True).stdout
+            assert f" NumNodes={nodes} " in allocation and " NumCPUs=2 " in allocation, allocation  # threads x processes per node
             assert _same_weights(_weights(root), reference), root.name
     finally:
         for workflow in workflows.values():
