@@ -117,6 +117,8 @@ def test_the_cost_arithmetic_follows_from_the_measured_h200_figures(tier, cost):
                     f"{100 * b['mfu']:.1f}", f"{100 * s['mfu']:.1f}", f"{b['speed']:,.0f}", f"{s['speed']:,.0f}",
                     f"{b['hours']:.2f}", f"{s['hours']:.2f}"]
         assert _comment_row(_paper_shape(shape)) == expected, shape
+        (readme_row,) = [line for line in README.splitlines() if line.startswith(f"| {_paper_shape(shape)}, ")]
+        assert re.findall(r"\d[\d,]*\.?\d*G?", readme_row.split(" | ", 1)[1]) == expected, shape
         for i, block in enumerate(BLOCKS):
             # the FLOP count is the one the measurement's MFU column used (each row divides by its own matmul rate)
             assert 0 <= H200["mfu_percent"][_paper_shape(shape)][i] - 100 * row[block]["mfu"] < 3.5
