@@ -77,9 +77,10 @@ def is_reversible(train_cfg: dict, spec: RunSpec) -> bool:
 
 
 def run_processes(train_cfg: dict, run: str) -> int:
-    """How many training processes the rule starts for `run`: gpus x nodes, or one CPU process."""
+    """How many training processes the rule starts for `run`: per node one per GPU, or
+    `processes` on the CPU; times the nodes."""
     res = run_setting(train_cfg, run, "resources")
-    return res["gpus"] * res["nodes"] if res["gpus"] else 1
+    return (res["gpus"] or res["processes"]) * res["nodes"]
 
 
 def num_windows(num_tokens: int, seq_len: int) -> int:
@@ -164,6 +165,10 @@ def check_runs(train_cfg: dict, model_cfg: dict, data_cfg: dict | None = None, p
         check_wsd(train_steps(train_cfg), train_cfg["schedule"]["warmup_steps"], train_cfg["schedule"]["decay_steps"])
     except StreambackError as err:
         problems.append(str(err))
+    gpu_processes = [name for name in runs if (res := run_setting(train_cfg, name, "resources"))["gpus"] and res["processes"] > 1]
+    if gpu_processes:
+        problems.append("train.resources.processes is for CPU runs (gpus = 0); a GPU run starts one process per GPU, so "
+                        f"leave processes at 1 for {', '.join(gpu_processes)}")
     split = {}  # (micro-batch size, processes) -> runs whose batch does not split that way
     for name in runs:
         micro, procs = run_setting(train_cfg, name, "micro_batch_size"), processes or run_processes(train_cfg, name)

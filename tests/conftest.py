@@ -88,7 +88,7 @@ def one_thread():
 
 
 def start_slurm():
-    """Start the local one-node cluster (tests/slurm/start-cluster.sh; nothing to do if it runs)."""
+    """Start the local cluster (tests/slurm/start-cluster.sh; nothing to do if it runs)."""
     subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start-cluster.sh")], check=True, timeout=120)
 
 

@@ -123,6 +123,9 @@ def test_shipped_runs_can_be_trained(name):
     ({"train": {"per_run": {"tiny-medium-baseline": {"micro_batch_size": 5}}}},
      "micro_batch_size (5) x processes (1) = 5; it is not for tiny-medium-baseline"),
     ({"train": {"resources": {"gpus": 3}}}, "micro_batch_size (16) x processes (3) = 48"),
+    ({"train": {"resources": {"processes": 2, "nodes": 2}}}, "micro_batch_size (16) x processes (4) = 64"),
+    ({"train": {"resources": {"gpus": 1, "processes": 2}}},
+     "train.resources.processes is for CPU runs (gpus = 0); a GPU run starts one process per GPU, so leave processes at 1 for tiny-skinny-tall-baseline"),
     ({"train": {"schedule": {"warmup_steps": 50, "decay_steps": 11}}}, "warmup_steps (50) + decay_steps (11) exceed the run's 60 steps"),
     ({"train": {"tokens": 100}}, "the run has 0 steps"),
     ({"data": {"train_tokens": 100_000}}, ("takes 60 steps x 16 windows of 129 tokens = 960 windows, but data.train_tokens holds "

@@ -56,19 +56,31 @@ def test_default_config_trains_the_six_models(run_snakemake, tmp_path):
         assert "parameters on cpu (bf16 on fp32 kernels)" in (tmp_path / "logs" / "train" / f"{run}.log").read_text()
 
 
+NODES = (r'nodes=\$\(squeue -h -o %N -j "\$\{SLURM_JOB_ID:\?[^}]*\}"\); head=\$\(scontrol show hostnames "\$nodes" \| sed -n 1p\); '
+         r'head=\$\(scontrol -o show node "\$head" \| sed -n "s/\.\* NodeAddr=\\\(\[\^ \]\*\\\)\.\*/\\1/p"\); ')
+TORCHRUN = r"PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300 \S+ -m torch.distributed.run "
+
+
 @pytest.mark.parametrize(
-    "nodes, expect",
+    "resources, expect",
     [
-        (1, [r"--nproc-per-node 8 --standalone -m streamback train", r"resources: .*gpu=8, cpus_per_gpu=8"]),
-        (2, [r'head=\$\(scontrol show hostnames "\$SLURM_JOB_NODELIST" \| sed -n 1p\); srun --kill-on-bad-exit=1 env '
-             r"PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 ",
-             r'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint "\$head:29500"',
-             r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, slurm_extra=--gpus-per-task=8"]),
+        ({"nodes": 1}, [r"--nproc-per-node 8 --standalone -m streamback train", r"resources: .*gpu=8, cpus_per_gpu=8"]),
+        ({"nodes": 2}, [NODES + r"srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 64 --gpus-per-task 8 --kill-on-bad-exit=1 env "
+                        + TORCHRUN + r'--nproc-per-node 8 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "\$head:29500" --rdzv-id "\$SLURM_JOB_ID" -m streamback train',
+                        r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, slurm_extra=--gpus-per-task=8"]),
+        # on the CPU: `processes` gloo processes per node, threads x processes CPUs
+        ({"gpus": 0, "processes": 2, "threads": 3}, [r"status=0; OMP_NUM_THREADS=3 " + TORCHRUN + r"--nproc-per-node 2 --standalone -m streamback train",
+                                                      r"resources: .*nodes=1(?!.*gpu)(?!.*cpus_per_task)"]),
+        ({"gpus": 0, "processes": 2, "threads": 3, "nodes": 2},
+         [NODES + r"srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 6 --kill-on-bad-exit=1 env OMP_NUM_THREADS=3 " + TORCHRUN
+          + r"--nproc-per-node 2 --nnodes 2 --rdzv-backend c10d", r"resources: .*nodes=2, cpus_per_task=6, tasks=2, mpi=srun\n"]),
+        ({"gpus": 0, "threads": 2}, [r"status=0; OMP_NUM_THREADS=2 streamback train"]),
     ],
+    ids=["gpu-1-node", "gpu-2-nodes", "cpu-1-node", "cpu-2-nodes", "cpu-1-process"],
 )
-def test_paper_runs_launch_torchrun_across_their_allocation(run_snakemake, tmp_path, nodes, expect):
+def test_paper_runs_launch_torchrun_across_their_allocation(run_snakemake, tmp_path, resources, expect):
     extra = tmp_path / "nodes.yaml"
-    extra.write_text(yaml.safe_dump({"train": {"resources": {"nodes": nodes}}}))
+    extra.write_text(yaml.safe_dump({"train": {"resources": resources}}))
     result = run_snakemake(layout.summary_file("fat-short-streamback"), "-n", "-p", "--profile", "slurm",
                            "--directory", tmp_path, "--configfile", ROOT / "config" / "paper.yaml", extra)
     out = result.stdout + result.stderr
@@ -93,7 +105,7 @@ def _job_processes(directory, snakemake: int) -> dict[int, list[bytes]]:
 
 @pytest.mark.slow
 def test_requeue_status_under_torchrun_and_the_log_of_every_attempt(run_snakemake, tokens, tmp_path):
-    """Rule train with 2 "GPUs" (torchrun, 2 CPU processes on gloo): SIGUSR1 to torchrun makes the
+    """Rule train with 2 CPU processes (`processes: 2`: torchrun, gloo): SIGUSR1 to torchrun makes the
     trainers save and exit 75, which torchrun reports as 1; the rule exits 75 all the same. The
     rerun resumes, and logs/train/<run>.log holds both attempts (Snakemake deletes a job's log
     before each attempt; the rule keeps them in results/checkpoints/<run>/train.log)."""
@@ -105,7 +117,7 @@ def test_requeue_status_under_torchrun_and_the_log_of_every_attempt(run_snakemak
         "train": {"runs": {"shapes": ["micro"], "blocks": ["streamback"], "streams": []}, "tokens": 40 * 8 * 32, "seq_len": 32,
                   "batch_size": 8, "micro_batch_size": 4, "schedule": {"warmup_steps": 4, "decay_steps": 8},
                   "checkpoint": {"every": 5, "keep": 2}, "log": {"every": 10, "stream_every": 10, "val_every": 20, "val_sequences": 16},
-                  "resources": {"gpus": 2, "threads": 1}},
+                  "resources": {"processes": 2, "threads": 1}},
     }
     (tmp_path / "micro.yaml").write_text(yaml.safe_dump(config))
     target = layout.summary_file("micro-streamback")

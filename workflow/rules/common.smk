@@ -10,7 +10,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
 from streamback import jobs, layout
@@ -74,10 +73,18 @@ TORCHRUN_ENV = "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORC
 
 
 def train_resources(run):
-    res = run_setting(config["train"], run, "resources")
-    if res["nodes"] > 1 and res["gpus"] == 0:
-        raise WorkflowError(f"train run {run}: nodes = {res['nodes']} needs gpus > 0 (CPU runs are one process)")
-    return res
+    return run_setting(config["train"], run, "resources")
+
+
+def processes_per_node(res):
+    """Training processes on each node: one per GPU, or train.resources.processes on the CPU."""
+    return res["gpus"] or res["processes"]
+
+
+def train_threads(wildcards):
+    """Snakemake threads of a train job (per node): threads per process x processes per node."""
+    res = train_resources(wildcards.run)
+    return res["threads"] * processes_per_node(res)
 
 
 def train_settings(section):
@@ -86,19 +93,29 @@ def train_settings(section):
 
 
 def train_launcher(wildcards):
-    """The command line that starts `streamback` for this run: python, torchrun or srun + torchrun."""
+    """The command line that starts `streamback` for this run: python (one CPU process), torchrun
+    (one node: a process per GPU, or `processes` on the CPU with gloo) or srun + torchrun (nodes).
+
+    Several nodes: Snakemake's Slurm job step keeps only SLURM_JOB_ID of the job's SLURM_*
+    variables, so the job's nodes come from squeue and srun is given its geometry (a task per
+    node, each with its node's CPUs and GPUs). The c10d rendezvous is on the first node, at the
+    address Slurm reaches it by (its NodeAddr; by default its name).
+    """
     res = train_resources(wildcards.run)
-    gpus, nodes = res["gpus"], res["nodes"]
-    if gpus == 0:
-        return f"OMP_NUM_THREADS={res['threads']} streamback"
-    torchrun = f'{TORCHRUN_ENV} "$STREAMBACK_PYTHON" -m torch.distributed.run --nproc-per-node {gpus}'
+    per_node, nodes, threads, gpus = processes_per_node(res), res["nodes"], res["threads"], res["gpus"]
+    if not gpus and per_node * nodes == 1:
+        return f"OMP_NUM_THREADS={threads} streamback"
+    cpu = "" if gpus else f"OMP_NUM_THREADS={threads} "
+    torchrun = f'{cpu}{TORCHRUN_ENV} "$STREAMBACK_PYTHON" -m torch.distributed.run --nproc-per-node {per_node}'
     if nodes == 1:
         return f"{torchrun} --standalone -m streamback"
-    # the job's first node; `sed -n 1p` reads all the names (under pipefail, `head -n1` could
-    # end scontrol with SIGPIPE on a long node list and fail the job)
+    # `sed -n 1p` reads all the names (under pipefail, `head -n1` could end scontrol with SIGPIPE on a long node list)
+    task = f"--cpus-per-task {threads * per_node}" + (f" --gpus-per-task {gpus}" if gpus else "")
     return (
-        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p); '
-        f"srun --kill-on-bad-exit=1 env {torchrun} --nnodes {nodes} "
+        'nodes=$(squeue -h -o %N -j "${SLURM_JOB_ID:?runs on several nodes under Slurm only (--profile slurm)}"); '
+        'head=$(scontrol show hostnames "$nodes" | sed -n 1p); '
+        'head=$(scontrol -o show node "$head" | sed -n "s/.* NodeAddr=\\([^ ]*\\).*/\\1/p"); '
+        f"srun --nodes {nodes} --ntasks {nodes} --ntasks-per-node 1 {task} --kill-on-bad-exit=1 env {torchrun} --nnodes {nodes} "
         f'--rdzv-backend c10d --rdzv-endpoint "$head:{RENDEZVOUS_PORT}" --rdzv-id "$SLURM_JOB_ID" -m streamback'
     )
 
@@ -107,8 +124,9 @@ def train_slurm(key):
     """A Slurm resource of this run; None leaves it unset (CPU runs have no GPU keys).
 
     One node: the job asks for G GPUs (--gpus) and Snakemake's job step (srun -n1) gets them
-    all. N nodes: as TorchTitan's multi-node Slurm script, N tasks (one per node) with G GPUs
-    each (--gpus-per-task) and their CPUs; the `mpi` resource makes the job run this shell in
+    all; on the CPU, its threads (threads x processes) as --cpus-per-task. N nodes: as
+    TorchTitan's multi-node Slurm script, N tasks (one per node) with G GPUs each
+    (--gpus-per-task) and the node's CPUs; the `mpi` resource makes the job run this shell in
     its batch step, whose srun then starts the N torchruns.
     """
 
@@ -119,10 +137,10 @@ def train_slurm(key):
         return {
             "gpu": gpus if gpus and single else None,
             "cpus_per_gpu": res["threads"] if gpus and single else None,
-            "cpus_per_task": None if single else res["threads"] * gpus,
+            "cpus_per_task": None if single else res["threads"] * processes_per_node(res),
             "tasks": None if single else nodes,
             "mpi": None if single else "srun",
-            "slurm_extra": (extra if single else f"--gpus-per-task={gpus} {extra}".strip()) or None,
+            "slurm_extra": (extra if single or not gpus else f"--gpus-per-task={gpus} {extra}".strip()) or None,
         }[key]
 
     return get

@@ -8,10 +8,12 @@
 # newest checkpoint of the job's recipe; a changed recipe starts in a directory of its own.
 #
 # Launch, per run, from config["train"]["resources"] (merged with train.per_run[run].resources):
-#   gpus 0            one CPU process: python -m streamback train ...
-#   gpus G, nodes 1   torchrun --standalone with G processes (Slurm: a single task step with G GPUs)
-#   gpus G, nodes N   srun starts one torchrun per node (N tasks of G GPUs), the rendezvous host
-#                     being the job's first node (scontrol show hostnames); see train_slurm in common.smk.
+#   gpus 0, processes 1, nodes 1   one CPU process: python -m streamback train ...
+#   gpus G (or processes P on the CPU), nodes 1
+#                     torchrun --standalone with G (P) processes (Slurm: a single task step)
+#   ... nodes N       srun starts one torchrun per node (N tasks of G GPUs or P CPU processes),
+#                     the rendezvous host being the job's first node; see train_launcher and
+#                     train_slurm in common.smk.
 # torchrun forwards SIGTERM and SIGUSR1 to the trainers (PET_SIGNALS_TO_HANDLE) and waits up to
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for them to save a checkpoint before killing them.
 # The log tells the whole story of a run resumed over several jobs: Snakemake deletes a job's log
@@ -47,7 +49,7 @@ rule train:
         str(layout.timing_file("train", "{run}")),
     wildcard_constraints:
         run="|".join(re.escape(run) for run in RUNS) or "(?!)",
-    threads: lambda wildcards: train_resources(wildcards.run)["threads"] * max(1, train_resources(wildcards.run)["gpus"])
+    threads: train_threads
     retries: TRAIN["resources"]["retries"]
     resources:
         runtime=lambda wildcards: train_resources(wildcards.run)["runtime"],

@@ -1,0 +1,179 @@
+"""config/one-gpu.yaml, the middle tier: its runs can be trained, it dry-runs (also through the
+Slurm profile), its cost arithmetic (config comment and README) follows from the measured H200
+figures copied below, and its micro-batch fits an 80 GB GPU by `streamback memory`'s estimate."""
+
+import re
+
+import pytest
+import torch
+import yaml
+
+from streamback.config import load_config
+from streamback.model.model import ModelArgs, Transformer, count_params
+from streamback.runs import check_runs, run_matrix, train_steps
+
+from conftest import ROOT
+
+CONFIG = ROOT / "config" / "one-gpu.yaml"
+README = (ROOT / "README.md").read_text()
+VOCAB = 128256  # the Llama 3 tokenizer's, as in the measured step
+GB80 = 80e9
+
+# ../shared/measurements/h200-2026-12-01 (one H200, torch 2.11, commit 8962408), copied: the tests
+# cannot read that directory. gpu_checks_summary.md: a compiled training step of micro-batch 4 x
+# 2048 per paper shape and block, tokens/s and the MFU column; kernel_profile.md: the matmul kernels'
+# ms of the same step (skinny-tall's StreamBack step was not profiled; the stream changes no matmul:
+# medium +0.50 ms, fat-short -0.53 ms, so its baseline's stands in).
+H200 = {
+    "matmul_tflops": 787.2,
+    "micro_batch": 4,
+    "seq_len": 2048,
+    "tokens_per_s": {"skinny-tall": (49762, 49096), "medium": (48763, 47054), "fat-short": (64615, 63272)},  # (baseline, streamback)
+    "mfu_percent": {"skinny-tall": (52.2, 51.4), "medium": (53.7, 50.9), "fat-short": (68.7, 64.8)},
+    "matmul_ms": {"skinny-tall": (104.32, 104.32), "medium": (117.95, 118.45), "fat-short": (90.63, 90.10)},
+}
+TRAIN_SHARE = 0.9  # of the measured step's speed, as config/paper.yaml assumes
+BLOCKS = ("baseline", "streamback")
+
+
+@pytest.fixture(scope="module")
+def tier():
+    return load_config(CONFIG)
+
+
+def _model(model_cfg, shape, block="baseline"):
+    with torch.device("meta"):
+        return Transformer(ModelArgs.from_config(model_cfg, shape, VOCAB, block=block))
+
+
+def _flops(model, seq_len):
+    from streamback.measure.step import flops_per_token
+
+    return flops_per_token(model, seq_len)
+
+
+def _paper_shape(tier_shape):
+    return tier_shape.removeprefix("small-")
+
+
+@pytest.fixture(scope="module")
+def cost(tier):
+    """Per tier shape: FLOPs/token of paper and tier shapes, and per block the MFU, tier tokens/s and
+    H200-hours a run (MFU carried over), and the hours by the kernel-profile cross-check."""
+    paper_model = load_config(ROOT / "config" / "paper.yaml")["model"]
+    train = tier["train"]
+    seq_len, peak = train["seq_len"], H200["matmul_tflops"] * 1e12
+    tokens = train_steps(train) * train["batch_size"] * seq_len
+    measured_tokens = H200["micro_batch"] * H200["seq_len"]
+    out = {}
+    for shape in train["runs"]["shapes"]:
+        paper = _paper_shape(shape)
+        mp, mt = _model(paper_model, paper), _model(tier["model"], shape)
+        fp, ft = _flops(mp, H200["seq_len"]), _flops(mt, seq_len)
+        row = {"flops": (fp, ft)}
+        for i, block in enumerate(BLOCKS):
+            measured = H200["tokens_per_s"][paper][i]
+            mfu = measured * fp / peak
+            speed = mfu * peak / ft
+            # kernel profile: matmul time scales with the matmul FLOPs of a micro-batch, the rest stays
+            step_s, matmul_s = measured_tokens / measured, H200["matmul_ms"][paper][i] / 1e3
+            micro_tokens = train["micro_batch_size"] * seq_len
+            matmul_ratio = micro_tokens * count_params(mt, exclude_embeddings=True) / (measured_tokens * count_params(mp, exclude_embeddings=True))
+            kernel_speed = micro_tokens / (matmul_s * matmul_ratio + step_s - matmul_s)
+            row[block] = {"measured": measured, "mfu": mfu, "speed": speed,
+                          "hours": tokens / (TRAIN_SHARE * speed) / 3600, "kernel_hours": tokens / (TRAIN_SHARE * kernel_speed) / 3600}
+        out[shape] = row
+    return out
+
+
+def test_the_tier_keeps_the_paper_s_depths_and_parameter_ratios(tier):
+    paper = load_config(ROOT / "config" / "paper.yaml")["model"]
+    for shape in tier["train"]["runs"]["shapes"]:
+        s, p = tier["model"]["shapes"][shape], paper["shapes"][_paper_shape(shape)]
+        assert s["n_layers"] == p["n_layers"] and 2 * s["dim"] == p["dim"] and s["dim"] // s["n_heads"] == p["dim"] // p["n_heads"]
+        blocks = lambda cfg, name: count_params(_model(cfg, name), exclude_embeddings=True) - VOCAB * cfg["shapes"][name]["dim"]
+        assert blocks(tier["model"], shape) / blocks(paper, _paper_shape(shape)) == pytest.approx(0.25, rel=0.01)
+
+
+def test_every_run_can_be_trained(tier):
+    check_runs(tier["train"], tier["model"], tier["data"])
+    assert {spec.shape for spec in run_matrix(tier["train"]).values()} == set(tier["model"]["shapes"])
+
+
+def _comment_row(shape):
+    (line,) = [line for line in CONFIG.read_text().splitlines() if re.match(rf"#\s+{shape}\s", line)]
+    return re.findall(r"\d[\d,]*\.?\d*G?", line.split(shape, 1)[1])
+
+
+def test_the_cost_arithmetic_follows_from_the_measured_h200_figures(tier, cost):
+    """The config's table, number by number, and the totals in the config and the README."""
+    text = CONFIG.read_text()
+    train = tier["train"]
+    assert f"{train_steps(train):,} steps x {train['batch_size'] * train['seq_len']:,} tokens / (0.9 x tokens/s)" in text
+    per_seed = kernel_per_seed = 0.0
+    for shape, row in cost.items():
+        b, s = row["baseline"], row["streamback"]
+        expected = [f"{row['flops'][0] / 1e9:.3f}G", f"{row['flops'][1] / 1e9:.3f}G", f"{b['measured']:,}", f"{s['measured']:,}",
+                    f"{100 * b['mfu']:.1f}", f"{100 * s['mfu']:.1f}", f"{b['speed']:,.0f}", f"{s['speed']:,.0f}",
+                    f"{b['hours']:.2f}", f"{s['hours']:.2f}"]
+        assert _comment_row(_paper_shape(shape)) == expected, shape
+        (readme_row,) = [line for line in README.splitlines() if line.startswith(f"| {_paper_shape(shape)}, ")]
+        assert re.findall(r"\d[\d,]*\.?\d*G?", readme_row.split(" | ", 1)[1]) == expected, shape
+        for i, block in enumerate(BLOCKS):
+            # the FLOP count is the one the measurement's MFU column used (each row divides by its own matmul rate)
+            assert 0 <= H200["mfu_percent"][_paper_shape(shape)][i] - 100 * row[block]["mfu"] < 3.5
+    for spec in run_matrix(train).values():  # with train.runs.seeds the matrix holds every seed's runs
+        per_seed += cost[spec.shape][spec.block]["hours"]
+        kernel_per_seed += cost[spec.shape][spec.block]["kernel_hours"]
+    seeds = len(train["runs"].get("seeds") or [train["seed"]])
+    assert seeds in (1, 3)
+    per_seed, kernel_per_seed = per_seed / seeds, kernel_per_seed / seeds
+    assert 90 < 3 * per_seed < 110  # "about 100 H200-hours for six runs x 3 seeds"
+    totals = f"{per_seed:.1f} H200-hours a seed; three seeds (18 runs): {3 * per_seed:.1f} H200-hours"
+    kernel = f"{kernel_per_seed:.1f} H200-hours a seed ({3 * kernel_per_seed:.1f} for three seeds)"
+    assert totals in text and kernel in " ".join(text.replace("#", " ").split())
+    assert f"{3 * per_seed:.1f} H200-hours" in README and f"{3 * kernel_per_seed:.1f}" in README
+
+
+def test_the_recipe_follows_the_paper_s_rules(tier):
+    """lr x width, batch in tokens and the warmup and decay shares of the run are the paper's."""
+    paper, train = load_config(ROOT / "config" / "paper.yaml")["train"], tier["train"]
+    paper_model = load_config(ROOT / "config" / "paper.yaml")["model"]
+    widths = [tier["model"]["shapes"][s]["dim"] / paper_model["shapes"][_paper_shape(s)]["dim"] for s in train["runs"]["shapes"]]
+    assert set(widths) == {0.5} and train["optimizer"]["lr"] == paper["optimizer"]["lr"] / 0.5
+    assert train["batch_size"] * train["seq_len"] == paper["batch_size"] * paper["seq_len"]
+    for key in ("warmup_steps", "decay_steps"):
+        share = paper["schedule"][key] / train_steps(paper)
+        assert train["schedule"][key] == round(share * train_steps(train))
+    assert train["schedule"]["warmup_steps"] >= 2 / (1 - train["optimizer"]["betas"][1])
+    assert tier["data"]["hub"]["dataset"] == "HuggingFaceFW/fineweb" and tier["data"]["tokenizer"]["name"] == "meta-llama/Meta-Llama-3-8B"
+
+
+@pytest.mark.parametrize("profile", [[], ["--profile", "slurm"]], ids=["local", "slurm"])
+def test_the_tier_dry_runs(run_snakemake, tmp_path, profile):
+    result = run_snakemake("-n", "-p", *profile, "--configfile", CONFIG, "--directory", tmp_path, cwd=ROOT)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    runs = len(run_matrix(load_config(CONFIG)["train"]))  # 6 a seed
+    assert re.search(rf"^train\s+{runs}$", out, re.MULTILINE) and re.search(rf"^evaluate\s+{runs}$", out, re.MULTILINE)
+    assert "--nproc-per-node 1 --standalone -m streamback train" in out
+    assert re.search(r"resources: .*runtime=600, nodes=1, gpu=1, cpus_per_gpu=8", out) and re.search(r"resources: .*mem_mb=64000", out)
+
+
+@pytest.mark.slow
+def test_the_micro_batch_fits_an_80gb_gpu(tier):
+    """`streamback memory`'s estimate of a step's peak (the StreamBack block, the larger) plus the
+    AdamW moments (two fp32 copies of the parameters) stays under 80 GB, as the config says."""
+    from streamback.measure.memory import GIB, estimate_step_memory
+    from streamback.measure.step import model_args
+
+    train, peaks = tier["train"], {}
+    for shape in train["runs"]["shapes"]:
+        margs = model_args(tier["model"], shape, "streamback", VOCAB)
+        peak = estimate_step_memory(margs, train["micro_batch_size"], train["seq_len"])["peak"]
+        moments = 8 * count_params(_model(tier["model"], shape, "streamback"))
+        peaks[shape] = (peak + moments) / GIB
+        assert peak + moments < GB80, (shape, peaks[shape])
+    top = max(peaks, key=peaks.get)
+    stated = f"{peaks[top]:.1f} GiB"
+    assert stated in CONFIG.read_text() and stated in README, (top, stated)
