@@ -163,6 +163,74 @@ def test_rolling_windows_are_lm_evals(runs, tokens):
     assert totals[1] == pytest.approx(direct_loglikelihood(sc.model, [run.eos_id], short)[0], abs=1e-5)
 
 
+@pytest.mark.parametrize("run, stream, dtype, tol", [("micro-baseline", None, torch.float32, 2e-5), ("micro-streamback", None, torch.float32, 2e-5),
+                                                     ("micro-streamback", "mxfp8", torch.bfloat16, 0.1), ("micro-baseline", None, torch.bfloat16, 0.1)])
+def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtype, tol):
+    """The key/value cache's logits after a right-padded batch of contexts, then after each appended
+    token (rows dropped on the way), are those of the model's own forward over each whole sequence:
+    to fp32 rounding, and in bf16 compute (the baseline's bf16 stream, an MXFP8 stream) to the bf16
+    noise of other matmul shapes (logits of order 10)."""
+    from streamback.eval.decode import CachedDecoder
+
+    opened = open_run(runs[run], tokens)
+    model = opened.model(compute_dtype=dtype, stream=stream)
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (9, 3, 17, 1)]
+    appended = torch.randint(0, 300, (4, 6), generator=gen)
+    tokens_in = torch.zeros((4, 17), dtype=torch.long)
+    for b, row in enumerate(rows):
+        tokens_in[b, :len(row)] = torch.tensor(row)
+    decoder = CachedDecoder(model, tokens_in, torch.tensor([len(r) for r in rows]), capacity=17 + 6)
+    alive = [0, 1, 2, 3]
+
+    def check():
+        with torch.inference_mode():
+            want = torch.stack([model(torch.tensor([rows[b]]))[0, -1] for b in alive])
+        assert decoder.logits.shape == want.shape and (decoder.logits - want).abs().max().item() < tol
+
+    check()
+    for step in range(6):
+        if step == 3:  # rows 1 and 3 finish
+            decoder.keep([0, 2])
+            alive = [0, 2]
+        decoder.step(appended[alive, step])
+        for b in alive:
+            rows[b].append(int(appended[b, step]))
+        check()
+
+
+@pytest.mark.parametrize("run, dtype", [("micro-baseline", torch.float32), ("micro-streamback", torch.float32), ("micro-baseline", torch.bfloat16),
+                                        ("micro-streamback", torch.bfloat16)])
+def test_cached_generation_equals_the_no_cache_loop(runs, tokens, run, dtype):
+    """Generation with the key/value cache gives exactly the tokens of the plain greedy loop that
+    runs the whole sequence through the model at every step (the path without a cache), in every
+    batch size, as trained (bf16) and in fp32, with rows ending at different steps (end-of-text,
+    a stop string, max_new_tokens)."""
+    sc, opened = scorer(runs, tokens, run=run, dtype=dtype, batch_size=3)
+    prompts = [[opened.eos_id, *sc.encode(t)][-(64 - 30):] for t in ("Mia counts to five: one,", "The dog", "Ben says, \"The", "A", *TEXTS)]
+
+    def loop(prompt, steps, eos):
+        ids = list(prompt)
+        with torch.inference_mode():
+            for _ in range(steps):
+                nxt = int(sc.model(torch.tensor([ids]))[0, -1].argmax())
+                if nxt == eos:
+                    break
+                ids.append(nxt)
+        return ids[len(prompt):]
+
+    plain = [loop(p, 30, opened.eos_id) for p in prompts]
+    for batch_size in (1, 3, 64):
+        sc.batch_size = batch_size
+        assert sc.generate(prompts, stop=[], max_new_tokens=30) == [sc.decode(ids) for ids in plain]
+    stop = sc.decode(plain[0][4:6])  # ends the first row early, others perhaps too
+    assert sc.generate(prompts, stop=[stop], max_new_tokens=30) == [sc.decode(ids).split(stop)[0] for ids in plain]
+    sc.eos_id = plain[0][5]  # a token the model generates, as the end-of-text token: rows end at different steps
+    ended = [loop(p, 30, sc.eos_id) for p in prompts]
+    assert len({len(ids) for ids in ended}) > 2
+    assert sc.generate(prompts, stop=[], max_new_tokens=30) == [sc.decode(ids) for ids in ended]
+
+
 def test_greedy_generation_is_the_argmax_loop(runs, tokens):
     sc, run = scorer(runs, tokens, batch_size=3)
     prompts = [[run.eos_id, *sc.encode(t)] for t in ("Mia counts to five: one,", "The dog", "Ben says, \"The", "A")]

@@ -16,8 +16,8 @@ of lm-eval's `hf` backend, so the two give the same numbers on the same model:
 - rolling log-likelihood: lm-eval's disjoint windows of max_length tokens, the first conditioned
   on the end-of-text token, scored as requests in the same batches;
 - greedy generation: the argmax token is appended until a stop string, the end-of-text token or
-  max_new_tokens; rows of different lengths are right-padded and each step is one forward of the
-  rows still running (no KV cache: the tasks this serves generate a few tokens).
+  max_new_tokens; rows of different lengths are right-padded, the contexts run once and each new
+  token is one step of the rows still running with a key/value cache (`streamback.eval.decode`).
 
 `open_run` reads a trained run and its tokenizer (from the run's data manifest) and checks that
 they belong together before anything is scored; a `Scorer` itself needs no tokenizer library
@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from streamback.errors import StreambackError
+from streamback.eval.decode import CachedDecoder
 from streamback.model.weights import TrainedModel, check_corpus, load_model, read_model
 
 Request = tuple[Sequence[int], Sequence[int]]  # (context tokens, continuation tokens)
@@ -167,9 +168,10 @@ class Scorer:
         return totals
 
     @torch.inference_mode()
-    def generate(self, contexts: Sequence[Sequence[int]], stop: Sequence[str] = (), max_new_tokens: int = 256) -> list[str]:
+    def generate(self, contexts: Sequence[Sequence[int]], stop: Sequence[str] = (), max_new_tokens: int = 256, progress=None) -> list[str]:
         """Greedy continuation of each context, cut before the first stop string, ended by the
-        end-of-text token or after max_new_tokens tokens. Contexts are left-truncated to leave room."""
+        end-of-text token or after max_new_tokens tokens. Contexts are left-truncated to leave room.
+        `progress` counts the contexts done (and says how many tokens were generated so far)."""
         room = self.max_length - max_new_tokens
         if room < 1:
             raise StreambackError(f"max_new_tokens {max_new_tokens} leaves no room for a context in max_length {self.max_length}")
@@ -178,31 +180,36 @@ class Scorer:
         contexts = [list(c)[-room:] for c in contexts]
         order = sorted(range(len(contexts)), key=lambda i: -len(contexts[i]))
         out = [""] * len(contexts)
+        generated = 0
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
             lengths = torch.tensor([len(contexts[i]) for i in batch])
-            buffer = torch.zeros((len(batch), int(lengths.max()) + max_new_tokens), dtype=torch.long)
+            tokens = torch.zeros((len(batch), int(lengths.max())), dtype=torch.long)
             for b, i in enumerate(batch):
-                buffer[b, :lengths[b]] = torch.tensor(contexts[i])
+                tokens[b, :lengths[b]] = torch.tensor(contexts[i])
+            decoder = CachedDecoder(self.model, tokens.to(self.device), lengths, int(lengths.max()) + max_new_tokens - 1)
             new: list[list[int]] = [[] for _ in batch]
-            running = list(range(len(batch)))
-            for _ in range(max_new_tokens):
-                width = int(lengths[running].max())
-                logits = self.model(buffer[running, :width].to(self.device))
-                last = (lengths[running] - 1).to(self.device)
-                next_ids = logits[torch.arange(len(running), device=self.device), last].argmax(-1).tolist()
-                still = []
-                for b, token in zip(running, next_ids):
-                    if token == self.eos_id:
-                        continue
-                    buffer[b, lengths[b]] = token
-                    lengths[b] += 1
-                    new[b].append(token)
-                    if not any(s and s in self.decode(new[b]) for s in stop):
-                        still.append(b)
-                running = still
-                if not running:
+            running = list(range(len(batch)))  # the batch rows still generating, in the decoder's row order
+            for step in range(max_new_tokens):
+                next_ids = decoder.logits.argmax(-1)
+                kept = []  # indices into `running` of the rows that go on
+                for k, (b, token) in enumerate(zip(running, next_ids.tolist())):
+                    if token != self.eos_id:
+                        new[b].append(token)
+                        generated += 1
+                        if step < max_new_tokens - 1 and not any(s and s in self.decode(new[b]) for s in stop):
+                            kept.append(k)
+                            continue
+                    if progress is not None:
+                        progress.update(1, f"{generated:,} tokens generated")
+                if not kept:
                     break
+                if len(kept) < len(running):
+                    decoder.keep(kept)
+                    running, next_ids = [running[k] for k in kept], next_ids[kept]
+                decoder.step(next_ids)
+                if progress is not None:
+                    progress.update(0, f"{generated:,} tokens generated")
             for b, i in enumerate(batch):
                 text = self.decode(new[b])
                 for s in stop:
