@@ -272,6 +272,18 @@ def test_greedy_generation_is_the_argmax_loop(runs, tokens):
 # ---- through lm-eval -----------------------------------------------------------------------------
 
 
+def test_a_tasks_numbers_do_not_depend_on_the_other_tasks(evaluated, runs, tokens, tmp_path, monkeypatch):
+    """Batches never mix tasks: a task evaluated alone gives, in bf16 compute, bit for bit the per-item
+    log-likelihoods it gave beside the four other local tasks (whose requests, sorted by length
+    together, would pad it into other batch shapes)."""
+    monkeypatch.chdir(evaluated["root"])
+    for task in ("streamback_pairs_counting", "streamback_cloze"):
+        run_stage({"tasks": [task]}, runs["micro-streamback"], tokens, tmp_path / task)
+        alone = [json.loads(line)["resps"] for line in (tmp_path / task / f"samples_{task}.jsonl").read_text().splitlines()]
+        beside = [json.loads(line)["resps"] for line in layout.eval_samples("micro-streamback", task).read_text().splitlines()]
+        assert alone == beside
+
+
 def test_lm_eval_runs_the_local_tasks_with_the_streamback_model(evaluated, runs, tokens):
     """`stage.evaluate` writes lm-eval's results and samples, and each sample's log-likelihood is the
     scoring core's on the request lm-eval built (a sentence after the end-of-text token, a word
@@ -371,6 +383,77 @@ def test_export_carries_the_runs_tokenizer(runs, tokens, tmp_path):
     save_model(tmp_path / "random.pt", trained.args, trained.state, trained.compute_dtype)
     export(tmp_path / "random.pt", tmp_path / "random-hf", default_tokens=tokens)
     assert not (tmp_path / "random-hf" / "tokenizer.json").exists() and (tmp_path / "random-hf" / "model.safetensors").exists()
+
+
+# ---- the model's arguments -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"tokens": "/elsewhere"}, r"tokens=/elsewhere and tokenizer=.* name two directories; give one"),
+    ({"batch_size": "auto"}, r"batch_size='auto' must be a positive whole number \(no 'auto'\)"),
+    ({"batch_size": 0}, r"batch_size=0 must be a positive whole number"),
+    ({"max_length": 1000}, r"max_length 1000 must be between 1 and the model's max_seq_len 64"),
+    ({"max_length": "long"}, r"max_length='long' must be a positive whole number"),
+    ({"dtype": "fp8"}, r"dtype='fp8' is not one of float32, bfloat16, float16"),
+    ({"stream": "fp7"}, r"stream='fp7': bad residual-stream format 'fp7'"),
+    ({"device": "gpu9"}, r"device='gpu9' is not a torch device"),
+    ({"trust_remote_code": True, "parallelize": False}, r"unknown arguments 'trust_remote_code', 'parallelize' in model_args; it takes pretrained, tokens"),
+    ({"pretrained": None}, r"pretrained= is required"),
+])
+def test_a_bad_model_argument_is_named_in_one_line(runs, tokens, args, message, no_scoring):
+    from streamback.eval.lm import StreambackLM
+
+    with pytest.raises(StreambackError, match=r"^streamback model: " + message) as caught:
+        StreambackLM(**{"pretrained": str(runs["micro-baseline"]), "tokenizer": str(tokens), **args})
+    assert "\n" not in str(caught.value)
+
+
+def test_tokenizer_is_tokens_and_the_default_is_found_by_the_models_corpus(runs, tokens, other_corpora, tmp_path, monkeypatch):
+    """`tokenizer=` (the hf backend's name) is `tokens=`; without either, the token directory is the one
+    beside the model file's results/ whose corpus the model file records (another corpus there is
+    passed over), wherever the working directory is; none there is one line naming where it looked."""
+    import shutil
+
+    from streamback.eval.lm import StreambackLM
+
+    model = str(runs["micro-baseline"])
+    assert StreambackLM(pretrained=model, tokenizer=str(tokens), dtype="float32").run.tokens_dir == tokens
+    assert StreambackLM(pretrained=model, tokens=str(tokens), tokenizer=str(tokens)).run.tokens_dir == tokens
+    project = tmp_path / "project"
+    (project / layout.run_dir("micro-baseline")).mkdir(parents=True)
+    shutil.copy2(model, project / layout.model_file("micro-baseline"))
+    shutil.copytree(other_corpora[280], project / "results" / "tokens" / "a-first-other-corpus")
+    shutil.copytree(tokens, project / "results" / "tokens" / "my-corpus")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    found = StreambackLM(pretrained=str(project / layout.model_file("micro-baseline")))
+    assert found.run.tokens_dir == project / "results" / "tokens" / "my-corpus"
+    assert found.get_model_info()["model_args"]["tokens"] == str(project / "results" / "tokens" / "my-corpus")
+    shutil.rmtree(project / "results" / "tokens" / "my-corpus")
+    with pytest.raises(StreambackError, match=rf"^streamback model: no token directory was given, and none of {project / 'results' / 'tokens'}, "
+                                              rf".*results/tokens holds the corpus .*model.pt was trained on \(fingerprint \w+\): give its token directory$"):
+        StreambackLM(pretrained=str(project / layout.model_file("micro-baseline")))
+
+
+@pytest.mark.slow
+def test_the_eval_command_line_lists_the_model_arguments_and_names_errors_in_one_line(tmp_path):
+    """`python -m streamback.eval --help` ends with the model's arguments; a truncated model file is
+    the project's one-line error (status 2) under lm-eval's own command line, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shown = subprocess.run([sys.executable, "-m", "streamback.eval", "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "the streamback model's arguments" in shown.stdout
+    from streamback.eval.lm import MODEL_ARGUMENTS
+
+    for name in MODEL_ARGUMENTS:
+        assert f"\n  {name} " in shown.stdout
+    truncated = tmp_path / "model.pt"
+    truncated.write_bytes(b"PK\x03\x04" + b"\0" * 200)
+    proc = subprocess.run([sys.executable, "-m", "streamback.eval", "--model", "streamback", "--model_args", f"pretrained={truncated}",
+                           "--include_path", str(taskdata.TASKS_DIR), "--tasks", "streamback_cloze"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"python -m streamback.eval: error: streamback model: model file {truncated} "
+                                                             "cannot be read by torch.load")
 
 
 # ---- bad input: named before any scoring ---------------------------------------------------------

@@ -26,6 +26,7 @@ when given token ids.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,17 +62,47 @@ class Run:
         return load_model(self.trained, compute_dtype=compute_dtype, stream=stream, device=device)
 
 
-def open_run(model_file: str | Path, tokens_dir: str | Path) -> Run:
-    """Read a trained model and the tokenizer of its corpus (`tokens_dir`/manifest.json names it),
-    checked to belong together (`weights.check_corpus`) before anything is scored."""
+def open_run(model_file: str | Path, tokens_dir: str | Path | None = None) -> Run:
+    """Read a trained model and the tokenizer of its corpus (`tokens_dir`/manifest.json names it;
+    None: `find_tokens_dir`), checked to belong together (`weights.check_corpus`) before anything
+    is scored."""
     from streamback.data import tokenizer as tk
 
-    model_file, tokens_dir = Path(model_file), Path(tokens_dir)
+    model_file = Path(model_file)
     trained = read_model(model_file)
+    tokens_dir = Path(tokens_dir) if tokens_dir is not None else find_tokens_dir(model_file, trained)
     manifest, tokenizer_file = check_corpus(trained, model_file, tokens_dir)
     if trained.data is None:
         warnings.warn(f"{model_file} does not record the corpus it was trained on: only the tokenizer's vocabulary size was checked", stacklevel=2)
     return Run(model_file.parent.name, model_file, tokens_dir, trained, manifest, tk.load_file(tokenizer_file), tokenizer_file)
+
+
+def find_tokens_dir(model_file: Path, trained: TrainedModel) -> Path:
+    """The token directory of the corpus a model file records, for a caller that names none. Looked
+    for where results/ is, never in the working directory as such: in the results directory the
+    model file lies in (<dir>/results/runs/<run>/model.pt), then in the repository's; there, the
+    default config's token directory and every results/tokens/<corpus>/ are candidates, and the
+    one whose manifest has the fingerprint the model file records is taken (a model file without
+    that record takes the default config's directory)."""
+    from streamback import layout
+    from streamback.config import ROOT, load_config
+
+    default = layout.tokens_dir(load_config()["data"])
+    model_file = model_file.resolve()
+    runs = layout.run_dir("x").parent.parts  # ("results", "runs")
+    bases = [model_file.parents[3]] if model_file.parents[1].parts[-len(runs):] == runs else []
+    bases += [ROOT] if ROOT not in bases else []
+    candidates = [d for base in bases for d in (base / default, *sorted(p.parent for p in (base / layout.RESULTS / "tokens").glob("*/manifest.json")))]
+    for directory in dict.fromkeys(candidates):
+        try:
+            fingerprint = json.loads((directory / "manifest.json").read_text()).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if trained.data is None or fingerprint == trained.data.get("fingerprint"):
+            return directory
+    wanted = f"the corpus {model_file} was trained on (fingerprint {trained.data.get('fingerprint')})" if trained.data else "a tokenized corpus"
+    raise StreambackError(f"no token directory was given, and none of {', '.join(str(b / layout.RESULTS / 'tokens') for b in bases)} "
+                          f"holds {wanted}: give its token directory")
 
 
 def rolling_windows(tokens: Sequence[int], prefix_token: int, max_length: int) -> list[tuple[list[int], list[int]]]:
