@@ -18,7 +18,7 @@ from streamback import layout
 from streamback.config import validate_config
 from streamback.data.tokenize import tokenize
 from streamback.errors import StreambackError
-from streamback.eval import stage, tables, taskdata
+from streamback.eval import stage, tables, taskdata, taskload
 from streamback.eval.scoring import Scorer, open_run, rolling_windows
 from streamback.model.export_hf import export
 from streamback.model.weights import read_model, save_model
@@ -333,11 +333,11 @@ def test_hf_backend_agrees_with_the_streamback_backend(runs, tokens, evaluated, 
     assert hf_tokenizer.eos_token_id == run.eos_id and hf_tokenizer.bos_token_id is None
     monkeypatch.chdir(evaluated["root"])
     names = evaluated["cfg"]["tasks"]
-    manager = stage.task_manager(names, [])
+    manager = taskload.task_manager(names, [])
     samples = {}
     for backend, model in (("hf", HFLM(pretrained=str(tmp_path / "hf"), dtype="float32", batch_size=8, device="cpu")),
                            ("streamback", StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), dtype="float32", batch_size=8))):
-        results = lm_eval.simple_evaluate(model=model, tasks=list(stage.load_tasks(manager, names).values()), task_manager=manager,
+        results = lm_eval.simple_evaluate(model=model, tasks=list(taskload.load_tasks(manager, names).values()), task_manager=manager,
                                           log_samples=True, bootstrap_iters=0)
         samples[backend] = results["samples"]
     compared = 0
@@ -502,11 +502,12 @@ def test_unknown_tasks_groups_and_missing_or_empty_items_are_named(evaluated, ru
     with pytest.raises(StreambackError, match="'streamback_local' is a group or tag"):
         run_stage({"tasks": ["streamback_local"]}, runs["micro-baseline"], tokens, tmp_path / "out")
     monkeypatch.chdir(tmp_path)  # no items written here
-    with pytest.raises(StreambackError, match="task streamback_cloze: its items file results/eval/tasks/streamback_cloze.jsonl does not exist"):
+    with pytest.raises(StreambackError, match=r"task streamback_cloze, split test: no data file matches results/eval/tasks/streamback_cloze.jsonl "
+                                              r"\(local tasks: run `streamback eval-tasks` \(rule eval_tasks\)\)"):
         run_stage({"tasks": ["streamback_cloze"]}, runs["micro-baseline"], tokens, tmp_path / "out")
     layout.eval_task_file("streamback_cloze").parent.mkdir(parents=True)
     layout.eval_task_file("streamback_cloze").write_text("")
-    with pytest.raises(StreambackError, match="task streamback_cloze has no items: results/eval/tasks/streamback_cloze.jsonl is empty"):
+    with pytest.raises(StreambackError, match=r"task streamback_cloze has no items: results/eval/tasks/streamback_cloze.jsonl \(split test\) is empty"):
         run_stage({"tasks": ["streamback_cloze"]}, runs["micro-baseline"], tokens, tmp_path / "out")
 
 
@@ -551,7 +552,8 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
     cfg = evaluated["cfg"]
     train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
     benchmarks, pairs = tables.tables(cfg, train_cfg)
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "metric", "value", "stderr", "n"]
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "filter", "metric", "value", "stderr", "n"]
+    assert set(benchmarks["filter"]) == {"none"}
     for row in benchmarks.itertuples():
         saved = evaluated["results"][row.run]["results"][row.task]
         assert row.value == saved[f"{row.metric},none"]
@@ -570,6 +572,8 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
         assert row.diff == pytest.approx(sum(b) / len(b) - sum(a) / len(a)) and row.ci_low <= row.diff <= row.ci_high
         want_p = mcnemar([[0, only_a], [only_b, 0]], exact=True).pvalue if only_a + only_b else 1.0
         assert row.p_mcnemar == pytest.approx(want_p) and row.tests == 4 and row.p_holm >= row.p_mcnemar
+        assert row.family == ("micro-streamback vs micro-baseline, 4 tests: streamback_pairs_agreement acc; streamback_pairs_brackets acc; "
+                              "streamback_pairs_counting acc; streamback_cloze acc")
         assert row.verdict.startswith(("no difference", "not distinguishable from noise", "distinguishable from noise"))
 
 
@@ -587,8 +591,44 @@ def test_tables_refuse_half_written_results(evaluated, monkeypatch, tmp_path):
     path.write_text(text)
     samples = layout.eval_samples("micro-streamback", "streamback_cloze")
     samples.write_text("".join(samples.read_text().splitlines(keepends=True)[:-1]))
-    with pytest.raises(StreambackError, match="samples_streamback_cloze.jsonl holds 7 items, .* says 8"):
+    with pytest.raises(StreambackError, match="samples_streamback_cloze.jsonl holds 7 items under filter none, .* says 8"):
         tables.read_results("micro-streamback", tasks)
+
+
+def _edited(path, edit):
+    """Rewrite a JSON file (or, for .jsonl, each line) with `edit` applied to its object."""
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(edit(json.loads(line))) + "\n" for line in path.read_text().splitlines()))
+    else:
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+@pytest.mark.parametrize("file, edit, message", [
+    ("results", lambda r: {**r, "results": {**r["results"], "streamback_cloze": {k: v for k, v in r["results"]["streamback_cloze"].items()
+                                                                                if k != "acc,none"}}},
+     r"results/eval/micro-streamback/results.json has no acc,none of task streamback_cloze \(each metric under each filter\)"),
+    ("results", lambda r: {k: v for k, v in r.items() if k != "n-samples"}, r"results.json has no 'n-samples': not a whole lm-eval results file"),
+    ("results", lambda r: {**r, "n-samples": {k: v for k, v in r["n-samples"].items() if k != "streamback_perplexity"}},
+     r"results.json has no n-samples of task streamback_perplexity"),
+    ("results", lambda r: {**r, "higher_is_better": {}}, r"results.json names no metric of task streamback_pairs_agreement"),
+    ("samples", lambda s: {k: v for k, v in s.items() if k != "doc_hash"}, r"samples_streamback_cloze.jsonl, line 1: no doc_hash"),
+    ("samples", lambda s: {k: v for k, v in s.items() if k != "acc"}, r"samples_streamback_cloze.jsonl, line 1: no acc"),
+    ("samples", lambda s: {**s, "filter": "strict-match"}, r"line 1: filter 'strict-match' is not one of the task's \(none\)"),
+])
+def test_tables_refuse_incomplete_lm_eval_outputs(evaluated, monkeypatch, tmp_path, file, edit, message):
+    """A results.json without a metric the task reports, without its item counts, or a samples file
+    without doc_hash or a metric: named with the file and the rule to rerun, never a table without the row."""
+    import shutil
+
+    shutil.copytree(evaluated["root"] / "results", tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    path = layout.eval_results("micro-streamback") if file == "results" else layout.eval_samples("micro-streamback", "streamback_cloze")
+    _edited(path, edit)
+    train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
+    with pytest.raises(StreambackError, match=message + r".*: evaluate the run again \(rule evaluate: snakemake --forcerun "
+                                              r"results/eval/micro-streamback/results.json\)$"):
+        tables.tables(evaluated["cfg"], train_cfg)
+    assert not layout.table("benchmarks").exists()
 
 
 def test_benchmark_table_command_writes_both_tables(evaluated, tmp_path):
@@ -600,7 +640,7 @@ def test_benchmark_table_command_writes_both_tables(evaluated, tmp_path):
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
-    assert len(pd.read_csv(tmp_path / layout.table("benchmarks"))) == 2 * 8 and len(pairs) == 4
+    assert len(pd.read_csv(tmp_path / layout.table("benchmarks"))) == 2 * 8 and len(pairs) == 4 and set(pairs["filter"]) == {"none"}
     assert "micro-streamback vs micro-baseline" in proc.stdout
 
 
@@ -666,7 +706,7 @@ def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
     result = run_snakemake(*targets, "--cores", "2", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", small, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     benchmarks = pd.read_csv(tmp_path / layout.table("benchmarks"))
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "metric", "value", "stderr", "n"]
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "filter", "metric", "value", "stderr", "n"]
     assert sorted(set(benchmarks.run)) == sorted(RUNS) and len(benchmarks) == 2 * 8
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
     assert list(pairs.run) == ["micro-streamback"] * 4 and pairs.verdict.str.contains("noise|no difference").all()
