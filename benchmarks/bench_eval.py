@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from streamback import layout  # noqa: E402
 from streamback.config import load_config  # noqa: E402
-from streamback.eval.stage import load_tasks, task_manager  # noqa: E402
+from streamback.eval.taskload import load_tasks, task_manager  # noqa: E402
 from streamback.model.export_hf import export  # noqa: E402
 
 
