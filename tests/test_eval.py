@@ -35,6 +35,14 @@ SMALL = {"local": {"seed": 1000, "pairs": 6, "documents": 8}, "bootstrap_iters":
 TEXTS = ["The dog runs.", "Mia counts to five: one, two, three, four, five.", "A cat", "Four dark friends [and three shelves (blue and heavy)] miss every song."]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory):
+    """The names of lm-eval's own tasks cached in a directory of the tests' own, not the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def runs(tokens, tmp_path_factory):
     """{run: model file} of the two micro runs, trained on conftest's token shards."""

@@ -244,3 +244,100 @@ def test_gsm8k_generations_equal_the_hf_backends(long_runs, tokens, tmp_path, mo
     for a, b in zip(hf, ours, strict=True):
         assert (a["doc_id"], a["filter"]) == (b["doc_id"], b["filter"]) and a["resps"] == b["resps"] and len(a["resps"][0][0]) > 100
     assert outputs["hf"]["results"]["gsm8k"] == outputs["streamback"]["results"]["gsm8k"]
+
+
+# ---- task names, at DAG time ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def task_name_cache(tmp_path_factory):
+    """A cache directory of this module's own ($XDG_CACHE_HOME), so the tests see a cold cache first."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture
+def full_indexes(task_name_cache, monkeypatch):
+    """The TaskManagers built over lm-eval's own tasks (the ~4 s index), counted; with `refuse`
+    appended, building one raises instead."""
+    from lm_eval import tasks as lm_eval_tasks
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(task_name_cache))
+    built, real = [], lm_eval_tasks.TaskManager
+
+    def counting(*args, **kwargs):
+        if kwargs.get("include_defaults", True):
+            if "refuse" in built:
+                raise RuntimeError("lm-eval's own tasks indexed again")
+            built.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval_tasks, "TaskManager", counting)
+    return built
+
+
+def check_names(tmp_path, capsys, tasks):
+    """`streamback check` of a config with these eval.tasks: (status, captured output)."""
+    from streamback.cli import main as cli_main
+
+    config = tmp_path / "small.yaml"
+    config.write_text(json.dumps({"eval": {"tasks": tasks}}))
+    return cli_main(["check", str(config)]), capsys.readouterr()
+
+
+def test_task_names_are_checked_by_streamback_check_from_the_cache(tmp_path, capsys, full_indexes, monkeypatch):
+    """`streamback check` asks lm-eval's TaskManager: local names, and a tag, need no index of lm-eval's
+    own tasks; other names are looked up in the cached names of this lm-eval installation (an
+    unknown one named with its close names), and a cache of another installation is not used."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert check_names(tmp_path, capsys, ["streamback_cloze", "streamback_perplexity"])[0] == 0
+    status, out = check_names(tmp_path, capsys, ["streamback_local"])
+    assert status == 2 and "eval.tasks: 'streamback_local' is a group or tag of lm-eval tasks; list its tasks instead" in out.err
+    installed = str(LM_EVAL_TASKS.parent)
+    cache = taskload._cache_file()
+    assert cache == tmp_path / "cache" / "streamback" / f"lm-eval-{lm_eval.__version__}-task-names.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({"installed": installed, "tasks": ["arc_easy", "arc_challenge", "gsm8k"], "groups": ["ai2_arc"]}))
+    full_indexes.append("refuse")
+    assert check_names(tmp_path, capsys, ["arc_easy", "streamback_cloze"])[0] == 0
+    status, out = check_names(tmp_path, capsys, ["arc_esy", "gsm8k"])
+    assert status == 2 and ("eval.tasks: lm-eval knows no task 'arc_esy' (local tasks, eval.include_path and lm-eval's own); "
+                            "close names: arc_easy") in out.err
+    status, out = check_names(tmp_path, capsys, ["ai2_arc"])
+    assert status == 2 and "'ai2_arc' is a group or tag" in out.err
+    cache.write_text(json.dumps({"installed": "/another/lm_eval", "tasks": ["arc_easy"], "groups": []}))
+    with pytest.raises(RuntimeError, match="indexed again"):
+        check_names(tmp_path, capsys, ["arc_easy"])
+    assert full_indexes == ["refuse"]
+
+
+@pytest.mark.slow
+def test_lm_evals_own_names_are_indexed_once_and_cached(tmp_path, capsys, full_indexes, task_name_cache):
+    """A cold cache: lm-eval's own tasks are indexed (its real TaskManager) once, then read from the cache."""
+    status, out = check_names(tmp_path, capsys, ["streamback_clze"])
+    assert status == 2 and len(full_indexes) == 1
+    assert "eval.tasks: lm-eval knows no task 'streamback_clze' (local tasks, eval.include_path and lm-eval's own); close names: " \
+           "streamback_cloze" in out.err
+    cached = json.loads(taskload._cache_file().read_text())
+    assert taskload._cache_file().parent == task_name_cache / "streamback" and cached["installed"] == str(LM_EVAL_TASKS.parent)
+    assert {"arc_easy", "gsm8k", "hellaswag", "wikitext"} <= set(cached["tasks"]) and "ai2_arc" in cached["groups"]
+    assert check_names(tmp_path, capsys, ["arc_easy", "hellaswag", "streamback_cloze"])[0] == 0 and len(full_indexes) == 1
+
+
+@pytest.mark.slow
+def test_an_unknown_task_name_stops_a_dry_run(tmp_path, task_name_cache, run_snakemake):
+    """`snakemake -n` with a misspelt eval.tasks name stops before any job, naming the close names
+    (the Snakefile runs the same check; lm-eval's own names come from the cache the test above filled)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({"eval": {"tasks": ["streamback_cloze", "gsm8kk"]}}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-n", "--directory", str(tmp_path),
+                           "--configfile", str(bad)], env={**os.environ, "XDG_CACHE_HOME": str(task_name_cache)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "eval.tasks: lm-eval knows no task 'gsm8kk'" in proc.stderr and "close names: gsm8k" in proc.stderr, proc.stderr[-2000:]
+    assert "Job stats" not in proc.stdout + proc.stderr
