@@ -277,6 +277,29 @@ def test_greedy_generation_is_the_argmax_loop(runs, tokens):
         lm.generate_until([Instance("generate_until", {}, ("A", {"do_sample": True, "temperature": 0.7}), 0)])
 
 
+def test_generation_reports_progress_in_the_log(runs, tokens, monkeypatch, capsys):
+    """In a log (stderr not a terminal), generation prints the progress lines scoring prints: per task,
+    requests done, rate, time left and the tokens generated so far (here a line at every update)."""
+    import functools
+
+    from lm_eval.api.instance import Instance
+
+    from streamback.eval import lm as lm_module
+    from streamback.progress import Progress
+
+    monkeypatch.setattr(lm_module, "Progress", functools.partial(Progress, every_s=0.0))
+    lm = lm_module.StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), batch_size=2)
+    requests = [Instance("generate_until", {}, (text, {"until": [], "max_gen_toks": 5}), i, metadata=("my_task", i, 1))
+                for i, text in enumerate(["The dog", "A cat", "Mia", "Ben says"])]
+    assert [r.task_name for r in requests] == ["my_task"] * 4
+    lm.scorer.eos_id = -1  # no end-of-text token: each request generates its 5 tokens
+    capsys.readouterr()
+    lm.generate_until(requests)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[generate_until my_task]")]
+    assert lines and lines[-1].startswith("[generate_until my_task] 4/4 request, ") and lines[-1].endswith(" 20 tokens generated")
+    assert any(" request, " in line and " left " in line for line in lines)
+
+
 # ---- through lm-eval -----------------------------------------------------------------------------
 
 
