@@ -171,6 +171,22 @@ def test_rolling_windows_are_lm_evals(runs, tokens):
     assert totals[1] == pytest.approx(direct_loglikelihood(sc.model, [run.eos_id], short)[0], abs=1e-5)
 
 
+@pytest.mark.parametrize("run, stream, dtype", [("micro-baseline", None, torch.bfloat16), ("micro-streamback", None, torch.bfloat16),
+                                                ("micro-streamback", "mxfp8", torch.bfloat16), ("micro-baseline", None, torch.float32)])
+def test_the_evaluated_model_holds_its_weights_in_the_compute_dtype_with_the_same_outputs(runs, tokens, run, stream, dtype):
+    """The model evaluation scores with keeps its parameters in the compute dtype (no cast at every
+    use) and gives bit for bit the logits of the model file's fp32 master weights cast at each use."""
+    from streamback.model.weights import load_model
+
+    opened = open_run(runs[run], tokens)
+    model = opened.model(compute_dtype=dtype, stream=stream)
+    masters = load_model(runs[run], compute_dtype=dtype, stream=stream)
+    assert {p.dtype for p in model.parameters()} == {dtype} and {p.dtype for p in masters.parameters()} == {torch.float32}
+    x = torch.randint(0, 300, (3, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert torch.equal(model(x), masters(x))
+
+
 @pytest.mark.parametrize("run, stream, dtype, tol", [("micro-baseline", None, torch.float32, 2e-5), ("micro-streamback", None, torch.float32, 2e-5),
                                                      ("micro-streamback", "mxfp8", torch.bfloat16, 0.1), ("micro-baseline", None, torch.bfloat16, 0.1)])
 def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtype, tol):
