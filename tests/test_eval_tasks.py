@@ -130,6 +130,7 @@ def test_every_form_of_data_files_lm_eval_accepts_passes(tmp_path, monkeypatch):
     ("data/valid-a.jsonl", r"task piqa_x reads split 'validation' \(validation_split in tasks/piqa_x.yaml\), but its data files give only train"),
     ({"validation": "data/valid-a.jsonl"}, r"task piqa_x reads split 'train' \(training_split in tasks/piqa_x.yaml\), but its data files give "
                                            r"only validation"),
+    (None, r"task piqa_x: cannot load its dataset ./piqa-copy: .* \(dataset_path ./piqa-copy in tasks/piqa_x.yaml is not a directory"),
 ])
 def test_missing_or_unreadable_data_are_named_with_task_and_split(tmp_path, monkeypatch, files, message):
     """Before any model runs: the task, the split and the file, with a hint that fits a user's own
@@ -139,13 +140,13 @@ def test_missing_or_unreadable_data_are_named_with_task_and_split(tmp_path, monk
     (tmp_path / "data" / "broken.parquet").write_bytes(b"PAR1" + bytes(range(200)) + b"PAR1")
     write_parquet(tmp_path / "data" / "good.parquet", PIQA[:2])
     (tmp_path / "data" / "empty.jsonl").write_text("")
-    dataset_path = "parquet" if "broken" in json.dumps(files) else "json"
+    dataset_path = "parquet" if "broken" in json.dumps(files) else "json" if files else "./piqa-copy"
     local_copy("piqa/piqa.yaml", tmp_path / "tasks", dataset_path, files, task="piqa_x")
     with pytest.raises(StreambackError, match=message) as caught:
         taskload.load_tasks(taskload.task_manager(["piqa_x"], ["tasks"]), ["piqa_x"])
     text = str(caught.value)
     assert "\n" not in text and "eval-tasks" not in text
-    if "empty" not in text:
+    if "empty" not in text and files:
         assert f"see dataset_path and dataset_kwargs in tasks/piqa_x.yaml; relative paths are read from the working directory, {tmp_path}" in text
 
 
@@ -215,6 +216,15 @@ def test_the_stage_and_tables_run_real_lm_eval_tasks(long_runs, tokens, monkeypa
         assert row.n == len(mine) and row.value == pytest.approx(sum(mine.values()) / len(mine))
         assert row.tests == 4 and row.family == ("micro-streamback vs micro-baseline, 4 tests: hellaswag acc; hellaswag acc_norm; "
                                                   "gsm8k exact_match (strict-match, flexible-extract)")
+    # the study page shows the two filters apart
+    from streamback.io import write_csv
+    from streamback.report import page
+
+    for name, frame in zip(layout.BENCHMARK_TABLES, (benchmarks, pairs)):
+        write_csv(layout.table(name), frame)
+    wide, _, _, shown, _ = page.benchmarks()
+    assert {"gsm8k (exact_match, strict-match)", "gsm8k (exact_match, flexible-extract)", "hellaswag (acc)"} <= set(wide.columns)
+    assert list(shown["filter"]) == ["none", "none", "strict-match", "flexible-extract"]
 
 
 @pytest.mark.slow

@@ -137,6 +137,8 @@ class _Data:
     def hint(self) -> str:
         if self.task in LOCAL_TASKS:
             return "local tasks: run `streamback eval-tasks` (rule eval_tasks)"
+        if not self.local and self.path.startswith((os.sep, ".", "~")):
+            return f"dataset_path {self.path} in {self.yaml_path} is not a directory (relative paths are read from {Path.cwd()})"
         if not self.local:
             return "hub datasets need the Hugging Face Hub, or a filled HF datasets cache with HF_DATASETS_OFFLINE=1"
         return (f"see dataset_path and dataset_kwargs in {self.yaml_path}; relative paths are read from the working directory, "
