@@ -496,7 +496,7 @@ def test_the_eval_command_line_lists_the_model_arguments_and_names_errors_in_one
     truncated = tmp_path / "model.pt"
     truncated.write_bytes(b"PK\x03\x04" + b"\0" * 200)
     proc = subprocess.run([sys.executable, "-m", "streamback.eval", "--model", "streamback", "--model_args", f"pretrained={truncated}",
-                           "--include_path", str(taskdata.TASKS_DIR), "--tasks", "streamback_cloze"],
+                           "--include_path", str(taskload.TASKS_DIR), "--tasks", "streamback_cloze"],
                           env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(f"python -m streamback.eval: error: streamback model: model file {truncated} "
@@ -721,13 +721,13 @@ def test_task_yamls_read_the_layout_paths_through_lm_evals_task_manager():
     layout.eval_task_file names (the YAML is that path's one mirror, checked here), with no template."""
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_defaults=False, include_path=str(taskdata.TASKS_DIR))
+    manager = TaskManager(include_defaults=False, include_path=str(taskload.TASKS_DIR))
     assert set(manager.all_subtasks) == set(taskdata.LOCAL_TASKS) and "streamback_local" in manager.all_tags
     for task in taskdata.LOCAL_TASKS:
         cfg = manager.task_index[task].cfg
         assert cfg["dataset_path"] == "json" and cfg["dataset_kwargs"]["data_files"] == {"test": str(layout.eval_task_file(task))}
         assert not any("{{" in str(cfg.get(key, "")) for key in ("doc_to_text", "doc_to_target", "doc_to_choice"))
-        text = (taskdata.TASKS_DIR / f"{task}.yaml").read_text()
+        text = (taskload.TASKS_DIR / f"{task}.yaml").read_text()
         assert "data.synthetic.seed" in text and "eval-tasks" in text  # says how its items are held out
     schema = yaml.safe_load((ROOT / "config" / "schema" / "config.schema.yaml").read_text())
     assert schema["$defs"]["eval"]["properties"]["tasks"]["default"] == list(taskdata.LOCAL_TASKS)

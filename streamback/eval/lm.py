@@ -12,7 +12,7 @@ From Python (importing this module registers the model):
 
     import lm_eval, streamback.eval.lm
     from lm_eval.tasks import TaskManager
-    from streamback.eval.taskdata import TASKS_DIR
+    from streamback.eval.taskload import TASKS_DIR
     results = lm_eval.simple_evaluate(
         model="streamback", model_args={"pretrained": "results/runs/tiny-medium-baseline/model.pt"},
         tasks=["streamback_pairs_agreement"], task_manager=TaskManager(include_path=str(TASKS_DIR)))

@@ -27,7 +27,8 @@ import os
 from pathlib import Path
 
 from streamback.errors import StreambackError
-from streamback.eval.taskdata import LOCAL_TASKS, TASKS_DIR
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # the built-in local tasks' YAML files (their items: `streamback eval-tasks`)
 
 
 def _cache_file() -> Path:
@@ -134,8 +135,13 @@ class _Data:
 
         return self.path in _PACKAGED_DATASETS_MODULES or os.path.isdir(self.path)
 
+    @property
+    def built_in(self) -> bool:
+        """One of the local tasks of streamback/eval/tasks/, whose items `streamback eval-tasks` writes."""
+        return Path(self.yaml_path).resolve().is_relative_to(TASKS_DIR)
+
     def hint(self) -> str:
-        if self.task in LOCAL_TASKS:
+        if self.built_in:
             return "local tasks: run `streamback eval-tasks` (rule eval_tasks)"
         if not self.local and self.path.startswith((os.sep, ".", "~")):
             return f"dataset_path {self.path} in {self.yaml_path} is not a directory (relative paths are read from {Path.cwd()})"
@@ -229,7 +235,7 @@ def load_tasks(manager, names: list[str]) -> dict:
             named = data.missing_split(err, files) or (data.unreadable(files) if files else None)
             if named:
                 raise StreambackError(f"{named} ({data.hint()})") from None
-            hint = ("its items do not fit its YAML: write them again (`streamback eval-tasks`)" if name in LOCAL_TASKS else
+            hint = ("its items do not fit its YAML: write them again (`streamback eval-tasks`)" if data.built_in else
                     f"its data do not fit {data.yaml_path}" if data.local else data.hint())
             raise StreambackError(f"task {name}: cannot load its {_data_description(data.cfg)}: {_one_line(err)} ({hint})") from None
         if len(task.eval_docs) == 0:
