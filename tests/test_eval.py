@@ -1,8 +1,9 @@
 """The evaluation stage on real inputs: two micro models (baseline and StreamBack, 2 layers x 32,
 context 64) trained in-process for 30 steps on conftest's token shards, scored by the `streamback`
-backend (streamback.eval.scoring, streamback.eval.lm) and checked against direct computations with
-the model's forward, lm-eval's own window code, a plain greedy loop, and lm-eval's `hf` backend
-(transformers) on the exported model; bad inputs each stopped before scoring, by name; the tables."""
+backend (streamback.eval.scoring, decode, lm) and checked against direct computations with the
+model's forward, lm-eval's own window code, a plain greedy loop without a cache, and lm-eval's `hf`
+backend (transformers) on the exported model; the model's arguments; bad inputs each stopped before
+scoring, by name; the tables, and their refusal of incomplete lm-eval outputs."""
 
 import json
 import os
