@@ -190,7 +190,7 @@ def test_the_evaluated_model_holds_its_weights_in_the_compute_dtype_with_the_sam
 
 @pytest.mark.parametrize("run, stream, dtype, tol", [("micro-baseline", None, torch.float32, 2e-5), ("micro-streamback", None, torch.float32, 2e-5),
                                                      ("micro-streamback", "mxfp8", torch.bfloat16, 0.1), ("micro-baseline", None, torch.bfloat16, 0.1)])
-def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtype, tol):
+def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtype, tol, device):
     """The key/value cache's logits after a right-padded batch of contexts, then after each appended
     token (rows dropped on the way), are those of the model's own forward over each whole sequence:
     to fp32 rounding, and in bf16 compute (the baseline's bf16 stream, an MXFP8 stream) to the bf16
@@ -198,19 +198,19 @@ def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtyp
     from streamback.eval.decode import CachedDecoder
 
     opened = open_run(runs[run], tokens)
-    model = opened.model(compute_dtype=dtype, stream=stream)
+    model = opened.model(compute_dtype=dtype, stream=stream, device=device)
     gen = torch.Generator().manual_seed(3)
     rows = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (9, 3, 17, 1)]
     appended = torch.randint(0, 300, (4, 6), generator=gen)
     tokens_in = torch.zeros((4, 17), dtype=torch.long)
     for b, row in enumerate(rows):
         tokens_in[b, :len(row)] = torch.tensor(row)
-    decoder = CachedDecoder(model, tokens_in, torch.tensor([len(r) for r in rows]), capacity=17 + 6)
+    decoder = CachedDecoder(model, tokens_in.to(device), torch.tensor([len(r) for r in rows]), capacity=17 + 6)
     alive = [0, 1, 2, 3]
 
     def check():
         with torch.inference_mode():
-            want = torch.stack([model(torch.tensor([rows[b]]))[0, -1] for b in alive])
+            want = torch.stack([model(torch.tensor([rows[b]], device=device))[0, -1] for b in alive])
         assert decoder.logits.shape == want.shape and (decoder.logits - want).abs().max().item() < tol
 
     check()
@@ -218,7 +218,7 @@ def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtyp
         if step == 3:  # rows 1 and 3 finish
             decoder.keep([0, 2])
             alive = [0, 2]
-        decoder.step(appended[alive, step])
+        decoder.step(appended[alive, step].to(device))
         for b in alive:
             rows[b].append(int(appended[b, step]))
         check()
