@@ -156,7 +156,7 @@ def merge_config(base: dict, override: dict) -> dict:
 
 # ---- `streamback check` ---------------------------------------------------------------------
 
-HELP = "check config files as the Snakefile does (YAML with file and line, the schema, every run's model and recipe)"
+HELP = "check config files as the Snakefile does (YAML with file and line, the schema, every run's model and recipe, the eval task names)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
         config = merge_config(config, read_config_file(path))
     config = validate_config(config)
     check_runs(config["train"], config["model"], config["data"], tokenized=tokenized_train_split(config["data"]))
+    from streamback.eval.taskload import check_task_names
+
+    check_task_names(config["eval"]["tasks"], config["eval"]["include_path"])
     runs = run_matrix(config["train"])
     print(f"config OK ({' + '.join(map(str, [DEFAULT_CONFIG.relative_to(ROOT), *args.configfiles]))}): {len(runs)} runs: {', '.join(runs)}")
     return 0

@@ -1,8 +1,9 @@
 """The evaluation stage on real inputs: two micro models (baseline and StreamBack, 2 layers x 32,
 context 64) trained in-process for 30 steps on conftest's token shards, scored by the `streamback`
-backend (streamback.eval.scoring, streamback.eval.lm) and checked against direct computations with
-the model's forward, lm-eval's own window code, a plain greedy loop, and lm-eval's `hf` backend
-(transformers) on the exported model; bad inputs each stopped before scoring, by name; the tables."""
+backend (streamback.eval.scoring, decode, lm) and checked against direct computations with the
+model's forward, lm-eval's own window code, a plain greedy loop without a cache, and lm-eval's `hf`
+backend (transformers) on the exported model; the model's arguments; bad inputs each stopped before
+scoring, by name; the tables, and their refusal of incomplete lm-eval outputs."""
 
 import json
 import os
@@ -18,7 +19,7 @@ from streamback import layout
 from streamback.config import validate_config
 from streamback.data.tokenize import tokenize
 from streamback.errors import StreambackError
-from streamback.eval import stage, tables, taskdata
+from streamback.eval import stage, tables, taskdata, taskload
 from streamback.eval.scoring import Scorer, open_run, rolling_windows
 from streamback.model.export_hf import export
 from streamback.model.weights import read_model, save_model
@@ -33,6 +34,14 @@ TRAIN = {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "st
 RUNS = ("micro-baseline", "micro-streamback")
 SMALL = {"local": {"seed": 1000, "pairs": 6, "documents": 8}, "bootstrap_iters": 100, "batch_size": 16}
 TEXTS = ["The dog runs.", "Mia counts to five: one, two, three, four, five.", "A cat", "Four dark friends [and three shelves (blue and heavy)] miss every song."]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory):
+    """The names of lm-eval's own tasks cached in a directory of the tests' own, not the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +172,90 @@ def test_rolling_windows_are_lm_evals(runs, tokens):
     assert totals[1] == pytest.approx(direct_loglikelihood(sc.model, [run.eos_id], short)[0], abs=1e-5)
 
 
+@pytest.mark.parametrize("run, stream, dtype", [("micro-baseline", None, torch.bfloat16), ("micro-streamback", None, torch.bfloat16),
+                                                ("micro-streamback", "mxfp8", torch.bfloat16), ("micro-baseline", None, torch.float32)])
+def test_the_evaluated_model_holds_its_weights_in_the_compute_dtype_with_the_same_outputs(runs, tokens, run, stream, dtype):
+    """The model evaluation scores with keeps its parameters in the compute dtype (no cast at every
+    use) and gives bit for bit the logits of the model file's fp32 master weights cast at each use."""
+    from streamback.model.weights import load_model
+
+    opened = open_run(runs[run], tokens)
+    model = opened.model(compute_dtype=dtype, stream=stream)
+    masters = load_model(runs[run], compute_dtype=dtype, stream=stream)
+    assert {p.dtype for p in model.parameters()} == {dtype} and {p.dtype for p in masters.parameters()} == {torch.float32}
+    x = torch.randint(0, 300, (3, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert torch.equal(model(x), masters(x))
+
+
+@pytest.mark.parametrize("run, stream, dtype, tol", [("micro-baseline", None, torch.float32, 2e-5), ("micro-streamback", None, torch.float32, 2e-5),
+                                                     ("micro-streamback", "mxfp8", torch.bfloat16, 0.1), ("micro-baseline", None, torch.bfloat16, 0.1)])
+def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtype, tol, device):
+    """The key/value cache's logits after a right-padded batch of contexts, then after each appended
+    token (rows dropped on the way), are those of the model's own forward over each whole sequence:
+    to fp32 rounding, and in bf16 compute (the baseline's bf16 stream, an MXFP8 stream) to the bf16
+    noise of other matmul shapes (logits of order 10)."""
+    from streamback.eval.decode import CachedDecoder
+
+    opened = open_run(runs[run], tokens)
+    model = opened.model(compute_dtype=dtype, stream=stream, device=device)
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (9, 3, 17, 1)]
+    appended = torch.randint(0, 300, (4, 6), generator=gen)
+    tokens_in = torch.zeros((4, 17), dtype=torch.long)
+    for b, row in enumerate(rows):
+        tokens_in[b, :len(row)] = torch.tensor(row)
+    decoder = CachedDecoder(model, tokens_in.to(device), torch.tensor([len(r) for r in rows]), capacity=17 + 6)
+    alive = [0, 1, 2, 3]
+
+    def check():
+        with torch.inference_mode():
+            want = torch.stack([model(torch.tensor([rows[b]], device=device))[0, -1] for b in alive])
+        assert decoder.logits.shape == want.shape and (decoder.logits - want).abs().max().item() < tol
+
+    check()
+    for step in range(6):
+        if step == 3:  # rows 1 and 3 finish
+            decoder.keep([0, 2])
+            alive = [0, 2]
+        decoder.step(appended[alive, step].to(device))
+        for b in alive:
+            rows[b].append(int(appended[b, step]))
+        check()
+
+
+@pytest.mark.parametrize("run, dtype", [("micro-baseline", torch.float32), ("micro-streamback", torch.float32), ("micro-baseline", torch.bfloat16),
+                                        ("micro-streamback", torch.bfloat16)])
+def test_cached_generation_equals_the_no_cache_loop(runs, tokens, run, dtype):
+    """Generation with the key/value cache gives exactly the tokens of the plain greedy loop that
+    runs the whole sequence through the model at every step (the path without a cache), in every
+    batch size, as trained (bf16) and in fp32, with rows ending at different steps (end-of-text,
+    a stop string, max_new_tokens)."""
+    sc, opened = scorer(runs, tokens, run=run, dtype=dtype, batch_size=3)
+    prompts = [[opened.eos_id, *sc.encode(t)][-(64 - 30):] for t in ("Mia counts to five: one,", "The dog", "Ben says, \"The", "A", *TEXTS)]
+
+    def loop(prompt, steps, eos):
+        ids = list(prompt)
+        with torch.inference_mode():
+            for _ in range(steps):
+                nxt = int(sc.model(torch.tensor([ids]))[0, -1].argmax())
+                if nxt == eos:
+                    break
+                ids.append(nxt)
+        return ids[len(prompt):]
+
+    plain = [loop(p, 30, opened.eos_id) for p in prompts]
+    for batch_size in (1, 3, 64):
+        sc.batch_size = batch_size
+        assert sc.generate(prompts, stop=[], max_new_tokens=30) == [sc.decode(ids) for ids in plain]
+    stop = sc.decode(plain[0][4:6])  # ends the first row early, others perhaps too
+    assert sc.generate(prompts, stop=[stop], max_new_tokens=30) == [sc.decode(ids).split(stop)[0] for ids in plain]
+    sc.eos_id = plain[0][5]  # a token the model generates, as the end-of-text token: rows end at different steps
+    ended = [loop(p, 30, sc.eos_id) for p in prompts]
+    assert len({len(ids) for ids in ended}) > 2
+    assert sc.generate(prompts, stop=[], max_new_tokens=30) == [sc.decode(ids) for ids in ended]
+
+
 def test_greedy_generation_is_the_argmax_loop(runs, tokens):
     sc, run = scorer(runs, tokens, batch_size=3)
     prompts = [[run.eos_id, *sc.encode(t)] for t in ("Mia counts to five: one,", "The dog", "Ben says, \"The", "A")]
@@ -201,7 +294,42 @@ def test_greedy_generation_is_the_argmax_loop(runs, tokens):
         lm.generate_until([Instance("generate_until", {}, ("A", {"do_sample": True, "temperature": 0.7}), 0)])
 
 
+def test_generation_reports_progress_in_the_log(runs, tokens, monkeypatch, capsys):
+    """In a log (stderr not a terminal), generation prints the progress lines scoring prints: per task,
+    requests done, rate, time left and the tokens generated so far (here a line at every update)."""
+    import functools
+
+    from lm_eval.api.instance import Instance
+
+    from streamback.eval import lm as lm_module
+    from streamback.progress import Progress
+
+    monkeypatch.setattr(lm_module, "Progress", functools.partial(Progress, every_s=0.0))
+    lm = lm_module.StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), batch_size=2)
+    requests = [Instance("generate_until", {}, (text, {"until": [], "max_gen_toks": 5}), i, metadata=("my_task", i, 1))
+                for i, text in enumerate(["The dog", "A cat", "Mia", "Ben says"])]
+    assert [r.task_name for r in requests] == ["my_task"] * 4
+    lm.scorer.eos_id = -1  # no end-of-text token: each request generates its 5 tokens
+    capsys.readouterr()
+    lm.generate_until(requests)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[generate_until my_task]")]
+    assert lines and lines[-1].startswith("[generate_until my_task] 4/4 request, ") and lines[-1].endswith(" 20 tokens generated")
+    assert any(" request, " in line and " left " in line for line in lines)
+
+
 # ---- through lm-eval -----------------------------------------------------------------------------
+
+
+def test_a_tasks_numbers_do_not_depend_on_the_other_tasks(evaluated, runs, tokens, tmp_path, monkeypatch):
+    """Batches never mix tasks: a task evaluated alone gives, in bf16 compute, bit for bit the per-item
+    log-likelihoods it gave beside the four other local tasks (whose requests, sorted by length
+    together, would pad it into other batch shapes)."""
+    monkeypatch.chdir(evaluated["root"])
+    for task in ("streamback_pairs_counting", "streamback_cloze"):
+        run_stage({"tasks": [task]}, runs["micro-streamback"], tokens, tmp_path / task)
+        alone = [json.loads(line)["resps"] for line in (tmp_path / task / f"samples_{task}.jsonl").read_text().splitlines()]
+        beside = [json.loads(line)["resps"] for line in layout.eval_samples("micro-streamback", task).read_text().splitlines()]
+        assert alone == beside
 
 
 def test_lm_eval_runs_the_local_tasks_with_the_streamback_model(evaluated, runs, tokens):
@@ -253,11 +381,11 @@ def test_hf_backend_agrees_with_the_streamback_backend(runs, tokens, evaluated, 
     assert hf_tokenizer.eos_token_id == run.eos_id and hf_tokenizer.bos_token_id is None
     monkeypatch.chdir(evaluated["root"])
     names = evaluated["cfg"]["tasks"]
-    manager = stage.task_manager(names, [])
+    manager = taskload.task_manager(names, [])
     samples = {}
     for backend, model in (("hf", HFLM(pretrained=str(tmp_path / "hf"), dtype="float32", batch_size=8, device="cpu")),
                            ("streamback", StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), dtype="float32", batch_size=8))):
-        results = lm_eval.simple_evaluate(model=model, tasks=list(stage.load_tasks(manager, names).values()), task_manager=manager,
+        results = lm_eval.simple_evaluate(model=model, tasks=list(taskload.load_tasks(manager, names).values()), task_manager=manager,
                                           log_samples=True, bootstrap_iters=0)
         samples[backend] = results["samples"]
     compared = 0
@@ -303,6 +431,77 @@ def test_export_carries_the_runs_tokenizer(runs, tokens, tmp_path):
     save_model(tmp_path / "random.pt", trained.args, trained.state, trained.compute_dtype)
     export(tmp_path / "random.pt", tmp_path / "random-hf", default_tokens=tokens)
     assert not (tmp_path / "random-hf" / "tokenizer.json").exists() and (tmp_path / "random-hf" / "model.safetensors").exists()
+
+
+# ---- the model's arguments -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"tokens": "/elsewhere"}, r"tokens=/elsewhere and tokenizer=.* name two directories; give one"),
+    ({"batch_size": "auto"}, r"batch_size='auto' must be a positive whole number \(no 'auto'\)"),
+    ({"batch_size": 0}, r"batch_size=0 must be a positive whole number"),
+    ({"max_length": 1000}, r"max_length 1000 must be between 1 and the model's max_seq_len 64"),
+    ({"max_length": "long"}, r"max_length='long' must be a positive whole number"),
+    ({"dtype": "fp8"}, r"dtype='fp8' is not one of float32, bfloat16, float16"),
+    ({"stream": "fp7"}, r"stream='fp7': bad residual-stream format 'fp7'"),
+    ({"device": "gpu9"}, r"device='gpu9' is not a torch device"),
+    ({"trust_remote_code": True, "parallelize": False}, r"unknown arguments 'trust_remote_code', 'parallelize' in model_args; it takes pretrained, tokens"),
+    ({"pretrained": None}, r"pretrained= is required"),
+])
+def test_a_bad_model_argument_is_named_in_one_line(runs, tokens, args, message, no_scoring):
+    from streamback.eval.lm import StreambackLM
+
+    with pytest.raises(StreambackError, match=r"^streamback model: " + message) as caught:
+        StreambackLM(**{"pretrained": str(runs["micro-baseline"]), "tokenizer": str(tokens), **args})
+    assert "\n" not in str(caught.value)
+
+
+def test_tokenizer_is_tokens_and_the_default_is_found_by_the_models_corpus(runs, tokens, other_corpora, tmp_path, monkeypatch):
+    """`tokenizer=` (the hf backend's name) is `tokens=`; without either, the token directory is the one
+    beside the model file's results/ whose corpus the model file records (another corpus there is
+    passed over), wherever the working directory is; none there is one line naming where it looked."""
+    import shutil
+
+    from streamback.eval.lm import StreambackLM
+
+    model = str(runs["micro-baseline"])
+    assert StreambackLM(pretrained=model, tokenizer=str(tokens), dtype="float32").run.tokens_dir == tokens
+    assert StreambackLM(pretrained=model, tokens=str(tokens), tokenizer=str(tokens)).run.tokens_dir == tokens
+    project = tmp_path / "project"
+    (project / layout.run_dir("micro-baseline")).mkdir(parents=True)
+    shutil.copy2(model, project / layout.model_file("micro-baseline"))
+    shutil.copytree(other_corpora[280], project / "results" / "tokens" / "a-first-other-corpus")
+    shutil.copytree(tokens, project / "results" / "tokens" / "my-corpus")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    found = StreambackLM(pretrained=str(project / layout.model_file("micro-baseline")))
+    assert found.run.tokens_dir == project / "results" / "tokens" / "my-corpus"
+    assert found.get_model_info()["model_args"]["tokens"] == str(project / "results" / "tokens" / "my-corpus")
+    shutil.rmtree(project / "results" / "tokens" / "my-corpus")
+    with pytest.raises(StreambackError, match=rf"^streamback model: no token directory was given, and none of {project / 'results' / 'tokens'}, "
+                                              rf".*results/tokens holds the corpus .*model.pt was trained on \(fingerprint \w+\): give its token directory$"):
+        StreambackLM(pretrained=str(project / layout.model_file("micro-baseline")))
+
+
+@pytest.mark.slow
+def test_the_eval_command_line_lists_the_model_arguments_and_names_errors_in_one_line(tmp_path):
+    """`python -m streamback.eval --help` ends with the model's arguments; a truncated model file is
+    the project's one-line error (status 2) under lm-eval's own command line, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shown = subprocess.run([sys.executable, "-m", "streamback.eval", "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "the streamback model's arguments" in shown.stdout
+    from streamback.eval.lm import MODEL_ARGUMENTS
+
+    for name in MODEL_ARGUMENTS:
+        assert f"\n  {name} " in shown.stdout
+    truncated = tmp_path / "model.pt"
+    truncated.write_bytes(b"PK\x03\x04" + b"\0" * 200)
+    proc = subprocess.run([sys.executable, "-m", "streamback.eval", "--model", "streamback", "--model_args", f"pretrained={truncated}",
+                           "--include_path", str(taskload.TASKS_DIR), "--tasks", "streamback_cloze"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"python -m streamback.eval: error: streamback model: model file {truncated} "
+                                                             "cannot be read by torch.load")
 
 
 # ---- bad input: named before any scoring ---------------------------------------------------------
@@ -351,11 +550,12 @@ def test_unknown_tasks_groups_and_missing_or_empty_items_are_named(evaluated, ru
     with pytest.raises(StreambackError, match="'streamback_local' is a group or tag"):
         run_stage({"tasks": ["streamback_local"]}, runs["micro-baseline"], tokens, tmp_path / "out")
     monkeypatch.chdir(tmp_path)  # no items written here
-    with pytest.raises(StreambackError, match="task streamback_cloze: its items file results/eval/tasks/streamback_cloze.jsonl does not exist"):
+    with pytest.raises(StreambackError, match=r"task streamback_cloze, split test: no data file matches results/eval/tasks/streamback_cloze.jsonl "
+                                              r"\(local tasks: run `streamback eval-tasks` \(rule eval_tasks\)\)"):
         run_stage({"tasks": ["streamback_cloze"]}, runs["micro-baseline"], tokens, tmp_path / "out")
     layout.eval_task_file("streamback_cloze").parent.mkdir(parents=True)
     layout.eval_task_file("streamback_cloze").write_text("")
-    with pytest.raises(StreambackError, match="task streamback_cloze has no items: results/eval/tasks/streamback_cloze.jsonl is empty"):
+    with pytest.raises(StreambackError, match=r"task streamback_cloze has no items: results/eval/tasks/streamback_cloze.jsonl \(split test\) is empty"):
         run_stage({"tasks": ["streamback_cloze"]}, runs["micro-baseline"], tokens, tmp_path / "out")
 
 
@@ -400,7 +600,8 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
     cfg = evaluated["cfg"]
     train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
     benchmarks, pairs = tables.tables(cfg, train_cfg)
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "metric", "value", "stderr", "n"]
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "filter", "metric", "value", "stderr", "n"]
+    assert set(benchmarks["filter"]) == {"none"}
     for row in benchmarks.itertuples():
         saved = evaluated["results"][row.run]["results"][row.task]
         assert row.value == saved[f"{row.metric},none"]
@@ -419,6 +620,8 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
         assert row.diff == pytest.approx(sum(b) / len(b) - sum(a) / len(a)) and row.ci_low <= row.diff <= row.ci_high
         want_p = mcnemar([[0, only_a], [only_b, 0]], exact=True).pvalue if only_a + only_b else 1.0
         assert row.p_mcnemar == pytest.approx(want_p) and row.tests == 4 and row.p_holm >= row.p_mcnemar
+        assert row.family == ("micro-streamback vs micro-baseline, 4 tests: streamback_pairs_agreement acc; streamback_pairs_brackets acc; "
+                              "streamback_pairs_counting acc; streamback_cloze acc")
         assert row.verdict.startswith(("no difference", "not distinguishable from noise", "distinguishable from noise"))
 
 
@@ -436,8 +639,44 @@ def test_tables_refuse_half_written_results(evaluated, monkeypatch, tmp_path):
     path.write_text(text)
     samples = layout.eval_samples("micro-streamback", "streamback_cloze")
     samples.write_text("".join(samples.read_text().splitlines(keepends=True)[:-1]))
-    with pytest.raises(StreambackError, match="samples_streamback_cloze.jsonl holds 7 items, .* says 8"):
+    with pytest.raises(StreambackError, match="samples_streamback_cloze.jsonl holds 7 items under filter none, .* says 8"):
         tables.read_results("micro-streamback", tasks)
+
+
+def _edited(path, edit):
+    """Rewrite a JSON file (or, for .jsonl, each line) with `edit` applied to its object."""
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(edit(json.loads(line))) + "\n" for line in path.read_text().splitlines()))
+    else:
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+@pytest.mark.parametrize("file, edit, message", [
+    ("results", lambda r: {**r, "results": {**r["results"], "streamback_cloze": {k: v for k, v in r["results"]["streamback_cloze"].items()
+                                                                                if k != "acc,none"}}},
+     r"results/eval/micro-streamback/results.json has no acc,none of task streamback_cloze \(each metric under each filter\)"),
+    ("results", lambda r: {k: v for k, v in r.items() if k != "n-samples"}, r"results.json has no 'n-samples': not a whole lm-eval results file"),
+    ("results", lambda r: {**r, "n-samples": {k: v for k, v in r["n-samples"].items() if k != "streamback_perplexity"}},
+     r"results.json has no n-samples of task streamback_perplexity"),
+    ("results", lambda r: {**r, "higher_is_better": {}}, r"results.json names no metric of task streamback_pairs_agreement"),
+    ("samples", lambda s: {k: v for k, v in s.items() if k != "doc_hash"}, r"samples_streamback_cloze.jsonl, line 1: no doc_hash"),
+    ("samples", lambda s: {k: v for k, v in s.items() if k != "acc"}, r"samples_streamback_cloze.jsonl, line 1: no acc"),
+    ("samples", lambda s: {**s, "filter": "strict-match"}, r"line 1: filter 'strict-match' is not one of the task's \(none\)"),
+])
+def test_tables_refuse_incomplete_lm_eval_outputs(evaluated, monkeypatch, tmp_path, file, edit, message):
+    """A results.json without a metric the task reports, without its item counts, or a samples file
+    without doc_hash or a metric: named with the file and the rule to rerun, never a table without the row."""
+    import shutil
+
+    shutil.copytree(evaluated["root"] / "results", tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    path = layout.eval_results("micro-streamback") if file == "results" else layout.eval_samples("micro-streamback", "streamback_cloze")
+    _edited(path, edit)
+    train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
+    with pytest.raises(StreambackError, match=message + r".*: evaluate the run again \(rule evaluate: snakemake --forcerun "
+                                              r"results/eval/micro-streamback/results.json\)$"):
+        tables.tables(evaluated["cfg"], train_cfg)
+    assert not layout.table("benchmarks").exists()
 
 
 def test_benchmark_table_command_writes_both_tables(evaluated, tmp_path):
@@ -449,7 +688,7 @@ def test_benchmark_table_command_writes_both_tables(evaluated, tmp_path):
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
-    assert len(pd.read_csv(tmp_path / layout.table("benchmarks"))) == 2 * 8 and len(pairs) == 4
+    assert len(pd.read_csv(tmp_path / layout.table("benchmarks"))) == 2 * 8 and len(pairs) == 4 and set(pairs["filter"]) == {"none"}
     assert "micro-streamback vs micro-baseline" in proc.stdout
 
 
@@ -483,13 +722,13 @@ def test_task_yamls_read_the_layout_paths_through_lm_evals_task_manager():
     layout.eval_task_file names (the YAML is that path's one mirror, checked here), with no template."""
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_defaults=False, include_path=str(taskdata.TASKS_DIR))
+    manager = TaskManager(include_defaults=False, include_path=str(taskload.TASKS_DIR))
     assert set(manager.all_subtasks) == set(taskdata.LOCAL_TASKS) and "streamback_local" in manager.all_tags
     for task in taskdata.LOCAL_TASKS:
         cfg = manager.task_index[task].cfg
         assert cfg["dataset_path"] == "json" and cfg["dataset_kwargs"]["data_files"] == {"test": str(layout.eval_task_file(task))}
         assert not any("{{" in str(cfg.get(key, "")) for key in ("doc_to_text", "doc_to_target", "doc_to_choice"))
-        text = (taskdata.TASKS_DIR / f"{task}.yaml").read_text()
+        text = (taskload.TASKS_DIR / f"{task}.yaml").read_text()
         assert "data.synthetic.seed" in text and "eval-tasks" in text  # says how its items are held out
     schema = yaml.safe_load((ROOT / "config" / "schema" / "config.schema.yaml").read_text())
     assert schema["$defs"]["eval"]["properties"]["tasks"]["default"] == list(taskdata.LOCAL_TASKS)
@@ -515,7 +754,7 @@ def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
     result = run_snakemake(*targets, "--cores", "2", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", small, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     benchmarks = pd.read_csv(tmp_path / layout.table("benchmarks"))
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "metric", "value", "stderr", "n"]
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "filter", "metric", "value", "stderr", "n"]
     assert sorted(set(benchmarks.run)) == sorted(RUNS) and len(benchmarks) == 2 * 8
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
     assert list(pairs.run) == ["micro-streamback"] * 4 and pairs.verdict.str.contains("noise|no difference").all()

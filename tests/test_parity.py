@@ -117,3 +117,22 @@ def test_model_file_round_trip_and_honest_stream(tmp_path):
         assert torch.equal(as_bf16_stream(tokens), model(tokens))  # the baseline is a bf16 stream
         fp32 = load_model(tmp_path / "model.pt", compute_dtype=torch.float32, stream="fp32")
         assert fp32.stream_format.label == "fp32" and not torch.equal(fp32(tokens), model(tokens))
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_export_files_follow_the_umask(tmp_path, umask, mode):
+    """Every file of an export is as readable as the umask lets any written file be (safetensors on
+    its own writes 0600, unreadable for a colleague or a shared cache)."""
+    import os
+    import stat
+
+    model = random_model()
+    save_model(tmp_path / "model.pt", model.args, model.state_dict(), model.compute_dtype)
+    previous = os.umask(umask)
+    try:
+        export(tmp_path / "model.pt", tmp_path / "hf")
+    finally:
+        os.umask(previous)
+    files = sorted((tmp_path / "hf").iterdir())
+    assert [p.name for p in files] == ["config.json", "model.safetensors"]
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: mode for p in files}

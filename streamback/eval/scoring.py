@@ -16,8 +16,8 @@ of lm-eval's `hf` backend, so the two give the same numbers on the same model:
 - rolling log-likelihood: lm-eval's disjoint windows of max_length tokens, the first conditioned
   on the end-of-text token, scored as requests in the same batches;
 - greedy generation: the argmax token is appended until a stop string, the end-of-text token or
-  max_new_tokens; rows of different lengths are right-padded and each step is one forward of the
-  rows still running (no KV cache: the tasks this serves generate a few tokens).
+  max_new_tokens; rows of different lengths are right-padded, the contexts run once and each new
+  token is one step of the rows still running with a key/value cache (`streamback.eval.decode`).
 
 `open_run` reads a trained run and its tokenizer (from the run's data manifest) and checks that
 they belong together before anything is scored; a `Scorer` itself needs no tokenizer library
@@ -26,6 +26,7 @@ when given token ids.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from pathlib import Path
 import torch
 
 from streamback.errors import StreambackError
+from streamback.eval.decode import CachedDecoder
 from streamback.model.weights import TrainedModel, check_corpus, load_model, read_model
 
 Request = tuple[Sequence[int], Sequence[int]]  # (context tokens, continuation tokens)
@@ -56,21 +58,58 @@ class Run:
         return self.manifest["eos_id"]
 
     def model(self, compute_dtype: torch.dtype | None = None, stream: str | None = None, device="cpu"):
-        """The Transformer, ready for evaluation: as trained by default (bf16 compute, its stream)."""
-        return load_model(self.trained, compute_dtype=compute_dtype, stream=stream, device=device)
+        """The Transformer, ready for evaluation: as trained by default (bf16 compute, its stream).
+        Its parameters are held in the compute dtype: the values the forward would cast them to at
+        every use (the model's outputs are bit for bit the same), without the cast, which costs
+        bf16 scoring and generation half their time on a CPU."""
+        model = load_model(self.trained, compute_dtype=compute_dtype, stream=stream, device=device)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.data = parameter.data.to(model.compute_dtype)
+        return model
 
 
-def open_run(model_file: str | Path, tokens_dir: str | Path) -> Run:
-    """Read a trained model and the tokenizer of its corpus (`tokens_dir`/manifest.json names it),
-    checked to belong together (`weights.check_corpus`) before anything is scored."""
+def open_run(model_file: str | Path, tokens_dir: str | Path | None = None) -> Run:
+    """Read a trained model and the tokenizer of its corpus (`tokens_dir`/manifest.json names it;
+    None: `find_tokens_dir`), checked to belong together (`weights.check_corpus`) before anything
+    is scored."""
     from streamback.data import tokenizer as tk
 
-    model_file, tokens_dir = Path(model_file), Path(tokens_dir)
+    model_file = Path(model_file)
     trained = read_model(model_file)
+    tokens_dir = Path(tokens_dir) if tokens_dir is not None else find_tokens_dir(model_file, trained)
     manifest, tokenizer_file = check_corpus(trained, model_file, tokens_dir)
     if trained.data is None:
         warnings.warn(f"{model_file} does not record the corpus it was trained on: only the tokenizer's vocabulary size was checked", stacklevel=2)
     return Run(model_file.parent.name, model_file, tokens_dir, trained, manifest, tk.load_file(tokenizer_file), tokenizer_file)
+
+
+def find_tokens_dir(model_file: Path, trained: TrainedModel) -> Path:
+    """The token directory of the corpus a model file records, for a caller that names none. Looked
+    for where results/ is, never in the working directory as such: in the results directory the
+    model file lies in (<dir>/results/runs/<run>/model.pt), then in the repository's; there, the
+    default config's token directory and every results/tokens/<corpus>/ are candidates, and the
+    one whose manifest has the fingerprint the model file records is taken (a model file without
+    that record takes the default config's directory)."""
+    from streamback import layout
+    from streamback.config import ROOT, load_config
+
+    default = layout.tokens_dir(load_config()["data"])
+    model_file = model_file.resolve()
+    runs = layout.run_dir("x").parent.parts  # ("results", "runs")
+    bases = [model_file.parents[3]] if model_file.parents[1].parts[-len(runs):] == runs else []
+    bases += [ROOT] if ROOT not in bases else []
+    candidates = [d for base in bases for d in (base / default, *sorted(p.parent for p in (base / layout.RESULTS / "tokens").glob("*/manifest.json")))]
+    for directory in dict.fromkeys(candidates):
+        try:
+            fingerprint = json.loads((directory / "manifest.json").read_text()).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if trained.data is None or fingerprint == trained.data.get("fingerprint"):
+            return directory
+    wanted = f"the corpus {model_file} was trained on (fingerprint {trained.data.get('fingerprint')})" if trained.data else "a tokenized corpus"
+    raise StreambackError(f"no token directory was given, and none of {', '.join(str(b / layout.RESULTS / 'tokens') for b in bases)} "
+                          f"holds {wanted}: give its token directory")
 
 
 def rolling_windows(tokens: Sequence[int], prefix_token: int, max_length: int) -> list[tuple[list[int], list[int]]]:
@@ -167,9 +206,10 @@ class Scorer:
         return totals
 
     @torch.inference_mode()
-    def generate(self, contexts: Sequence[Sequence[int]], stop: Sequence[str] = (), max_new_tokens: int = 256) -> list[str]:
+    def generate(self, contexts: Sequence[Sequence[int]], stop: Sequence[str] = (), max_new_tokens: int = 256, progress=None) -> list[str]:
         """Greedy continuation of each context, cut before the first stop string, ended by the
-        end-of-text token or after max_new_tokens tokens. Contexts are left-truncated to leave room."""
+        end-of-text token or after max_new_tokens tokens. Contexts are left-truncated to leave room.
+        `progress` counts the contexts done (and says how many tokens were generated so far)."""
         room = self.max_length - max_new_tokens
         if room < 1:
             raise StreambackError(f"max_new_tokens {max_new_tokens} leaves no room for a context in max_length {self.max_length}")
@@ -178,31 +218,36 @@ class Scorer:
         contexts = [list(c)[-room:] for c in contexts]
         order = sorted(range(len(contexts)), key=lambda i: -len(contexts[i]))
         out = [""] * len(contexts)
+        generated = 0
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
             lengths = torch.tensor([len(contexts[i]) for i in batch])
-            buffer = torch.zeros((len(batch), int(lengths.max()) + max_new_tokens), dtype=torch.long)
+            tokens = torch.zeros((len(batch), int(lengths.max())), dtype=torch.long)
             for b, i in enumerate(batch):
-                buffer[b, :lengths[b]] = torch.tensor(contexts[i])
+                tokens[b, :lengths[b]] = torch.tensor(contexts[i])
+            decoder = CachedDecoder(self.model, tokens.to(self.device), lengths, int(lengths.max()) + max_new_tokens - 1)
             new: list[list[int]] = [[] for _ in batch]
-            running = list(range(len(batch)))
-            for _ in range(max_new_tokens):
-                width = int(lengths[running].max())
-                logits = self.model(buffer[running, :width].to(self.device))
-                last = (lengths[running] - 1).to(self.device)
-                next_ids = logits[torch.arange(len(running), device=self.device), last].argmax(-1).tolist()
-                still = []
-                for b, token in zip(running, next_ids):
-                    if token == self.eos_id:
-                        continue
-                    buffer[b, lengths[b]] = token
-                    lengths[b] += 1
-                    new[b].append(token)
-                    if not any(s and s in self.decode(new[b]) for s in stop):
-                        still.append(b)
-                running = still
-                if not running:
+            running = list(range(len(batch)))  # the batch rows still generating, in the decoder's row order
+            for step in range(max_new_tokens):
+                next_ids = decoder.logits.argmax(-1)
+                kept = []  # indices into `running` of the rows that go on
+                for k, (b, token) in enumerate(zip(running, next_ids.tolist())):
+                    if token != self.eos_id:
+                        new[b].append(token)
+                        generated += 1
+                        if step < max_new_tokens - 1 and not any(s and s in self.decode(new[b]) for s in stop):
+                            kept.append(k)
+                            continue
+                    if progress is not None:
+                        progress.update(1, f"{generated:,} tokens generated")
+                if not kept:
                     break
+                if len(kept) < len(running):
+                    decoder.keep(kept)
+                    running, next_ids = [running[k] for k in kept], next_ids[kept]
+                decoder.step(next_ids)
+                if progress is not None:
+                    progress.update(0, f"{generated:,} tokens generated")
             for b, i in enumerate(batch):
                 text = self.decode(new[b])
                 for s in stop:

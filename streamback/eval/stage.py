@@ -5,8 +5,9 @@ stream); the tasks are `eval.tasks`, by lm-eval's names, looked up by lm-eval's 
 streamback/eval/tasks/ (the local tasks), `eval.include_path`, and lm-eval's own tasks when a
 name is not local. Everything is checked before the first item is scored: the model file, the
 tokenizer against the model (its vocabulary, its corpus), every task name (unknown ones with
-lm-eval's closest names), each task's data (a hub dataset that cannot be reached, a local file
-that is missing or empty) and that each task has items.
+lm-eval's closest names), each task's data as lm-eval loads them (a hub dataset that cannot be
+reached, a local data file that is missing, empty or unreadable, named with task and split;
+`streamback.eval.taskload`) and that each task has items.
 
 Outputs, in results/eval/<run>/ (`--outdir`): lm-eval's results JSON as its EvaluationTracker
 writes it (`results.json`) and its per-item samples (`samples_<task>.jsonl`, `log_samples`).
@@ -17,7 +18,6 @@ results.json is never half-written and always has its samples beside it.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import shutil
 import sys
@@ -26,8 +26,7 @@ from pathlib import Path
 
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args
-from streamback.errors import StreambackError
-from streamback.eval.taskdata import TASKS_DIR
+from streamback.eval.taskload import load_tasks, task_manager
 from streamback.progress import plain_logs
 
 HELP = "evaluate a trained run with lm-evaluation-harness (the `streamback` model): results.json and per-item samples"
@@ -53,70 +52,6 @@ def run(args: argparse.Namespace) -> int:
     tokens = args.tokens or layout.tokens_dir(load_config(args.config or DEFAULT_CONFIG)["data"])
     evaluate(cfg, args.model or layout.model_file(args.run_name), tokens, args.outdir or layout.eval_dir(args.run_name), args.device)
     return 0
-
-
-def task_manager(names: list[str], include_path: list[str]):
-    """lm-eval's TaskManager for `names`: the local tasks and `include_path` only, unless a name is
-    lm-eval's own (indexing lm-eval's ~15,000 tasks takes seconds). Unknown names stop it, with
-    the closest names lm-eval knows."""
-    from lm_eval.tasks import TaskManager
-
-    paths = [str(TASKS_DIR), *include_path]
-    for path in include_path:
-        if not Path(path).is_dir():
-            raise StreambackError(f"eval.include_path: {path} is not a directory")
-    manager = TaskManager(include_defaults=False, include_path=paths)
-    if not set(names) <= set(manager.all_tasks):
-        manager = TaskManager(include_path=paths)
-    for name in names:
-        if name not in manager.all_tasks:
-            close = difflib.get_close_matches(name, manager.all_tasks, n=6, cutoff=0.6)
-            raise StreambackError(f"lm-eval knows no task {name!r} (eval.tasks); "
-                                  + (f"close names: {', '.join(close)}" if close else "`lm-eval ls tasks` lists them"))
-        if name not in manager.all_subtasks:
-            raise StreambackError(f"eval.tasks: {name!r} is a group or tag of lm-eval tasks; list its tasks instead "
-                                  "(the per-item samples are kept per task)")
-    return manager
-
-
-def _data_description(cfg: dict) -> str:
-    """A task config's dataset, as a message names it."""
-    files = (cfg.get("dataset_kwargs") or {}).get("data_files")
-    if files:
-        listed = files.values() if isinstance(files, dict) else [files] if isinstance(files, str) else files
-        return f"dataset {cfg.get('dataset_path')} (data_files {', '.join(map(str, listed))})"
-    name = f" ({cfg['dataset_name']})" if cfg.get("dataset_name") else ""
-    return f"dataset {cfg.get('dataset_path')}{name}"
-
-
-def _local_files(cfg: dict) -> list[Path]:
-    files = (cfg.get("dataset_kwargs") or {}).get("data_files") or []
-    listed = files.values() if isinstance(files, dict) else [files] if isinstance(files, str) else files
-    return [Path(f) for f in listed]
-
-
-def load_tasks(manager, names: list[str]) -> dict:
-    """{name: lm-eval Task} with its data loaded; StreambackError naming the task and its dataset
-    if the data cannot be loaded (e.g. the hub is unreachable) or holds no items."""
-    tasks = {}
-    for name in names:
-        cfg = manager.task_index[name].cfg or {}
-        where = _data_description(cfg)
-        for path in _local_files(cfg):
-            if not path.is_file():
-                raise StreambackError(f"task {name}: its items file {path} does not exist (local tasks: run `streamback eval-tasks`, rule eval_tasks)")
-            if not path.read_text().strip():
-                raise StreambackError(f"task {name} has no items: {path} is empty")
-        try:
-            task = manager.load([name])["tasks"][name]
-        except Exception as err:  # datasets and lm-eval raise many types (ConnectionError offline)
-            hint = ("its items do not fit its YAML: write them again (`streamback eval-tasks`)" if _local_files(cfg) else
-                    "hub datasets need the Hugging Face Hub, or a filled HF datasets cache with HF_DATASETS_OFFLINE=1")
-            raise StreambackError(f"task {name}: cannot load its {where}: {type(err).__name__}: {err} ({hint})") from None
-        if len(task.eval_docs) == 0:
-            raise StreambackError(f"task {name} has no items in its {where}")
-        tasks[name] = task
-    return tasks
 
 
 def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = None) -> dict:

@@ -1,19 +1,22 @@
 """`streamback benchmark-table`: lm-eval's results of every run as two tables (rule benchmark_table).
 
-- results/tables/benchmarks.csv, one row per run, task and metric: `run, shape, block, stream,
-  task, metric, value, stderr, n` - lm-eval's value and standard error (empty where lm-eval has
-  none, e.g. word perplexity), n the items scored. A metric under a filter other than lm-eval's
-  `none` is named `metric,filter`.
+- results/tables/benchmarks.csv, one row per run, task, filter and metric: `run, shape, block,
+  stream, task, filter, metric, value, stderr, n` - lm-eval's value and standard error (empty
+  where lm-eval has none, e.g. word perplexity), n the items scored. `filter` is lm-eval's: `none`
+  for most tasks, each of the task's `filter_list` otherwise (gsm8k: strict-match, flexible-extract).
 - results/tables/benchmark_pairs.csv: every other run of a shape against the shape's baseline, per
-  task and per metric whose per-item values are 0/1 (accuracies), on the same items
-  (`streamback.eval.stats`): `diff` = value - baseline_value with a paired bootstrap interval
-  (`ci_low`, `ci_high`), the items right in one run only (`baseline_only`, `run_only`), the exact
-  McNemar p-value, the p-value after Holm's correction over the `tests` rows of the same shape and
-  run, the smallest difference these items detect (`mdd`, at eval.pairs.power) and a verdict in words.
+  task, filter and metric whose per-item values are 0/1 (accuracies), on the same items under that
+  filter (`streamback.eval.stats`): `diff` = value - baseline_value with a paired bootstrap
+  interval (`ci_low`, `ci_high`), the items right in one run only (`baseline_only`, `run_only`),
+  the exact McNemar p-value, the p-value after Holm's correction over the `tests` rows of the same
+  shape and run (every task, filter and 0/1 metric of that comparison; `family` lists them), the
+  smallest difference these items detect (`mdd`, at eval.pairs.power) and a verdict in words.
 
-Only complete evaluations are read: results.json must parse and hold every task, each task's
-samples file must hold its n items, and two runs are paired only on identical items (lm-eval's
-doc_hash); anything else stops the command, naming the file.
+Only complete evaluations are read (`read_results`): results.json must parse and hold every task
+with its item count and every metric under every filter, each task's samples file must hold its n
+items under each filter, each with its doc_id, doc_hash and metrics, and two runs are paired only
+on identical items (lm-eval's doc_hash); anything else stops the command, naming the file and the
+rule to rerun, so no row is ever left out silently.
 """
 
 from __future__ import annotations
@@ -33,44 +36,81 @@ from streamback.runs import RunSpec, run_matrix
 
 HELP = "aggregate lm-eval's results of every run (benchmarks.csv) and test each run against its shape's baseline (benchmark_pairs.csv)"
 
-BENCHMARK_COLUMNS = ["run", "shape", "block", "stream", "task", "metric", "value", "stderr", "n"]
-PAIR_COLUMNS = ["shape", "task", "metric", "baseline", "run", "stream", "n", "baseline_value", "value", "diff", "ci_low", "ci_high",
-                "baseline_only", "run_only", "p_mcnemar", "p_holm", "tests", "mdd", "verdict"]
+BENCHMARK_COLUMNS = ["run", "shape", "block", "stream", "task", "filter", "metric", "value", "stderr", "n"]
+PAIR_COLUMNS = ["shape", "task", "filter", "metric", "baseline", "run", "stream", "n", "baseline_value", "value", "diff", "ci_low", "ci_high",
+                "baseline_only", "run_only", "p_mcnemar", "p_holm", "tests", "family", "mdd", "verdict"]
+SAMPLE_KEYS = ("doc_id", "doc_hash", "filter")  # what pairing reads of each sample, besides its metrics
 
 
 def read_results(run: str, tasks: list[str]) -> dict:
-    """lm-eval's results of `run`, checked complete: {"results", "n": {task: items}, "samples": {task: [sample]}}."""
+    """lm-eval's results of `run`, checked complete: {"results", "n": {task: items}, "filters": {task:
+    [filter]}, "metrics": {task: [metric]}, "samples": {task: {filter: [sample]}}}. Every metric lm-eval
+    reports for a task (its higher_is_better) must have a value under every filter of the task
+    (its config's filter_list, else lm-eval's `none`), and each filter's samples must be the n items,
+    each with its doc_id, doc_hash and metrics; anything missing names the file and how to rerun."""
     path = layout.eval_results(run)
-    rerun = f"evaluate the run again (rule evaluate, {run})"
+    rerun = f"evaluate the run again (rule evaluate: snakemake --forcerun {path})"
     results = read_json(path, rerun)
-    missing = [t for t in tasks if t not in results.get("results", {})]
+    for key in ("results", "n-samples", "configs", "higher_is_better"):
+        if not isinstance(results.get(key) if isinstance(results, dict) else None, dict):
+            raise StreambackError(f"{path} has no {key!r}: not a whole lm-eval results file: {rerun}")
+    missing = [t for t in tasks if t not in results["results"]]
     if missing:
         raise StreambackError(f"{path} has no results for {', '.join(missing)}: {rerun}")
-    counts, samples = {}, {}
+    out = {"results": results["results"], "n": {}, "filters": {}, "metrics": {}, "samples": {}}
     for task in tasks:
-        counts[task] = results["n-samples"][task]["effective"]
-        sample_path = layout.eval_samples(run, task)
         try:
-            samples[task] = [json.loads(line) for line in sample_path.read_text().splitlines() if line.strip()]
-        except (OSError, json.JSONDecodeError) as err:
-            raise StreambackError(f"{sample_path} cannot be read ({err}): {rerun}") from None
-        if len(samples[task]) != counts[task]:
-            raise StreambackError(f"{sample_path} holds {len(samples[task])} items, {path} says {counts[task]}: {rerun}")
-    return {"results": results["results"], "n": counts, "samples": samples}
+            n = out["n"][task] = int(results["n-samples"][task]["effective"])
+        except (KeyError, TypeError, ValueError):
+            raise StreambackError(f"{path} has no n-samples of task {task} (n-samples.{task}.effective): {rerun}") from None
+        metrics = out["metrics"][task] = list(results["higher_is_better"].get(task) or {})
+        if not metrics:
+            raise StreambackError(f"{path} names no metric of task {task} (higher_is_better.{task}): {rerun}")
+        filters = out["filters"][task] = [f["name"] for f in (results["configs"].get(task) or {}).get("filter_list") or []] or ["none"]
+        absent = [f"{m},{f}" for f in filters for m in metrics if f"{m},{f}" not in results["results"][task]]
+        if absent:
+            raise StreambackError(f"{path} has no {', '.join(absent)} of task {task} (each metric under each filter): {rerun}")
+        out["samples"][task] = _read_samples(layout.eval_samples(run, task), filters, metrics, n, path, rerun)
+    return out
+
+
+def _read_samples(sample_path, filters: list[str], metrics: list[str], n: int, results_path, rerun: str) -> dict[str, list[dict]]:
+    """{filter: samples} of one task's samples file, each filter's the n items, each sample complete."""
+    by_filter: dict[str, list[dict]] = {f: [] for f in filters}
+    try:
+        lines = sample_path.read_text().splitlines()
+    except OSError as err:
+        raise StreambackError(f"{sample_path} cannot be read ({err.strerror or err}): {rerun}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            sample = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise StreambackError(f"{sample_path}, line {number}: not JSON ({err}): {rerun}") from None
+        lacking = [key for key in (*SAMPLE_KEYS, *metrics) if key not in sample] if isinstance(sample, dict) else ["everything"]
+        if lacking:
+            raise StreambackError(f"{sample_path}, line {number}: no {', '.join(lacking)}: {rerun}")
+        if sample["filter"] not in by_filter:
+            raise StreambackError(f"{sample_path}, line {number}: filter {sample['filter']!r} is not one of the task's "
+                                  f"({', '.join(filters)}) in {results_path}: {rerun}")
+        by_filter[sample["filter"]].append(sample)
+    for filt, samples in by_filter.items():
+        if len({s["doc_id"] for s in samples}) != n or len(samples) != n:
+            raise StreambackError(f"{sample_path} holds {len(samples)} items under filter {filt}, {results_path} says {n}: {rerun}")
+    return by_filter
 
 
 def benchmark_rows(spec: RunSpec, evaluation: dict, tasks: list[str]) -> list[dict]:
+    """One row per task, filter and metric (all checked present by `read_results`)."""
     rows = []
     for task in tasks:
         scores = evaluation["results"][task]
-        for key, value in scores.items():
-            if "," not in key or key.split(",")[0].endswith("_stderr"):
-                continue
-            metric, filt = key.split(",", 1)
-            stderr = scores.get(f"{metric}_stderr,{filt}")
-            rows.append({"run": spec.name, "shape": spec.shape, "block": spec.block, "stream": spec.stream, "task": task,
-                         "metric": metric if filt == "none" else key, "value": _number(value), "stderr": _number(stderr),
-                         "n": evaluation["n"][task]})
+        for filt in evaluation["filters"][task]:
+            for metric in evaluation["metrics"][task]:
+                rows.append({"run": spec.name, "shape": spec.shape, "block": spec.block, "stream": spec.stream, "task": task, "filter": filt,
+                             "metric": metric, "value": _number(scores[f"{metric},{filt}"]),
+                             "stderr": _number(scores.get(f"{metric}_stderr,{filt}")), "n": evaluation["n"][task]})
     return rows
 
 
@@ -82,36 +122,55 @@ def per_item(samples: list[dict], metric: str) -> dict[int, float]:
     return {s["doc_id"]: s[metric] for s in samples}
 
 
-def binary_metrics(samples: list[dict]) -> list[str]:
-    """The metrics whose per-item values are all 0 or 1."""
-    names = samples[0]["metrics"] if samples else []
-    return [m for m in names if all(isinstance(s.get(m), (int, float)) and s[m] in (0, 1) for s in samples)]
+def is_binary(samples: list[dict], metric: str) -> bool:
+    """Whether the metric's per-item values are all 0 or 1 (an accuracy)."""
+    return all(isinstance(s[metric], (int, float)) and s[metric] in (0, 1) for s in samples)
 
 
 def pair_rows(shape: str, base: str, other: RunSpec, evaluations: dict, tasks: list[str], pairs_cfg: dict) -> list[dict]:
-    """The rows of `other` against the baseline run `base`, Holm-adjusted over themselves."""
+    """The rows of `other` against the baseline run `base`: per task, filter and 0/1 metric, on that
+    filter's items; Holm-adjusted over themselves (the family, which `family` spells out)."""
     rows = []
     for task in tasks:
-        a_samples, b_samples = evaluations[base]["samples"][task], evaluations[other.name]["samples"][task]
-        a_hash, b_hash = ({s["doc_id"]: s["doc_hash"] for s in samples} for samples in (a_samples, b_samples))
-        if a_hash != b_hash:
-            raise StreambackError(f"task {task}: runs {base} and {other.name} were evaluated on different items "
-                                  f"({layout.eval_samples(base, task)} vs {layout.eval_samples(other.name, task)}): evaluate both again")
-        for metric in [m for m in binary_metrics(a_samples) if m in binary_metrics(b_samples)]:
-            a_by_id, b_by_id = per_item(a_samples, metric), per_item(b_samples, metric)
-            ids = sorted(a_by_id)
-            a, b = [a_by_id[i] for i in ids], [b_by_id[i] for i in ids]
-            diff, low, high = stats.paired_bootstrap_ci(a, b, pairs_cfg["confidence"], pairs_cfg["resamples"], pairs_cfg["seed"])
-            only_a, only_b = stats.discordant(a, b)
-            n = len(ids)
-            rows.append({"shape": shape, "task": task, "metric": metric, "baseline": base, "run": other.name, "stream": other.stream,
-                         "n": n, "baseline_value": sum(a) / n, "value": sum(b) / n, "diff": diff, "ci_low": low, "ci_high": high,
-                         "baseline_only": only_a, "run_only": only_b, "p_mcnemar": stats.mcnemar_exact(only_a, only_b),
-                         "mdd": stats.min_detectable_difference(n, (only_a + only_b) / n, pairs_cfg["alpha"], pairs_cfg["power"])})
+        for filt in evaluations[base]["filters"][task]:
+            a_samples, b_samples = evaluations[base]["samples"][task][filt], evaluations[other.name]["samples"][task][filt]
+            a_hash, b_hash = ({s["doc_id"]: s["doc_hash"] for s in samples} for samples in (a_samples, b_samples))
+            if a_hash != b_hash:
+                raise StreambackError(f"task {task}: runs {base} and {other.name} were evaluated on different items "
+                                      f"({layout.eval_samples(base, task)} vs {layout.eval_samples(other.name, task)}): evaluate both again")
+            for metric in evaluations[base]["metrics"][task]:
+                binary = is_binary(a_samples, metric), is_binary(b_samples, metric)
+                if binary[0] != binary[1]:
+                    raise StreambackError(f"task {task}, filter {filt}: metric {metric} is 0/1 per item in "
+                                          f"{layout.eval_samples(base if binary[0] else other.name, task)} but not in "
+                                          f"{layout.eval_samples(other.name if binary[0] else base, task)}: evaluate both again")
+                if not binary[0]:
+                    continue
+                a_by_id, b_by_id = per_item(a_samples, metric), per_item(b_samples, metric)
+                ids = sorted(a_by_id)
+                a, b = [a_by_id[i] for i in ids], [b_by_id[i] for i in ids]
+                diff, low, high = stats.paired_bootstrap_ci(a, b, pairs_cfg["confidence"], pairs_cfg["resamples"], pairs_cfg["seed"])
+                only_a, only_b = stats.discordant(a, b)
+                n = len(ids)
+                rows.append({"shape": shape, "task": task, "filter": filt, "metric": metric, "baseline": base, "run": other.name,
+                             "stream": other.stream, "n": n, "baseline_value": sum(a) / n, "value": sum(b) / n, "diff": diff, "ci_low": low,
+                             "ci_high": high, "baseline_only": only_a, "run_only": only_b, "p_mcnemar": stats.mcnemar_exact(only_a, only_b),
+                             "mdd": stats.min_detectable_difference(n, (only_a + only_b) / n, pairs_cfg["alpha"], pairs_cfg["power"])})
+    family = holm_family(base, other.name, rows)
     for row, adjusted in zip(rows, stats.holm([r["p_mcnemar"] for r in rows])):
-        row.update(p_holm=adjusted, tests=len(rows))
+        row.update(p_holm=adjusted, tests=len(rows), family=family)
         row["verdict"] = verdict(row, pairs_cfg)
     return rows
+
+
+def holm_family(base: str, run: str, rows: list[dict]) -> str:
+    """What one Holm correction covers, in words: e.g. "micro-streamback vs micro-baseline, 3 tests:
+    gsm8k exact_match (strict-match, flexible-extract); hellaswag acc"."""
+    tests: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        tests.setdefault((row["task"], row["metric"]), []).append(row["filter"])
+    parts = [f"{task} {metric}" + ("" if filters == ["none"] else f" ({', '.join(filters)})") for (task, metric), filters in tests.items()]
+    return f"{run} vs {base}, {len(rows)} test{'s' * (len(rows) != 1)}: {'; '.join(parts)}"
 
 
 def verdict(row: dict, pairs_cfg: dict) -> str:

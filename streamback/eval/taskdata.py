@@ -1,7 +1,7 @@
 """`streamback eval-tasks`: the items of the offline default's local lm-eval tasks, drawn from the
 embedded corpus generator (rule eval_tasks), never from the hub.
 
-The tasks are lm-eval YAML files in streamback/eval/tasks/ (`TASKS_DIR`), which lm-eval loads
+The tasks are lm-eval YAML files in streamback/eval/tasks/ (`taskload.TASKS_DIR`), which lm-eval loads
 through its own TaskManager (`include_path`); each reads its items from
 results/eval/tasks/<task>.jsonl (`layout.eval_task_file`), written here:
 - `streamback_pairs_agreement`, `streamback_pairs_brackets`, `streamback_pairs_counting`: the
@@ -34,7 +34,6 @@ from streamback.io import write_text
 
 HELP = "write the items of the local lm-eval tasks (minimal pairs, cloze, perplexity) from the corpus generator"
 
-TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 PAIR_GROUPS = {
     "streamback_pairs_agreement": tuple(p for p in PHENOMENA if p.startswith("agreement")),
     "streamback_pairs_brackets": ("brackets",),

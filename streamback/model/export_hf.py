@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -147,6 +148,12 @@ def hf_tokenizer_files(manifest: dict, args: ModelArgs) -> dict[str, dict]:
     }
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def export(checkpoint: str | Path, out: str | Path, tokens: str | Path | None = None,
            default_tokens: str | Path | None = None) -> None:
     """Write the export directory, with the tokenizer of `tokens` (the run's token directory), which
@@ -167,6 +174,7 @@ def export(checkpoint: str | Path, out: str | Path, tokens: str | Path | None = 
         corpus = check_corpus(trained, checkpoint, tokens) if tokens is not None else None
         with atomic_path(out / "model.safetensors") as tmp:
             save_file(hf_state_dict(args, state), str(tmp), metadata={"format": "pt"})
+            os.chmod(tmp, 0o666 & ~_umask())  # safetensors writes 0600; readable like any other output
         config = hf_config(args, trained.stream)
         if corpus is not None:
             manifest, tokenizer_file = corpus

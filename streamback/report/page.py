@@ -103,10 +103,11 @@ def benchmarks() -> list:
     if tables is None:
         return [_missing("Evaluation", "benchmark_table", [layout.table(n) for n in layout.BENCHMARK_TABLES])]
     scores, pairs = tables["benchmarks"], tables["benchmark_pairs"]
+    scores = scores.assign(metric=[m if f == "none" else f"{m}, {f}" for m, f in zip(scores.metric, scores["filter"])])  # gsm8k's filters apart
     wide = scores.assign(score=[_figures(v, 4) + (f" ± {_figures(s, 2)}" if pd.notna(s) else "") for v, s in zip(scores.value, scores.stderr)])
     wide = wide.pivot_table(index=["shape", "run", "stream"], columns=["task", "metric"], values="score", aggfunc="first", sort=False)
     wide.columns = [f"{task} ({metric})" for task, metric in wide.columns]
-    shown = ["shape", "task", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm", "mdd", "verdict"]
+    shown = ["shape", "task", "filter", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm", "mdd", "verdict"]
     return [wide.reset_index(), caption("benchmarks"), Subheading("Is a difference real? Each run against its shape's baseline"),
             pairs[[c for c in shown if c in pairs.columns]].round(4), caption("benchmark_pairs")]
 

@@ -1,0 +1,353 @@
+"""lm-eval's own task definitions through the evaluation stage, offline: local copies of lm-eval
+0.4.13's task YAMLs (hellaswag, piqa: multiple choice; gsm8k: generation under two filters;
+wikitext: rolling log-likelihood), with only their dataset lines pointed at small data files the
+tests write in the Hub datasets' schemas. Every form of data files lm-eval accepts passes the
+stage's data check; a missing or unreadable file is named with its task and split; the stage and
+the tables run the three kinds of task end to end; gsm8k's generations equal lm-eval's `hf`
+backend's on the exported model."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import lm_eval
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from streamback import layout
+from streamback.config import validate_config
+from streamback.errors import StreambackError
+from streamback.eval import stage, tables, taskload
+from streamback.model.weights import read_model, save_model
+
+from test_eval import MODEL, RUNS, SMALL, TRAIN, runs  # noqa: F401  (runs: the two micro runs, a fixture)
+
+LM_EVAL_TASKS = Path(lm_eval.__file__).resolve().parent / "tasks"
+PIQA = [{"goal": f"How do I {verb} a {thing}?", "sol1": f"Use a {tool}.", "sol2": f"Ask the {thing}.", "label": k % 2}
+        for k, (verb, thing, tool) in enumerate([("open", "jar", "spoon"), ("fold", "shirt", "table"), ("clean", "window", "cloth"),
+                                                 ("fix", "chair", "hammer"), ("warm", "room", "stove"), ("light", "lamp", "match")])]
+HELLASWAG = [{"ind": 10 + k, "activity_label": label, "ctx_a": f"A {who} stands in a kitchen.", "ctx_b": "she picks up a cup",
+              "ctx": f"A {who} stands in a kitchen. She picks up a cup", "endings": [f"and drinks {x}." for x in ("tea", "water", "milk", "juice")],
+              "source_id": f"activitynet~v_{k}", "split": "val", "split_type": "indomain", "label": str(k % 4)}
+             for k, (label, who) in enumerate([("Making tea", "woman"), ("Cooking", "man"), ("Cleaning [title] dishes", "girl"),
+                                               ("Baking", "boy"), ("Washing", "cook")])]
+GSM8K = [{"question": f"{name} has {a} apples and buys {b} more. How many apples does {name} have?",
+          "answer": f"{name} has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}"}
+         for name, a, b in [("Mia", 3, 4), ("Ben", 2, 5), ("Ava", 6, 1), ("Leo", 4, 4), ("Zoe", 1, 8), ("Sam", 7, 2), ("Ivy", 5, 5),
+                            ("Max", 9, 3), ("Eve", 2, 2), ("Tom", 3, 6), ("Ada", 8, 1)]]
+WIKITEXT = [{"page": f" = {title} = \n \n {title} is a small town . It has a river , a bridge and 1 @,@ 200 people . \n"}
+            for title in ("Valley", "Hill Top", "River End")]
+
+
+def local_copy(task_file: str, directory: Path, dataset_path: str, data_files=None, task: str | None = None) -> Path:
+    """lm-eval's own `task_file` (under lm_eval/tasks/) and the Python files beside it, copied into
+    `directory` with only its dataset lines changed (and its task name, if `task` is given)."""
+    source = LM_EVAL_TASKS / task_file
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [line for line in source.read_text().splitlines() if not line.startswith(("dataset_path:", "dataset_name:"))]
+    if task is not None:
+        lines = [f"task: {task}" if line.startswith("task:") else line for line in lines]
+    lines.append(f"dataset_path: {dataset_path}")
+    if data_files is not None:
+        lines.append("dataset_kwargs: " + json.dumps({"data_files": data_files}))  # JSON is YAML
+    for helper in source.parent.glob("*.py"):
+        shutil.copy(helper, directory)
+    target = directory / f"{task or source.stem}.yaml"
+    target.write_text("\n".join(lines) + "\n")
+    return target
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def write_parquet(path: Path, rows: list[dict], schema: pa.Schema | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+
+
+HELLASWAG_SCHEMA = pa.schema([("ind", pa.int32()), ("activity_label", pa.string()), ("ctx_a", pa.string()), ("ctx_b", pa.string()),
+                              ("ctx", pa.string()), ("endings", pa.list_(pa.string())), ("source_id", pa.string()), ("split", pa.string()),
+                              ("split_type", pa.string()), ("label", pa.string())])
+
+
+def piqa_forms(root: Path) -> dict[str, int]:
+    """lm-eval's piqa, once per form of data files, each giving the train split (piqa's YAML reads
+    its few-shot pool there, even at 0 shots) and the validation split it evaluates: {task name:
+    validation items}."""
+    data = root / "data"
+    train, valid = PIQA[:2], PIQA
+    for split, rows in (("train", train), ("validation", valid)):
+        write_parquet(data / f"{split}.parquet", rows)
+        table = pa.Table.from_pylist(rows)
+        with pa.OSFile(str(data / f"{split}.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)  # the Arrow stream files datasets' save_to_disk writes
+        (data / f"{split}.csv").write_text("goal,sol1,sol2,label\n" + "".join(f'"{r["goal"]}","{r["sol1"]}","{r["sol2"]}",{r["label"]}\n' for r in rows))
+        (data / f"{split}.json").write_text(json.dumps(rows))  # one JSON array
+        write_jsonl(data / f"{split}.jsonl", rows)
+        write_parquet(root / "piqa-copy" / "data" / f"{split}-00000-of-00001.parquet", rows)  # a local copy of the hub repository
+    write_jsonl(data / "valid-a.jsonl", valid[:4])
+    write_jsonl(data / "valid-b.jsonl", valid[4:])
+    forms = {
+        "piqa_parquet": ("parquet", {"train": "data/train.parquet", "validation": "data/validation.parquet"}, 6),
+        "piqa_arrow": ("arrow", {"train": "data/train.arrow", "validation": "data/validation.arrow"}, 6),
+        "piqa_csv": ("csv", {"train": "data/train.csv", "validation": "data/validation.csv"}, 6),
+        "piqa_json": ("json", {"train": "data/train.json", "validation": "data/validation.json"}, 6),
+        "piqa_jsonl": ("json", {"train": "data/train.jsonl", "validation": "data/validation.jsonl"}, 6),
+        "piqa_glob": ("json", {"train": "data/tr*.jsonl", "validation": "data/valid-*.jsonl"}, 6),
+        "piqa_list": ("json", {"train": ["data/train.jsonl"], "validation": ["data/valid-a.jsonl", "data/valid-b.jsonl"]}, 6),
+        "piqa_mixed": ("json", {"train": "data/train.jsonl", "validation": ["data/valid-a.jsonl"]}, 4),
+        "piqa_directory": (str(root / "piqa-copy"), None, 6),
+    }
+    for task, (path, files, _) in forms.items():
+        local_copy("piqa/piqa.yaml", root / "tasks", path, files, task=task)
+    return {task: n for task, (_, _, n) in forms.items()}
+
+
+def test_every_form_of_data_files_lm_eval_accepts_passes(tmp_path, monkeypatch):
+    """Parquet, Arrow, CSV, a JSON array, JSON lines, a glob, a list, a dict of splits and a local
+    dataset directory: each loads through the stage's data check with PIQA's items, as written."""
+    monkeypatch.chdir(tmp_path)
+    forms = piqa_forms(tmp_path)
+    names = list(forms)
+    loaded = taskload.load_tasks(taskload.task_manager(names, ["tasks"]), names)
+    for name, task in loaded.items():
+        docs = list(task.eval_docs)
+        assert len(docs) == forms[name], name
+        assert {(d["goal"], d["sol1"], d["label"]) for d in docs} <= {(r["goal"], r["sol1"], r["label"]) for r in PIQA}
+        assert task.doc_to_text(docs[0]) == f"Question: {docs[0]['goal']}\nAnswer:"
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"validation": ["data/valid-a.jsonl", "data/missing.jsonl"]}, r"task piqa_x, split validation: no data file matches data/missing.jsonl"),
+    ({"validation": "data/nothing-*.jsonl"}, r"task piqa_x, split validation: no data file matches data/nothing-\*.jsonl"),
+    ({"train": "data/good.parquet", "validation": "data/broken.parquet"},
+     r"task piqa_x, split validation: data/broken.parquet cannot be read as parquet data: ArrowInvalid"),
+    ({"train": "data/valid-a.jsonl", "validation": "data/empty.jsonl"}, r"task piqa_x has no items: data/empty.jsonl \(split validation\) is empty"),
+    ("data/valid-a.jsonl", r"task piqa_x reads split 'validation' \(validation_split in tasks/piqa_x.yaml\), but its data files give only train"),
+    ({"validation": "data/valid-a.jsonl"}, r"task piqa_x reads split 'train' \(training_split in tasks/piqa_x.yaml\), but its data files give "
+                                           r"only validation"),
+    (None, r"task piqa_x: cannot load its dataset ./piqa-copy: .* \(dataset_path ./piqa-copy in tasks/piqa_x.yaml is not a directory"),
+])
+def test_missing_or_unreadable_data_are_named_with_task_and_split(tmp_path, monkeypatch, files, message):
+    """Before any model runs: the task, the split and the file, with a hint that fits a user's own
+    task (its YAML and the working directory, never `streamback eval-tasks`)."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "data" / "valid-a.jsonl", PIQA[:4])
+    (tmp_path / "data" / "broken.parquet").write_bytes(b"PAR1" + bytes(range(200)) + b"PAR1")
+    write_parquet(tmp_path / "data" / "good.parquet", PIQA[:2])
+    (tmp_path / "data" / "empty.jsonl").write_text("")
+    dataset_path = "parquet" if "broken" in json.dumps(files) else "json" if files else "./piqa-copy"
+    local_copy("piqa/piqa.yaml", tmp_path / "tasks", dataset_path, files, task="piqa_x")
+    with pytest.raises(StreambackError, match=message) as caught:
+        taskload.load_tasks(taskload.task_manager(["piqa_x"], ["tasks"]), ["piqa_x"])
+    text = str(caught.value)
+    assert "\n" not in text and "eval-tasks" not in text
+    if "empty" not in text and files:
+        assert f"see dataset_path and dataset_kwargs in tasks/piqa_x.yaml; relative paths are read from the working directory, {tmp_path}" in text
+
+
+# ---- the stage on three kinds of real task -------------------------------------------------------
+
+
+def real_tasks(root: Path) -> list[str]:
+    """hellaswag (multiple choice, from parquet), gsm8k (generation, two filters, 5-shot, from JSON
+    lines by a glob) and wikitext (rolling log-likelihood, from a list of parquet files), lm-eval's
+    own YAMLs in root/tasks with their data in root/data in the Hub datasets' schemas."""
+    data = root / "data"
+    write_parquet(data / "hellaswag" / "train-00000-of-00001.parquet", HELLASWAG[:2], HELLASWAG_SCHEMA)  # its few-shot pool
+    write_parquet(data / "hellaswag" / "validation-00000-of-00001.parquet", HELLASWAG, HELLASWAG_SCHEMA)
+    write_jsonl(data / "gsm8k" / "train.jsonl", GSM8K[:5])
+    write_jsonl(data / "gsm8k" / "test-0.jsonl", GSM8K[5:8])
+    write_jsonl(data / "gsm8k" / "test-1.jsonl", GSM8K[8:])
+    write_parquet(data / "wikitext" / "train.parquet", WIKITEXT[:1])  # read by lm-eval as a few-shot pool, even at 0 shots
+    write_parquet(data / "wikitext" / "test-a.parquet", WIKITEXT[:2])
+    write_parquet(data / "wikitext" / "test-b.parquet", WIKITEXT[2:])
+    local_copy("hellaswag/hellaswag.yaml", root / "tasks" / "hellaswag", "parquet",
+               {"train": "data/hellaswag/train-00000-of-00001.parquet", "validation": "data/hellaswag/validation-00000-of-00001.parquet"})
+    local_copy("gsm8k/gsm8k.yaml", root / "tasks" / "gsm8k", "json", {"train": "data/gsm8k/train.jsonl", "test": "data/gsm8k/test-*.jsonl"})
+    local_copy("wikitext/wikitext.yaml", root / "tasks" / "wikitext", "parquet",
+               {"train": "data/wikitext/train.parquet", "test": ["data/wikitext/test-a.parquet", "data/wikitext/test-b.parquet"]})
+    return ["hellaswag", "gsm8k", "wikitext"]
+
+
+@pytest.fixture(scope="module")
+def long_runs(runs, tmp_path_factory):  # noqa: F811
+    """The two micro runs with a context of 512 positions (RoPE tables are not weights), so that
+    gsm8k's 256 generated tokens fit: results/runs/<run>/model.pt of a working directory."""
+    root = tmp_path_factory.mktemp("real-tasks")
+    for run in RUNS:
+        trained = read_model(runs[run])
+        save_model(root / layout.model_file(run), dataclasses.replace(trained.args, max_seq_len=512), trained.state, trained.compute_dtype,
+                   data=trained.data)
+    return root
+
+
+@pytest.mark.slow
+def test_the_stage_and_tables_run_real_lm_eval_tasks(long_runs, tokens, monkeypatch):
+    """hellaswag, gsm8k and wikitext through `stage.evaluate` (both runs, as trained) and the tables:
+    one row per task, filter and metric, gsm8k's two filters apart and each paired on its own items,
+    the Holm family naming what it covers."""
+    monkeypatch.chdir(long_runs)
+    names = real_tasks(long_runs)
+    cfg = validate_config({"eval": {**SMALL, "tasks": names, "include_path": ["tasks"]}})["eval"]
+    results = {run: stage.evaluate(cfg, layout.model_file(run), tokens, layout.eval_dir(run)) for run in RUNS}
+    for run in RUNS:
+        assert {t: results[run]["n-samples"][t]["effective"] for t in names} == {"hellaswag": 5, "gsm8k": 6, "wikitext": 3}
+        gsm8k = [json.loads(line) for line in layout.eval_samples(run, "gsm8k").read_text().splitlines()]
+        assert sorted(s["filter"] for s in gsm8k) == ["flexible-extract"] * 6 + ["strict-match"] * 6
+        assert gsm8k[0]["arguments"]["gen_args_0"]["arg_0"].count("Question:") == 6  # five shots from the train split, then the item
+    train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
+    benchmarks, pairs = tables.tables(cfg, train_cfg)
+    rows = {(r.run, r.task, r.filter, r.metric): r for r in benchmarks.itertuples()}
+    want = [("hellaswag", "none", "acc"), ("hellaswag", "none", "acc_norm"), ("gsm8k", "strict-match", "exact_match"),
+            ("gsm8k", "flexible-extract", "exact_match"), ("wikitext", "none", "word_perplexity"), ("wikitext", "none", "byte_perplexity"),
+            ("wikitext", "none", "bits_per_byte")]
+    assert sorted(rows) == sorted((run, *key) for run in RUNS for key in want)
+    for (run, task, filt, metric), row in rows.items():
+        assert row.value == results[run]["results"][task][f"{metric},{filt}"] and row.n == {"hellaswag": 5, "gsm8k": 6, "wikitext": 3}[task]
+    assert list(pairs[["task", "filter", "metric"]].itertuples(index=False, name=None)) == want[:4]
+    for row in pairs.itertuples():
+        samples = [json.loads(line) for line in layout.eval_samples("micro-streamback", row.task).read_text().splitlines()]
+        mine = {s["doc_id"]: s[row.metric] for s in samples if s["filter"] == row.filter}
+        assert row.n == len(mine) and row.value == pytest.approx(sum(mine.values()) / len(mine))
+        assert row.tests == 4 and row.family == ("micro-streamback vs micro-baseline, 4 tests: hellaswag acc; hellaswag acc_norm; "
+                                                  "gsm8k exact_match (strict-match, flexible-extract)")
+    # the study page shows the two filters apart
+    from streamback.io import write_csv
+    from streamback.report import page
+
+    for name, frame in zip(layout.BENCHMARK_TABLES, (benchmarks, pairs)):
+        write_csv(layout.table(name), frame)
+    wide, _, _, shown, _ = page.benchmarks()
+    assert {"gsm8k (exact_match, strict-match)", "gsm8k (exact_match, flexible-extract)", "hellaswag (acc)"} <= set(wide.columns)
+    assert list(shown["filter"]) == ["none", "none", "strict-match", "flexible-extract"]
+
+
+@pytest.mark.slow
+def test_gsm8k_generations_equal_the_hf_backends(long_runs, tokens, tmp_path, monkeypatch):
+    """lm-eval's gsm8k (5-shot, 256 new tokens, greedy), run by the `hf` backend (transformers, its
+    own KV cache) on the export and by the `streamback` model with its KV cache, both fp32: the same
+    generations, item for item, and the same scores under both filters."""
+    from lm_eval.models.huggingface import HFLM
+
+    from streamback.eval.lm import StreambackLM
+    from streamback.model.export_hf import export
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(long_runs)
+    real_tasks(long_runs)
+    model = layout.model_file("micro-baseline")
+    export(model, tmp_path / "hf", tokens)
+    manager = taskload.task_manager(["gsm8k"], ["tasks"])
+    outputs = {}
+    for backend, lm in (("hf", HFLM(pretrained=str(tmp_path / "hf"), dtype="float32", batch_size=4, device="cpu")),
+                        ("streamback", StreambackLM(pretrained=str(model), tokens=str(tokens), dtype="float32", batch_size=4))):
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(taskload.load_tasks(manager, ["gsm8k"]).values()), task_manager=manager,
+                                      log_samples=True, bootstrap_iters=0)
+        outputs[backend] = out
+    hf, ours = (outputs[b]["samples"]["gsm8k"] for b in ("hf", "streamback"))
+    assert len(hf) == len(ours) == 12
+    for a, b in zip(hf, ours, strict=True):
+        assert (a["doc_id"], a["filter"]) == (b["doc_id"], b["filter"]) and a["resps"] == b["resps"] and len(a["resps"][0][0]) > 100
+    assert outputs["hf"]["results"]["gsm8k"] == outputs["streamback"]["results"]["gsm8k"]
+
+
+# ---- task names, at DAG time ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def task_name_cache(tmp_path_factory):
+    """A cache directory of this module's own ($XDG_CACHE_HOME), so the tests see a cold cache first."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture
+def full_indexes(task_name_cache, monkeypatch):
+    """The TaskManagers built over lm-eval's own tasks (the ~4 s index), counted; with `refuse`
+    appended, building one raises instead."""
+    from lm_eval import tasks as lm_eval_tasks
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(task_name_cache))
+    built, real = [], lm_eval_tasks.TaskManager
+
+    def counting(*args, **kwargs):
+        if kwargs.get("include_defaults", True):
+            if "refuse" in built:
+                raise RuntimeError("lm-eval's own tasks indexed again")
+            built.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval_tasks, "TaskManager", counting)
+    return built
+
+
+def check_names(tmp_path, capsys, tasks):
+    """`streamback check` of a config with these eval.tasks: (status, captured output)."""
+    from streamback.cli import main as cli_main
+
+    config = tmp_path / "small.yaml"
+    config.write_text(json.dumps({"eval": {"tasks": tasks}}))
+    return cli_main(["check", str(config)]), capsys.readouterr()
+
+
+def test_task_names_are_checked_by_streamback_check_from_the_cache(tmp_path, capsys, full_indexes, monkeypatch):
+    """`streamback check` asks lm-eval's TaskManager: local names, and a tag, need no index of lm-eval's
+    own tasks; other names are looked up in the cached names of this lm-eval installation (an
+    unknown one named with its close names), and a cache of another installation is not used."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert check_names(tmp_path, capsys, ["streamback_cloze", "streamback_perplexity"])[0] == 0
+    status, out = check_names(tmp_path, capsys, ["streamback_local"])
+    assert status == 2 and "eval.tasks: 'streamback_local' is a group or tag of lm-eval tasks; list its tasks instead" in out.err
+    installed = str(LM_EVAL_TASKS.parent)
+    cache = taskload._cache_file()
+    assert cache == tmp_path / "cache" / "streamback" / f"lm-eval-{lm_eval.__version__}-task-names.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({"installed": installed, "tasks": ["arc_easy", "arc_challenge", "gsm8k"], "groups": ["ai2_arc"]}))
+    full_indexes.append("refuse")
+    assert check_names(tmp_path, capsys, ["arc_easy", "streamback_cloze"])[0] == 0
+    status, out = check_names(tmp_path, capsys, ["arc_esy", "gsm8k"])
+    assert status == 2 and ("eval.tasks: lm-eval knows no task 'arc_esy' (local tasks, eval.include_path and lm-eval's own); "
+                            "close names: arc_easy") in out.err
+    status, out = check_names(tmp_path, capsys, ["ai2_arc"])
+    assert status == 2 and "'ai2_arc' is a group or tag" in out.err
+    cache.write_text(json.dumps({"installed": "/another/lm_eval", "tasks": ["arc_easy"], "groups": []}))
+    with pytest.raises(RuntimeError, match="indexed again"):
+        check_names(tmp_path, capsys, ["arc_easy"])
+    assert full_indexes == ["refuse"]
+
+
+@pytest.mark.slow
+def test_lm_evals_own_names_are_indexed_once_and_cached(tmp_path, capsys, full_indexes, task_name_cache):
+    """A cold cache: lm-eval's own tasks are indexed (its real TaskManager) once, then read from the cache."""
+    status, out = check_names(tmp_path, capsys, ["streamback_clze"])
+    assert status == 2 and len(full_indexes) == 1
+    assert "eval.tasks: lm-eval knows no task 'streamback_clze' (local tasks, eval.include_path and lm-eval's own); close names: " \
+           "streamback_cloze" in out.err
+    cached = json.loads(taskload._cache_file().read_text())
+    assert taskload._cache_file().parent == task_name_cache / "streamback" and cached["installed"] == str(LM_EVAL_TASKS.parent)
+    assert {"arc_easy", "gsm8k", "hellaswag", "wikitext"} <= set(cached["tasks"]) and "ai2_arc" in cached["groups"]
+    assert check_names(tmp_path, capsys, ["arc_easy", "hellaswag", "streamback_cloze"])[0] == 0 and len(full_indexes) == 1
+
+
+@pytest.mark.slow
+def test_an_unknown_task_name_stops_a_dry_run(tmp_path, task_name_cache, run_snakemake):
+    """`snakemake -n` with a misspelt eval.tasks name stops before any job, naming the close names
+    (the Snakefile runs the same check; lm-eval's own names come from the cache the test above filled)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({"eval": {"tasks": ["streamback_cloze", "gsm8kk"]}}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-n", "--directory", str(tmp_path),
+                           "--configfile", str(bad)], env={**os.environ, "XDG_CACHE_HOME": str(task_name_cache)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "eval.tasks: lm-eval knows no task 'gsm8kk'" in proc.stderr and "close names: gsm8k" in proc.stderr, proc.stderr[-2000:]
+    assert "Job stats" not in proc.stdout + proc.stderr
