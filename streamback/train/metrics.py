@@ -3,9 +3,12 @@
 Every record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
 (mean over the step's global batch), `lr`, `grad_norm` (before clipping), `tokens_per_s` and
 `elapsed_s` (the last two are wall-clock figures, the only non-deterministic fields). Some steps
-add `val_loss`, the stream's envelope at each layer boundary (embedding first) over the step's
-global batch: `stream_absmax` (max |h|), `stream_max` (max h) and `stream_min` (min h), and
-`norm_gain_absmax` (max |gain| of each norm).
+add `val_loss`; every `train.log.stream_every` steps the stream's record (`streamback.train.signals`):
+the envelope at each layer boundary (embedding first) over the step's global batch,
+`stream_absmax` (max |h|), `stream_max` (max h) and `stream_min` (min h), the live precision
+signals per layer (`swallowed_fraction`, `lost_mass_fraction`, `update_mean_abs`) and per boundary
+(`stream_spacing`), and `norm_gain_absmax` (max |gain| of each norm). A step on which a warning
+fired has `warnings`, its events (`streamback.train.watch`).
 
 Append-safe across resumes: a run resumed from the checkpoint of step s first cuts the log back
 to steps <= s (dropping what a killed run wrote after its last checkpoint, and a half-written
@@ -23,7 +26,8 @@ from pathlib import Path
 from streamback.errors import StreambackError
 from streamback.io import write_text
 
-DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "stream_absmax", "stream_max", "stream_min", "norm_gain_absmax")
+DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "stream_absmax", "stream_max", "stream_min", "norm_gain_absmax",
+                 "swallowed_fraction", "lost_mass_fraction", "update_mean_abs", "stream_spacing", "warnings")
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -42,7 +46,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 class MetricsLog:
-    """Append records to `path`, after cutting it back to the steps <= `resume_step`."""
+    """Append records to `path`, after cutting it back to the steps <= `resume_step` (kept in `resumed`)."""
 
     def __init__(self, path: str | os.PathLike, resume_step: int):
         self.path = Path(path)
@@ -58,6 +62,7 @@ class MetricsLog:
                     + "; restore it or delete the run's checkpoints to start over"
                 )
         write_text(self.path, "".join(_line(r) for r in kept))
+        self.resumed = kept
         self._file = open(self.path, "a")
 
     def append(self, record: dict) -> None:

@@ -57,7 +57,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
@@ -73,6 +72,8 @@ from streamback.train.metrics import MetricsLog
 from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
+from streamback.train.signals import StreamRecord
+from streamback.train.watch import Watch
 from streamback.train.validation import window_losses
 
 HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
@@ -165,11 +166,6 @@ class Diverged(Exception):
 def _seed(*parts: int) -> int:
     """A 63-bit seed for torch from integers (seed, step, rank, purpose), well mixed by numpy."""
     return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
-
-
-def _envelope(h: torch.Tensor) -> torch.Tensor:
-    """max |h|, max h and -min h of one residual (fp32; one all-reduce of MAX serves all three)."""
-    return torch.stack([h.abs().amax(), h.amax(), -h.amin()]).float()
 
 
 class Trainer:
@@ -279,7 +275,11 @@ class Trainer:
         remove_partial(self.recipe_dir)
         start_step, elapsed = self._resume()
         self.elapsed = elapsed
-        self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step) if self.env.rank == 0 else None
+        self.log, self.watch = None, None
+        if self.env.rank == 0:
+            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step)
+            self.watch = Watch(self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label)
+            self.watch.replay(self.log.resumed)
         self.progress = Progress(self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None)
         self._announce(start_step)
         step, last_saved = start_step, start_step if start_step else None
@@ -326,9 +326,8 @@ class Trainer:
         record_stream = (step + 1) % cfg["log"]["stream_every"] == 0
         windows = train_windows(self.seed, step, self.batch_size, self.n_train)
         loss_sum = torch.zeros((), device=env.device)
-        envelope = None  # per layer boundary: max |h|, max h, -min h over the step's micro-batches
-        capture = self.model.capture(("residual",), fn=_envelope) if record_stream else contextlib.nullcontext()
-        with capture as stream:
+        stream_record = StreamRecord(self.model, cfg["log"]["signals"]) if record_stream else None
+        with stream_record.capture() if record_stream else contextlib.nullcontext() as stream:
             for micro in rank_micro_batches(windows, env.rank, env.world_size, self.micro_batch_size):
                 batch = read_windows(self.train_data, micro, self.seq_len).to(env.device, non_blocking=True)
                 loss = self.model(batch[:, :-1], targets=batch[:, 1:])  # next_token_loss, fused with the output head
@@ -338,8 +337,7 @@ class Trainer:
                 (loss / self.accum).backward()
                 loss_sum += loss.detach()
                 if record_stream:
-                    seen = torch.stack(stream["residual"])
-                    envelope = seen if envelope is None else torch.maximum(envelope, seen)
+                    stream_record.add(stream)
         # one all-reduce per step: the mean loss over the global batch and whether any rank was signalled
         agreed = env.all_reduce(torch.stack([loss_sum / self.accum, torch.tensor(float(stop.signal is not None), device=env.device)]))
         loss_value, stop_now = agreed[0].item() / env.world_size, agreed[1].item() > 0
@@ -366,16 +364,18 @@ class Trainer:
             "elapsed_s": self.elapsed,
         }
         if record_stream:
-            absmax, top, negated_bottom = env.all_reduce(envelope, op=dist.ReduceOp.MAX).T.tolist()
-            record.update(stream_absmax=absmax, stream_max=top, stream_min=[-v for v in negated_bottom])
-            from streamback.model.model import norm_gain_absmax
-
-            record["norm_gain_absmax"] = norm_gain_absmax(self.model)
+            record.update(stream_record.finish(env))
         return record, stop_now
 
     def _after_step(self, step: int, record: dict) -> None:
         if step % self.cfg["log"]["val_every"] == 0 or step == self.steps:
             record["val_loss"] = self.validate(step)
+        if self.watch is not None:
+            events = self.watch.observe(record)
+            if events:
+                record["warnings"] = events
+            for event in events:
+                self.progress.write(f"[{self.spec.name}] {event['message']}")
         if self.log is not None:
             self.log.append(record)
         val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
