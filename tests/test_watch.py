@@ -2,9 +2,11 @@
 training step's own forward pass, the format's grid step at the stream's max), the early warnings
 on constructed metric streams that should and should not fire and on real micro runs made to drift
 (a bf16 stream pushed large by scaling the embedding fires; the same run with an fp32 stream does
-not)."""
+not), and TensorBoard's event files read back with tensorboard's own reader (every step once across a
+resume, off with one key)."""
 
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -15,12 +17,13 @@ from streamback.config import validate_config
 from streamback.model.formats import StreamFormat, quantize_mx, quantize_nvfp4
 from streamback.model.model import ModelArgs, Transformer
 from streamback.model.swallow import swallow_counts, swallow_fractions, swallow_stats
+from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import read_metrics
 from streamback.train.signals import SIGNAL_KEYS
 from streamback.train.watch import Watch, steady_rise
 
-from test_train import MODEL, TRAIN
+from test_train import MODEL, TRAIN, deterministic
 
 WARNINGS = validate_config({})["train"]["log"]["warnings"]  # the schema's defaults
 
@@ -29,7 +32,7 @@ def micro_config(**train_overrides) -> dict:
     return validate_config({"model": MODEL, "train": {**TRAIN, **train_overrides}})
 
 
-def train_micro(data_dir, root, run, embedding_scale=None, monkeypatch=None, **overrides):
+def train_micro(data_dir, root, run, tensorboard=True, embedding_scale=None, monkeypatch=None, **overrides):
     """Train a micro run in this process (an optional factor on the initial embedding); its metrics records."""
     if embedding_scale is not None:
         build = train_module.Trainer._build_model
@@ -43,9 +46,19 @@ def train_micro(data_dir, root, run, embedding_scale=None, monkeypatch=None, **o
         monkeypatch.setattr(train_module.Trainer, "_build_model", scaled)
     cfg = micro_config(**overrides)
     torch.set_num_threads(1)
-    status = train_module.train(cfg["train"], cfg["model"], run, data_dir, root / "out", root / "ckpt")
+    status = train_module.train(cfg["train"], cfg["model"], run, data_dir, root / "out", root / "ckpt", tensorboard=root / "tb" if tensorboard else None)
     assert status == 0
     return read_metrics(root / "out" / layout.METRICS_FILE)
+
+
+def event_scalars(root, tag):
+    """(step, value) of every event of `tag` TensorBoard shows for the one recipe under root / "tb"."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (recipe,) = (root / "tb").iterdir()
+    board = EventAccumulator(str(recipe), size_guidance={"scalars": 0, "tensors": 0})
+    board.Reload()
+    return board, [(e.step, e.value) for e in board.Scalars(tag)]
 
 
 # ---- the signals' definitions --------------------------------------------------------------
@@ -224,13 +237,38 @@ def test_a_bf16_stream_pushed_large_fires_the_swallowed_warning(tokens, tmp_path
     assert any(e["warning"] == "spacing" for e in fired)
     log = capsys.readouterr().err
     assert all(f"[micro-baseline] {e['message']}" in log for e in fired)
+    # TensorBoard has the warnings as text and the live signals as scalars
+    board, shares = event_scalars(tmp_path, "swallowed_fraction/0")
+    assert shares == [(r["step"], pytest.approx(r["swallowed_fraction"][0], rel=1e-6)) for r in records if "swallowed_fraction" in r]
+    (text,) = [e for e in board.Tensors("warnings/text_summary")]
+    assert text.step == 4 and swallowed[0]["message"] in text.tensor_proto.string_val[0].decode()
 
 
 def test_the_same_run_with_an_fp32_stream_stays_quiet(tokens, tmp_path, monkeypatch, capsys):
-    records = train_micro(tokens, tmp_path, "micro-streamback", embedding_scale=64.0, monkeypatch=monkeypatch, **DRIFT)
+    records = train_micro(tokens, tmp_path, "micro-streamback", embedding_scale=64.0, monkeypatch=monkeypatch, log={**TRAIN["log"], "tensorboard": False}, **DRIFT)
     stream = [r for r in records if "swallowed_fraction" in r]
     assert len(stream) == 2 and all(set(SIGNAL_KEYS) <= set(r) for r in stream)
     assert all(v < 0.01 for r in stream for v in r["swallowed_fraction"]) and all(v < 1e-3 for r in stream for v in r["lost_mass_fraction"])
     assert all(s < 1e-3 for r in stream for s in r["stream_spacing"]) and max(stream[0]["stream_absmax"]) > 100  # pushed large all the same
     assert not any("warnings" in r for r in records) and "warning (" not in capsys.readouterr().err
+    assert not (tmp_path / "tb").exists()  # train.log.tensorboard: false writes no event file
+
+
+def test_tensorboard_shows_every_step_once_across_a_resume(tokens, tmp_path):
+    records = train_micro(tokens, tmp_path, "micro-streamback")
+    (recipe,) = layout.recipe_dirs(tmp_path / "ckpt")
+    shutil.rmtree(ckpt.checkpoint_dir(recipe, 30))  # as if killed after the checkpoint of step 25, with steps 26-30 in the event file
+    shutil.rmtree(tmp_path / "out")
+    assert deterministic(train_micro(tokens, tmp_path, "micro-streamback")) == deterministic(records)
+    assert len(list((tmp_path / "tb" / recipe.name).iterdir())) == 2  # one event file per attempt
+    for tag, key in (("train/loss", "loss"), ("train/val_loss", "val_loss"), ("train/lr", "lr"), ("train/grad_norm", "grad_norm"),
+                     ("stream_absmax/2", "stream_absmax"), ("lost_mass_fraction/1", "lost_mass_fraction"),
+                     ("norm_gain_absmax/layers.1.ffn_norm", "norm_gain_absmax")):
+        _, seen = event_scalars(tmp_path, tag)
+        index = {"stream_absmax": 2, "lost_mass_fraction": 1, "norm_gain_absmax": "layers.1.ffn_norm"}.get(key)
+        expected = [(r["step"], r[key] if index is None else r[key][index]) for r in records if key in r]
+        assert [s for s, _ in seen] == [s for s, _ in expected], tag  # every step once, in order
+        assert [v for _, v in seen] == pytest.approx([v for _, v in expected], rel=1e-6), tag
+    board, speed = event_scalars(tmp_path, "train/tokens_per_s")
+    assert len(speed) == 30 and {"train/elapsed_s", "train/tokens"} <= set(board.Tags()["scalars"])
 

@@ -13,7 +13,8 @@ fired has `warnings`, its events (`streamback.train.watch`).
 Append-safe across resumes: a run resumed from the checkpoint of step s first cuts the log back
 to steps <= s (dropping what a killed run wrote after its last checkpoint, and a half-written
 last line), so the log has every step exactly once. The log is flushed and fsynced before a
-checkpoint is committed, so the records up to a checkpoint's step always survive a crash.
+checkpoint is committed, so the records up to a checkpoint's step always survive a crash. A
+mirror (the run's TensorBoard writer, `streamback.train.tensorboard`) gets every record appended.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 class MetricsLog:
-    """Append records to `path`, after cutting it back to the steps <= `resume_step` (kept in `resumed`)."""
+    """Append records to `path`, after cutting it back to the steps <= `resume_step` (kept in
+    `resumed`); each also goes to `mirror` (`write`, `flush`, `close`), if given."""
 
-    def __init__(self, path: str | os.PathLike, resume_step: int):
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike, resume_step: int, mirror=None):
+        self.path, self.mirror = Path(path), mirror
         kept = []
         if resume_step > 0 and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
@@ -68,14 +70,20 @@ class MetricsLog:
     def append(self, record: dict) -> None:
         self._file.write(_line(record))
         self._file.flush()
+        if self.mirror is not None:
+            self.mirror.write(record)
 
     def sync(self) -> None:
         """Make every appended record durable (called before a checkpoint is committed)."""
         self._file.flush()
         os.fsync(self._file.fileno())
+        if self.mirror is not None:
+            self.mirror.flush()
 
     def close(self) -> None:
         self._file.close()
+        if self.mirror is not None:
+            self.mirror.close()
 
 
 def _line(record: dict) -> str:

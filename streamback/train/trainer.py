@@ -73,6 +73,7 @@ from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
 from streamback.train.signals import StreamRecord
+from streamback.train.tensorboard import open_writer
 from streamback.train.watch import Watch
 from streamback.train.validation import window_losses
 
@@ -91,6 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outdir", type=Path, default=None, help="for model.pt, metrics.jsonl and summary.json (default: results/runs/<run>)")
     parser.add_argument("--checkpoints", type=Path, default=None, help="the run's checkpoint directory: a recipe-*/ per recipe (checkpoints, live metrics.jsonl), trainer.lock, "
                         "verified-shards.json (default: results/checkpoints/<run>)")
+    parser.add_argument("--tensorboard", type=Path, default=None, help="the run's TensorBoard directory, an event directory per recipe in it "
+                        "(default: results/tensorboard/<run>; train.log.tensorboard: false writes none)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
     parser.add_argument("--status-file", type=Path, default=None,
                         help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own")
@@ -127,11 +130,13 @@ def _run(args: argparse.Namespace) -> int:
         args.data or layout.tokens_dir(config["data"]),
         args.outdir or layout.run_dir(args.run_name),
         args.checkpoints or layout.checkpoint_dir(args.run_name),
+        tensorboard=args.tensorboard or layout.tensorboard_dir(args.run_name),
     )
 
 
-def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints) -> int:
-    """Train `run_name` to its end or to a stop signal; returns the exit status (see the docstring)."""
+def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints, tensorboard=None) -> int:
+    """Train `run_name` to its end or to a stop signal; returns the exit status (see the docstring).
+    `tensorboard`: the run's TensorBoard directory (None: no event files)."""
     check_runs(train_cfg, model_cfg, processes=int(os.environ.get("WORLD_SIZE", "1")), only=run_name)
     env = Distributed.start()
     outdir, checkpoints, lock = Path(outdir), Path(checkpoints), None
@@ -147,7 +152,8 @@ def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, che
             except StreambackError as err:
                 error = str(err)
         env.agree(error, "locking the run")
-        trainer = Trainer(run_matrix(train_cfg)[run_name], train_cfg, model_cfg, Path(data_dir), outdir, checkpoints, env)
+        trainer = Trainer(run_matrix(train_cfg)[run_name], train_cfg, model_cfg, Path(data_dir), outdir, checkpoints, env,
+                          tensorboard=Path(tensorboard) if tensorboard is not None and train_cfg["log"]["tensorboard"] else None)
         return trainer.fit()
     finally:
         if lock is not None:
@@ -171,7 +177,8 @@ def _seed(*parts: int) -> int:
 class Trainer:
     """One run: the model, its optimizer, the data, checkpoints and metrics, and the loop."""
 
-    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: Distributed):
+    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: Distributed,
+                 tensorboard: Path | None = None):
         from streamback.model.model import ModelArgs
 
         self.spec, self.cfg, self.env = spec, cfg, env
@@ -218,6 +225,7 @@ class Trainer:
             "data": self.train_data.manifest["fingerprint"],  # what the data stage tokenized, and how
         }
         self.recipe_dir = layout.recipe_dir(ckpt_dir, recipe_fingerprint(self.identity))
+        self.tensorboard_dir = tensorboard / self.recipe_dir.name if tensorboard is not None and env.rank == 0 else None
 
     def say(self, message: str) -> None:
         """A line in the run's log (rank 0)."""
@@ -277,7 +285,8 @@ class Trainer:
         self.elapsed = elapsed
         self.log, self.watch = None, None
         if self.env.rank == 0:
-            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step)
+            board = open_writer(self.tensorboard_dir, start_step + 1, self.say) if self.tensorboard_dir is not None else None
+            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step, mirror=board)
             self.watch = Watch(self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label)
             self.watch.replay(self.log.resumed)
         self.progress = Progress(self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None)
@@ -447,6 +456,7 @@ class Trainer:
             f"({self.batch_size} x {self.seq_len}; {self.env.world_size} process(es) x {self.accum} micro-batches of "
             f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type}; "
             f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.recipe_dir}"
+            + (f"; TensorBoard event files in {self.tensorboard_dir}" if self.log is not None and self.log.mirror is not None else "")
         )
         if start_step == self.steps:
             self.progress.write(
