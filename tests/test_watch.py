@@ -2,13 +2,15 @@
 training step's own forward pass, the format's grid step at the stream's max), the early warnings
 on constructed metric streams that should and should not fire and on real micro runs made to drift
 (a bf16 stream pushed large by scaling the embedding fires; the same run with an fp32 stream does
-not), and TensorBoard's event files read back with tensorboard's own reader (every step once across a
-resume, off with one key)."""
+not), TensorBoard's event files read back with tensorboard's own reader (every step once across a
+resume, off with one key), and the study page's section."""
 
+import json
 import math
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -272,3 +274,26 @@ def test_tensorboard_shows_every_step_once_across_a_resume(tokens, tmp_path):
     board, speed = event_scalars(tmp_path, "train/tokens_per_s")
     assert len(speed) == 30 and {"train/elapsed_s", "train/tokens"} <= set(board.Tags()["scalars"])
 
+
+# ---- the study page ------------------------------------------------------------------------------
+
+
+def test_the_page_shows_the_live_swallowed_share_and_every_warning(tmp_path, monkeypatch):
+    from streamback.report.page import Study, live_signals
+
+    config = validate_config({})
+    monkeypatch.chdir(tmp_path)
+    runs = list(Study(config, []).runs)[:2]
+    warning = {"warning": "swallowed", "step": 20, "layer": 1, "value": 0.7, "threshold": 0.5, "message": "warning (step 20, layer 1): ..."}
+    for run, extra in zip(runs, ({20: {"warnings": [warning]}}, {})):
+        layout.run_dir(run).mkdir(parents=True)
+        lines = [{"step": s, "tokens": 100 * s, "loss": 1.0, "swallowed_fraction": [0.1, 0.2], "lost_mass_fraction": [0.01, 0.02]} | extra.get(s, {})
+                 for s in (10, 20)]
+        layout.metrics_file(run).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    blocks = live_signals(Study(config, []))
+    assert blocks[0] == "Live precision signals"
+    chart = blocks[1].to_dict()
+    assert len(chart["datasets"][next(iter(chart["datasets"]))]) == 2 * 2 * 2  # runs x steps x layers
+    table = next(b for b in blocks if isinstance(b, pd.DataFrame))
+    assert table.to_dict("records") == [{"run": runs[0], **{k: warning[k] for k in ("step", "warning", "layer", "value", "threshold", "message")}}]
+    assert blocks[-1] == f"No warning fired in {runs[1]}."

@@ -68,3 +68,27 @@ class StreamRecord:
         record["norm_gain_absmax"] = norm_gain_absmax(self.model)
         return record
 
+
+def signals_table(records_by_run: dict[str, list[dict]]):
+    """The live signals of every logged step, one row per run, step and layer (columns: run, step,
+    tokens, layer, swallowed_fraction, lost_mass_fraction), from the runs' metrics records."""
+    import pandas as pd
+
+    rows = [{"run": run, "step": r["step"], "tokens": r["tokens"], "layer": layer, "swallowed_fraction": swallowed, "lost_mass_fraction": lost}
+            for run, records in records_by_run.items() for r in records if "swallowed_fraction" in r
+            for layer, (swallowed, lost) in enumerate(zip(r["swallowed_fraction"], r["lost_mass_fraction"]))]
+    return pd.DataFrame(rows, columns=["run", "step", "tokens", "layer", "swallowed_fraction", "lost_mass_fraction"])
+
+
+def swallowed_chart(table):
+    """The live swallowed share against tokens, a panel per run and a line per layer."""
+    import altair as alt
+
+    return alt.Chart(table).mark_line(point=True, strokeWidth=1.5).encode(
+        x=alt.X("tokens:Q", title="tokens seen"),
+        y=alt.Y("swallowed_fraction:Q", title="updates swallowed", axis=alt.Axis(format="%")),
+        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="viridis")),
+        tooltip=["run", "step", "layer", alt.Tooltip("swallowed_fraction:Q", format=".2%"), alt.Tooltip("lost_mass_fraction:Q", format=".2%")],
+    ).properties(width=240, height=150).facet(facet=alt.Facet("run:N", title=None), columns=3).properties(
+        title=alt.TitleParams("Updates the stream's rounding swallowed, live in training",
+                              subtitle="Per run and layer, on the logged steps' own forward passes (train.log.stream_every)."))

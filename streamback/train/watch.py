@@ -147,3 +147,14 @@ class Watch:
         return self._event("loss_spike", step, None, jump, jump > limit,
                            f"the loss {loss:.4f} is {jump:.1%} above the median {median:.4f} of the previous {window} steps", quiet=window)
 
+
+WARNING_COLUMNS = ["run", "step", "warning", "layer", "value", "threshold", "message"]
+
+
+def warnings_table(records_by_run: dict[str, list[dict]]):
+    """Every warning that fired, one row per event (columns: WARNING_COLUMNS), in run and step order."""
+    import pandas as pd
+
+    rows = [{"run": run, **{k: event[k] for k in WARNING_COLUMNS[1:]}}
+            for run, records in records_by_run.items() for r in records for event in r.get("warnings", [])]
+    return pd.DataFrame(rows, columns=WARNING_COLUMNS)
