@@ -15,7 +15,12 @@ steps (compilation happens there), prints a line per configuration as it finishe
   estimate of `streamback.measure.memory` for the same step (eager, fake tensors; `--no-estimate` skips);
 - saved activations: bytes autograd keeps for the backward pass (distinct storages, counted with
   saved-tensor hooks on one extra step; for the reversible stream, its own count of what it
-  keeps plus its cached deltas), which needs no GPU.
+  keeps plus its cached deltas), which needs no GPU;
+- the live precision signals' cost (`streamback.train.signals`, the trainer's stream record on one
+  step in `train.log.stream_every` of `--config`) as a share of the step at that cadence: measured,
+  from the median of `--steps` steps under the stream record (envelope and signals) after the plain
+  ones, and counted on fake tensors, the signals' bytes and elementwise operations against the
+  step's bytes and model FLOPs (`streamback.measure.traffic.signals_cost`; `--no-estimate` skips it).
 Writes `--out` (JSON) and a Markdown table beside it (same name, .md), both atomically, and
 prints the table. A configuration that fails (out of memory, a compiler error) is reported as
 such and the others still run. Runs unchanged on a CUDA machine with torch alone.
@@ -45,6 +50,7 @@ from streamback.errors import StreambackError
 from streamback.io import markdown_table as table_of
 from streamback.io import write_json, write_text
 from streamback.measure.memory import estimate_step_memory
+from streamback.measure.traffic import signals_cost
 from streamback.measure.step import (
     CPU_SHAPES,
     GPU_SHAPES,
@@ -88,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     require_positive(args, ("batch", "seq_len", "vocab_size", "steps"))
     if args.threads is not None and args.threads < 1:
         raise StreambackError(f"--threads must be at least 1, got {args.threads}")
-    model_cfg = load_config(args.config)["model"]
+    config = load_config(args.config)
+    model_cfg, args.stream_every = config["model"], config["train"]["log"]["stream_every"]
     shapes = parse_names(args.shapes or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES), model_cfg["shapes"], "shapes")
     variants = parse_names(args.variants, VARIANTS, "variants")
     modes = parse_names(args.modes or (",".join(MODES) if device.type == "cuda" else "eager"), MODES, "modes")
@@ -117,7 +124,8 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
         print(f"warning: {warnings[-1]}", flush=True)
     matmul = matmul_flops(device)
     print(f"bf16 matmul on {device_name(device)}: {matmul / 1e12:.2f} TFLOP/s; a training step of {args.batch} x {args.seq_len} tokens, "
-          f"vocabulary {args.vocab_size}, {args.steps} timed after {args.warmup} untimed, {torch.get_num_threads()} thread(s)")
+          f"vocabulary {args.vocab_size}, {args.steps} timed after {args.warmup} untimed, {torch.get_num_threads()} thread(s); "
+          f"live signals every {args.stream_every} steps")
     print("  ".join(COLUMNS), flush=True)
     rows, estimates = [], {}
     for shape in shapes:
@@ -126,8 +134,11 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
                 row = {"shape": shape, "variant": variant, "mode": mode}
                 row.update(bench_one(model_cfg, shape, variant, mode, args, device, matmul))
                 if args.estimate and (shape, variant) not in estimates:  # the same for every mode
-                    estimates[shape, variant] = estimate_step_memory(model_args(model_cfg, shape, variant, args.vocab_size), args.batch, args.seq_len)["peak"] / 2**30
-                row["est_peak_gib"] = estimates.get((shape, variant))
+                    margs = model_args(model_cfg, shape, variant, args.vocab_size)
+                    estimates[shape, variant] = (estimate_step_memory(margs, args.batch, args.seq_len)["peak"] / 2**30,
+                                                 signals_cost(margs, args.batch, args.seq_len, args.stream_every))
+                peak, cost = estimates.get((shape, variant), (None, None))
+                row.update(est_peak_gib=peak, signals_bytes_share=cost and cost["bytes_share"], signals_flops_share=cost and cost["flops_share"])
                 rows.append(row)
                 print(_format_row(row, rows), flush=True)
     noisy = [r for r in rows if not r.get("error") and (r["median_noise"] is None or r["median_noise"] > NOISE_LIMIT)]
@@ -146,6 +157,7 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
         "steps": args.steps,
         "warmup": args.warmup,
         "threads": torch.get_num_threads(),
+        "stream_every": args.stream_every,
         "rows": rows,
         "warnings": warnings,
     }
@@ -195,6 +207,7 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
     from streamback.model.model import Transformer
     from streamback.model.reversible import SavedTensorBytes
     from streamback.train.parallel import apply_compile
+    from streamback.train.signals import StreamRecord
 
     margs = model_args(model_cfg, shape, variant, args.vocab_size)
     tokens = random_tokens(args.vocab_size, args.batch, args.seq_len, device)
@@ -217,6 +230,15 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
         times = step_seconds(step, args.steps, device)
         seconds = statistics.median(times)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        record = StreamRecord(model, signals=True)
+
+        def signal_step():  # the trainer's step every stream_every: its forward under the stream record
+            with record.capture() as stream:
+                training_step(model, tokens)
+            record.add(stream)
+
+        signal_step()  # a compiled block compiles its parts-returning variant here
+        signal_seconds = statistics.median(step_seconds(signal_step, args.steps, device))
         model.zero_grad(set_to_none=True)
         counter = SavedTensorBytes()
         with counter:
@@ -232,6 +254,8 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
             "mfu": flops_per_token(model, args.seq_len) * tokens_per_s / matmul,
             "peak_mem_gib": peak,
             "saved_activation_bytes": saved,
+            "signals_step_s": signal_seconds,
+            "signals_time_share": (signal_seconds - seconds) / (args.stream_every * seconds),
             "error": None,
         }
     except Exception as err:  # report this configuration's failure (OOM, compiler) and go on
@@ -252,7 +276,8 @@ def _baseline_ratio(row, rows):
     return row["tokens_per_s"] / base["tokens_per_s"]
 
 
-COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "median +-", "spread", "MFU", "peak GiB", "est. GiB", "saved MiB")
+COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "median +-", "spread", "MFU", "peak GiB", "est. GiB", "saved MiB",
+           "signals time", "signals bytes", "signals FLOPs")
 
 
 def _cells(row, rows):
@@ -271,6 +296,9 @@ def _cells(row, rows):
         "n/a" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.2f}",
         "" if row.get("est_peak_gib") is None else f"{row['est_peak_gib']:.2f}",
         f"{row['saved_activation_bytes'] / 2**20:,.1f}",
+        f"{100 * row['signals_time_share']:+.2f}%",
+        "" if row.get("signals_bytes_share") is None else f"{100 * row['signals_bytes_share']:.2f}%",
+        "" if row.get("signals_flops_share") is None else f"{100 * row['signals_flops_share']:.4f}%",
     ]
 
 
@@ -287,7 +315,9 @@ def markdown_table(result: dict) -> str:
     head = (
         f"Training step (forward + backward, bf16 compute), micro-batch {result['batch']} x {result['seq_len']}, "
         f"vocabulary {result['vocab_size']}, on {result['device']} (torch {result['torch']}); "
-        f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s.\n\n"
+        f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s. Signals: the live precision signals' "
+        f"cost as a share of the step when they run every {result.get('stream_every', '?')} steps (time: measured, the stream record "
+        f"with its envelope; bytes and FLOPs: counted on fake tensors, the signals alone).\n\n"
     )
     notes = "".join(f"\nWarning: {w}\n" for w in result.get("warnings", []))
     return head + table_of(*table(result)) + notes
