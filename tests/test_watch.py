@@ -295,5 +295,5 @@ def test_the_page_shows_the_live_swallowed_share_and_every_warning(tmp_path, mon
     chart = blocks[1].to_dict()
     assert len(chart["datasets"][next(iter(chart["datasets"]))]) == 2 * 2 * 2  # runs x steps x layers
     table = next(b for b in blocks if isinstance(b, pd.DataFrame))
-    assert table.to_dict("records") == [{"run": runs[0], **{k: warning[k] for k in ("step", "warning", "layer", "value", "threshold", "message")}}]
+    assert table.to_dict("records") == [{"run": runs[0], **{k: warning[k] for k in ("step", "warning", "layer", "threshold", "message")}, "value": "0.7"}]
     assert blocks[-1] == f"No warning fired in {runs[1]}."

@@ -157,7 +157,7 @@ def live_signals(study: Study) -> list:
     quiet = [run for run in records if run not in set(events.run)]
     blocks.append(Subheading("Warnings"))
     if len(events):
-        blocks += [events, caption("training_warnings")]
+        blocks += [events.assign(value=[f"{v:.4g}" for v in events.value]), caption("training_warnings")]
     blocks.append(f"No warning fired in {', '.join(quiet)}." if quiet else "Every run fired at least one warning.")
     return blocks
 

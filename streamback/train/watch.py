@@ -155,6 +155,6 @@ def warnings_table(records_by_run: dict[str, list[dict]]):
     """Every warning that fired, one row per event (columns: WARNING_COLUMNS), in run and step order."""
     import pandas as pd
 
-    rows = [{"run": run, **{k: event[k] for k in WARNING_COLUMNS[1:]}}
+    rows = [[run, *(event[k] for k in WARNING_COLUMNS[1:])]
             for run, records in records_by_run.items() for r in records for event in r.get("warnings", [])]
-    return pd.DataFrame(rows, columns=WARNING_COLUMNS)
+    return pd.DataFrame(rows, columns=WARNING_COLUMNS, dtype=object)  # a layer is a number, a norm's name or none
