@@ -275,6 +275,18 @@ def test_tensorboard_shows_every_step_once_across_a_resume(tokens, tmp_path):
     assert len(speed) == 30 and {"train/elapsed_s", "train/tokens"} <= set(board.Tags()["scalars"])
 
 
+def test_without_the_tensorboard_package_the_run_says_so_and_writes_none(tmp_path, monkeypatch):
+    import sys
+
+    from streamback.train.tensorboard import open_writer
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as where tensorboard is not installed: the import fails
+    said = []
+    assert open_writer(tmp_path / "tb", 1, said.append) is None
+    assert said == ["tensorboard is not installed: no event files (pip install tensorboard, or train.log.tensorboard: false to stop this line)"]
+    assert not (tmp_path / "tb").exists()
+
+
 # ---- the study page ------------------------------------------------------------------------------
 
 
