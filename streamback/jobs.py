@@ -9,8 +9,8 @@ the stage's CLI validates them as any config and computes what `--config FILE` w
 out take schema defaults that the job never reads.
 
 Execution settings say how a job runs, not what it writes: a run's micro-batch size, activation
-checkpointing and torch.compile (the schema's `per_run` keys) and its checkpoint cadence, and the
-tokenizer's reading batch. The rules pass them to the CLI (`--execution`) as params that
+checkpointing and torch.compile (the schema's `per_run` keys), its checkpoint cadence and whether
+it writes TensorBoard event files (`train.log.tensorboard`), and the tokenizer's reading batch. The rules pass them to the CLI (`--execution`) as params that
 Snakemake does not compare (common.smk's `untracked`), so changing one reruns nothing; a run
 resumed later continues with the new value. Resources (threads, GPUs, memory) are not settings.
 Standard library only: the rule files import it.
@@ -68,6 +68,7 @@ def train(config: dict, run: str) -> dict:
     spec = run_matrix(cfg)[run]
     skip = (*RUN_EXECUTION, "checkpoint", "resources", "per_run")
     recipe = {k: v for k, v in cfg.items() if k not in skip}
+    recipe["log"] = {k: v for k, v in cfg["log"].items() if k != "tensorboard"}
     recipe["runs"] = _one_run_matrix(spec)
     recipe["reversible"] = is_reversible(cfg, spec)
     shape = model["shapes"][spec.shape]
@@ -80,7 +81,8 @@ def train(config: dict, run: str) -> dict:
 
 def train_execution(config: dict, run: str) -> dict:
     cfg = config["train"]
-    return {"train": {**{key: run_setting(cfg, run, key) for key in RUN_EXECUTION}, "checkpoint": cfg["checkpoint"]}}
+    return {"train": {**{key: run_setting(cfg, run, key) for key in RUN_EXECUTION}, "checkpoint": cfg["checkpoint"],
+                      "log": {"tensorboard": cfg["log"]["tensorboard"]}}}
 
 
 def _matrix(config: dict) -> dict:

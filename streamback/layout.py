@@ -130,6 +130,14 @@ def recipe_dirs(checkpoints: str | Path) -> list[Path]:
     return sorted(p for p in Path(checkpoints).glob(f"{RECIPE_PREFIX}*") if p.is_dir())
 
 
+TENSORBOARD_DIR = RESULTS / "tensorboard"  # `tensorboard --logdir results/tensorboard`: every run side by side
+
+
+def tensorboard_dir(run: str) -> Path:
+    """A run's TensorBoard event files, a directory per recipe (`recipe-<fingerprint>`, as in its checkpoint directory)."""
+    return TENSORBOARD_DIR / run
+
+
 TRAINING_TABLE = "training_curves"  # table(name): every run's loss, validation loss, grad norm per step
 TRAINING_FIGURES = ("training_loss", "training_grad_norm")  # figure(name, suffix)
 

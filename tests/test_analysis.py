@@ -14,10 +14,11 @@ import yaml
 from streamback import layout
 from streamback.analysis.envelope import abs_quantile, envelope, training_envelope
 from streamback.analysis.loss import loss_curves, paired_difference, trailing_mean
-from streamback.analysis.precision import error_stats, layer_error, swallow_stats, swallowed
+from streamback.analysis.precision import error_stats, layer_error, swallowed
 from streamback.errors import StreambackError
 from streamback.model.formats import STREAM_LABELS, StreamFormat
 from streamback.model.model import ModelArgs, Transformer
+from streamback.model.swallow import swallow_stats
 from streamback.model.weights import load_model, read_model, save_model
 from streamback.train.metrics import read_metrics
 

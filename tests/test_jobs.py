@@ -45,12 +45,12 @@ def test_a_train_job_holds_nothing_of_other_runs_or_how_it_runs():
         "model": {"shapes": {"tiny-fat-short": {"n_layers": 3, "dim": 128, "n_heads": 4, "n_kv_heads": 1}, "new": {"n_layers": 1, "dim": 8, "n_heads": 2, "n_kv_heads": 1}}},
         "train": {"runs": {"shapes": ["tiny-medium", "new"], "streams": ["fp16"]}, "per_run": {"tiny-medium-streamback": {"compile": True}},
                   "micro_batch_size": 8, "compile": True, "checkpoint": {"every": 7}, "resources": {"gpus": 8, "threads": 4},
-                  "reversible": True},  # applies to fp32 StreamBack runs only
+                  "reversible": True, "log": {"tensorboard": False}},  # reversible: applies to fp32 StreamBack runs only
         "drift": {"steps": 10}, "eval": {"batch_size": 3}, "analysis": {"seed": 4},
     })
     assert jobs.train(changed, run) == before
     assert jobs.train_execution(changed, run)["train"] == {"micro_batch_size": 8, "compile": True, "activation_checkpointing": False,
-                                                            "checkpoint": {"every": 7, "keep": 2}}
+                                                            "checkpoint": {"every": 7, "keep": 2}, "log": {"tensorboard": False}}
     assert jobs.train(changed, "tiny-medium-streamback")["train"]["reversible"] is True
     lr = merge_config(DEFAULT, {"train": {"optimizer": {"lr": 1e-3}}})
     assert jobs.train(lr, run)["train"]["optimizer"]["lr"] == 1e-3

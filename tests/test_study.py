@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from streamback import layout
+from streamback.train.metrics import read_metrics
 
 from conftest import ROOT
 
@@ -47,6 +48,13 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     assert f"Of {len(pairs)} benchmark comparisons" in text
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
         assert run in text
+    # every run logged its live signals (the stream every 10 of SMALL's 30 steps) and its TensorBoard events; the page shows
+    # them and the warnings: the fp8 E4M3 stream's grid step at the stream's max passes its typical update at once
+    for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
+        assert [r["step"] for r in read_metrics(study / layout.metrics_file(run)) if "swallowed_fraction" in r] == [10, 20, 30], run
+        assert list((study / layout.tensorboard_dir(run)).glob("recipe-*/events.out.tfevents.*")), run
+    assert "<h3>Live precision signals</h3>" in text and "<h3>Warnings</h3>" in text
+    assert re.search(r"tiny-medium-streamback-fp8_e4m3</td>\s*<td>10</td>\s*<td>spacing", text)
 
 
 @pytest.mark.slow

@@ -83,7 +83,7 @@ def cli(data_dir, root, run="micro-streamback", launcher=(sys.executable,), env=
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config(**overrides)))
     cmd = [*launcher, "-m", "streamback", "train", "--config", str(path), "--run-name", run, "--data", str(data_dir),
-           "--outdir", str(root / "out"), "--checkpoints", str(root / "ckpt"), "--threads", "1"]
+           "--outdir", str(root / "out"), "--checkpoints", str(root / "ckpt"), "--tensorboard", str(root / "tb"), "--threads", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -21,7 +21,7 @@ Swallowed updates. For every sublayer's add into the stream, h' = round(h + d) w
 own stream h and delta d (forward pass only): `swallowed_fraction` is the share of coordinates
 with d != 0 where h' == h (the update was rounded away), `lost_mass_fraction` is
 sum |h' - (h + d)| / sum |d|, what rounding took from the update, relative to its size (the exact
-sum in fp64). A block format (MXFP8, NVFP4) may also move coordinates whose update is zero, when
+sum in fp64): `streamback.model.swallow`, whose definitions the trainer's live signals share. A block format (MXFP8, NVFP4) may also move coordinates whose update is zero, when
 the block's scale changes; that counts as lost mass too.
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from streamback.model.swallow import swallow_stats
 from streamback.model.weights import TrainedModel, load_model
 from streamback.progress import Progress
 from streamback.train.validation import next_token_loss
@@ -97,19 +98,6 @@ def layer_error(trained: TrainedModel, batch: torch.Tensor, reference: str, vari
         if progress is not None:
             progress.update(1, variant)
     return pd.DataFrame(rows)
-
-
-def swallow_stats(h: torch.Tensor, delta: torch.Tensor, out: torch.Tensor) -> dict:
-    """For out = round(h + delta): the share of non-zero updates that left h unchanged, and
-    sum |out - (h + delta)| / sum |delta| (the exact sum in fp64)."""
-    h, delta, out = h.double(), delta.double(), out.double()
-    moved = delta != 0
-    updates = int(moved.sum())
-    mass = delta.abs().sum()
-    return {
-        "swallowed_fraction": int(((out == h) & moved).sum()) / updates if updates else float("nan"),
-        "lost_mass_fraction": float((out - (h + delta)).abs().sum() / mass) if mass > 0 else float("nan"),
-    }
 
 
 def swallowed(trained: TrainedModel, batch: torch.Tensor, variants: list[str], device="cpu", seed: int = 0,

@@ -15,7 +15,12 @@ steps (compilation happens there), prints a line per configuration as it finishe
   estimate of `streamback.measure.memory` for the same step (eager, fake tensors; `--no-estimate` skips);
 - saved activations: bytes autograd keeps for the backward pass (distinct storages, counted with
   saved-tensor hooks on one extra step; for the reversible stream, its own count of what it
-  keeps plus its cached deltas), which needs no GPU.
+  keeps plus its cached deltas), which needs no GPU;
+- the live precision signals' cost (`streamback.train.signals`, the trainer's stream record on one
+  step in `train.log.stream_every` of `--config`) as a share of the step at that cadence: measured,
+  from the median of `--steps` steps under the stream record (envelope and signals) after the plain
+  ones, and counted on fake tensors, the signals' bytes and elementwise operations against the
+  step's bytes and model FLOPs (`streamback.measure.traffic.signals_cost`; `--no-estimate` skips it).
 Writes `--out` (JSON) and a Markdown table beside it (same name, .md), both atomically, and
 prints the table. A configuration that fails (out of memory, a compiler error) is reported as
 such and the others still run. Runs unchanged on a CUDA machine with torch alone.
@@ -46,6 +51,7 @@ from streamback.io import markdown_table as table_of
 from streamback.io import write_json, write_text
 from streamback.measure.memory import estimate_step_memory
 from streamback.model import compute
+from streamback.measure.traffic import signals_cost
 from streamback.measure.step import (
     CPU_SHAPES,
     GPU_SHAPES,
@@ -89,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     require_positive(args, ("batch", "seq_len", "vocab_size", "steps"))
     if args.threads is not None and args.threads < 1:
         raise StreambackError(f"--threads must be at least 1, got {args.threads}")
-    model_cfg = load_config(args.config)["model"]
+    config = load_config(args.config)
+    model_cfg, args.stream_every = config["model"], config["train"]["log"]["stream_every"]
     shapes = parse_names(args.shapes or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES), model_cfg["shapes"], "shapes")
     variants = parse_names(args.variants, VARIANTS, "variants")
     modes = parse_names(args.modes or (",".join(MODES) if device.type == "cuda" else "eager"), MODES, "modes")
@@ -119,7 +126,8 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
     matmul, kernels = matmul_flops(device), compute.path(device)
     print(f"bf16 compute on {device_name(device)}: {kernels} (cpu_bf16 {compute.mode()}); its matmul {matmul / 1e12:.2f} TFLOP/s; "
           f"a training step of {args.batch} x {args.seq_len} tokens, "
-          f"vocabulary {args.vocab_size}, {args.steps} timed after {args.warmup} untimed, {torch.get_num_threads()} thread(s)")
+          f"vocabulary {args.vocab_size}, {args.steps} timed after {args.warmup} untimed, {torch.get_num_threads()} thread(s); "
+          f"live signals every {args.stream_every} steps")
     print("  ".join(COLUMNS), flush=True)
     rows, estimates = [], {}
     for shape in shapes:
@@ -128,8 +136,11 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
                 row = {"shape": shape, "variant": variant, "mode": mode}
                 row.update(bench_one(model_cfg, shape, variant, mode, args, device, matmul))
                 if args.estimate and (shape, variant) not in estimates:  # the same for every mode
-                    estimates[shape, variant] = estimate_step_memory(model_args(model_cfg, shape, variant, args.vocab_size), args.batch, args.seq_len)["peak"] / 2**30
-                row["est_peak_gib"] = estimates.get((shape, variant))
+                    margs = model_args(model_cfg, shape, variant, args.vocab_size)
+                    estimates[shape, variant] = (estimate_step_memory(margs, args.batch, args.seq_len)["peak"] / 2**30,
+                                                 signals_cost(margs, args.batch, args.seq_len, args.stream_every))
+                peak, cost = estimates.get((shape, variant), (None, None))
+                row.update(est_peak_gib=peak, signals_bytes_share=cost and cost["bytes_share"], signals_flops_share=cost and cost["flops_share"])
                 rows.append(row)
                 print(_format_row(row, rows), flush=True)
     noisy = [r for r in rows if not r.get("error") and (r["median_noise"] is None or r["median_noise"] > NOISE_LIMIT)]
@@ -149,6 +160,7 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
         "steps": args.steps,
         "warmup": args.warmup,
         "threads": torch.get_num_threads(),
+        "stream_every": args.stream_every,
         "rows": rows,
         "warnings": warnings,
     }
@@ -199,6 +211,7 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
     from streamback.model.model import Transformer
     from streamback.model.reversible import SavedTensorBytes
     from streamback.train.parallel import apply_compile
+    from streamback.train.signals import StreamRecord
 
     margs = model_args(model_cfg, shape, variant, args.vocab_size)
     tokens = random_tokens(args.vocab_size, args.batch, args.seq_len, device)
@@ -221,6 +234,15 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
         times = step_seconds(step, args.steps, device)
         seconds = statistics.median(times)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        record = StreamRecord(model, signals=True)
+
+        def signal_step():  # the trainer's step every stream_every: its forward under the stream record
+            with record.capture() as stream:
+                training_step(model, tokens)
+            record.add(stream)
+
+        signal_step()  # a compiled block compiles its parts-returning variant here
+        signal_seconds = statistics.median(step_seconds(signal_step, args.steps, device))
         model.zero_grad(set_to_none=True)
         counter = SavedTensorBytes()
         with counter:
@@ -236,6 +258,8 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
             "mfu": flops_per_token(model, args.seq_len) * tokens_per_s / matmul,
             "peak_mem_gib": peak,
             "saved_activation_bytes": saved,
+            "signals_step_s": signal_seconds,
+            "signals_time_share": (signal_seconds - seconds) / (args.stream_every * seconds),
             "error": None,
         }
     except Exception as err:  # report this configuration's failure (OOM, compiler) and go on
@@ -256,7 +280,8 @@ def _baseline_ratio(row, rows):
     return row["tokens_per_s"] / base["tokens_per_s"]
 
 
-COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "median +-", "spread", "MFU", "peak GiB", "est. GiB", "saved MiB")
+COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "median +-", "spread", "MFU", "peak GiB", "est. GiB", "saved MiB",
+           "signals time", "signals bytes", "signals FLOPs")
 
 
 def _cells(row, rows):
@@ -275,6 +300,9 @@ def _cells(row, rows):
         "n/a" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.2f}",
         "" if row.get("est_peak_gib") is None else f"{row['est_peak_gib']:.2f}",
         f"{row['saved_activation_bytes'] / 2**20:,.1f}",
+        f"{100 * row['signals_time_share']:+.2f}%",
+        "" if row.get("signals_bytes_share") is None else f"{100 * row['signals_bytes_share']:.2f}%",
+        "" if row.get("signals_flops_share") is None else f"{100 * row['signals_flops_share']:.4f}%",
     ]
 
 
@@ -291,7 +319,9 @@ def markdown_table(result: dict) -> str:
     head = (
         f"Training step (forward + backward, bf16 compute: {result.get('compute', 'native bf16')}), micro-batch {result['batch']} x {result['seq_len']}, "
         f"vocabulary {result['vocab_size']}, on {result['device']} (torch {result['torch']}); "
-        f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s.\n\n"
+        f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s. Signals: the live precision signals' "
+        f"cost as a share of the step when they run every {result.get('stream_every', '?')} steps (time: measured, the stream record "
+        f"with its envelope; bytes and FLOPs: counted on fake tensors, the signals alone).\n\n"
     )
     notes = "".join(f"\nWarning: {w}\n" for w in result.get("warnings", []))
     return head + table_of(*table(result)) + notes

@@ -298,6 +298,26 @@ class StreamFormat:
         which gives the same bits as the eager add (RNE of the fp32 sum)."""
         return self.name in _NATIVE and self.rounding == "nearest" and not torch.compiler.is_compiling()
 
+    def spacing(self, magnitude: torch.Tensor) -> torch.Tensor:
+        """The grid's step at `magnitude` (fp64, the same shape): an update smaller than half of it
+        is rounded away there (nearest rounding). For the element formats the gap between adjacent
+        values in the binade of |magnitude| (subnormal spacing below the normal range; what
+        `torch.nextafter` gives upwards on that grid). For the block formats at a block whose
+        largest magnitude it is: MXFP8 puts that value in E4M3's top binade of the block's scale,
+        a step of 2^(floor(log2 |m|) - 3); NVFP4 holds it as element 6 times the block's scale,
+        whose next value down is 4, a step of |m| / 3."""
+        m = magnitude.double().abs()
+        if self.name == "nvfp4":
+            return m / 3
+        if self.name == "mxfp8":
+            mantissa_bits, min_exponent = FP8_E4M3.mantissa_bits, E8M0_MIN_EXPONENT + MX_ELEMENT_EMAX
+        elif self.name == "fp64":
+            mantissa_bits, min_exponent = 52, -1022
+        else:
+            mantissa_bits, min_exponent = _ELEMENT[self.name].mantissa_bits, _ELEMENT[self.name].min_exponent
+        exponent = torch.where(m > 0, torch.frexp(m).exponent - 1, min_exponent).clamp(min=min_exponent)  # floor(log2 m)
+        return torch.ldexp(torch.ones_like(m), exponent - mantissa_bits)
+
     def is_representable(self, h: torch.Tensor) -> bool:
         """dtype is `container_dtype` and every value lies on the format's grid (NaN counts).
 

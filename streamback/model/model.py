@@ -395,7 +395,8 @@ class Transformer(nn.Module):
         reversible = self.args.reversible and torch.is_grad_enabled()
         stream = ReversibleStream(bottom=lambda: self.embed(tokens), rebuild_block=self.rebuild_block) if reversible else None
         capture = self._capture
-        parts = capture is not None and capture.wants_parts
+        # a capture without gradients takes the parts detached: a compiled block then has no gradient to take for them
+        parts = (True if capture.grad else "detached") if capture is not None and capture.wants_parts else False
         with stream if stream is not None else contextlib.nullcontext():
             h = self.embed(tokens)
             if capture is not None:
@@ -427,7 +428,7 @@ class Transformer(nn.Module):
         return F.cross_entropy(self.logits(h).flatten(0, 1), targets.flatten())
 
     @contextlib.contextmanager
-    def capture(self, points: tuple[str, ...] = STREAM_POINTS, fn=None, grad: bool = False):
+    def capture(self, points: tuple[str, ...] = STREAM_POINTS, fn=None, grad: bool = False, add_fn=None):
         """Capture the residual stream of every forward pass run inside the block.
 
         Yields a `StreamCapture`, refilled by each forward (so it holds the latest one's):
@@ -439,10 +440,12 @@ class Transformer(nn.Module):
         (e.g. a statistic, so nothing full-size is held), else the tensor. Tensors are detached,
         unless `grad`: then they are the live tensors with their gradients retained, read
         `.grad` after the backward pass (the reversible stream then still holds them).
+        `add_fn(h, delta, h')`, if given, is also applied to every add into the stream as it
+        happens (`capture["adds"]`, e.g. `streamback.model.swallow.swallow_counts`).
         """
         if self._capture is not None:
             raise RuntimeError("Transformer.capture: a capture is already active on this model")
-        self._capture = StreamCapture(points, fn, grad)
+        self._capture = StreamCapture(points, fn, grad, add_fn)
         try:
             yield self._capture
         finally:

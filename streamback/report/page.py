@@ -138,6 +138,31 @@ def training_curves() -> list:
     return [loss_chart(table), caption("training_loss"), grad_norm_chart(table), caption("training_grad_norm")]
 
 
+def live_signals(study: Study) -> list:
+    """What the runs' trainers watched: the live swallowed share over training, and every warning
+    that fired (`streamback.train.signals`, `streamback.train.watch`), from each run's metrics.jsonl."""
+    from streamback.train.metrics import read_metrics
+    from streamback.train.signals import signals_table, swallowed_chart
+    from streamback.train.watch import warnings_table
+
+    records = {run: read_metrics(layout.metrics_file(run)) for run in study.runs if layout.metrics_file(run).exists()}
+    if not records:
+        return [_missing("The live precision signals", "train", [layout.metrics_file(r) for r in study.runs])]
+    blocks = [Subheading("Live precision signals")]
+    table = signals_table(records)
+    if table.empty:
+        blocks.append("No run logged live signals (train.log.signals is off, or no run reached train.log.stream_every steps).")
+    else:
+        blocks += [swallowed_chart(table), caption("training_signals")]
+    events = warnings_table(records)
+    quiet = [run for run in records if run not in set(events.run)]
+    blocks.append(Subheading("Warnings"))
+    if len(events):
+        blocks += [events.assign(value=[f"{v:.4g}" for v in events.value]), caption("training_warnings")]
+    blocks.append(f"No warning fired in {', '.join(quiet)}." if quiet else "Every run fired at least one warning.")
+    return blocks
+
+
 def drift(study: Study) -> list:
     from streamback.drift.report import overview_table, ratio_chart, reading, spacing_chart, trajectory_chart
 
@@ -180,7 +205,7 @@ def sections(study: Study) -> list[tuple[str, list]]:
         ("Residual envelope", analysis("envelope", study)),
         ("Precision error by layer", analysis("layer-error", study)),
         ("Swallowed updates", analysis("swallowed", study)),
-        ("Training curves", training_curves()),
+        ("Training curves", training_curves() + live_signals(study)),
         ("The drift of a long bf16 sum", drift(study)),
         ("Speed and memory", speed_and_memory()),
     ]

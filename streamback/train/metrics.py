@@ -3,14 +3,18 @@
 Every record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
 (mean over the step's global batch), `lr`, `grad_norm` (before clipping), `tokens_per_s` and
 `elapsed_s` (the last two are wall-clock figures, the only non-deterministic fields). Some steps
-add `val_loss`, the stream's envelope at each layer boundary (embedding first) over the step's
-global batch: `stream_absmax` (max |h|), `stream_max` (max h) and `stream_min` (min h), and
-`norm_gain_absmax` (max |gain| of each norm).
+add `val_loss`; every `train.log.stream_every` steps the stream's record (`streamback.train.signals`):
+the envelope at each layer boundary (embedding first) over the step's global batch,
+`stream_absmax` (max |h|), `stream_max` (max h) and `stream_min` (min h), the live precision
+signals per layer (`swallowed_fraction`, `lost_mass_fraction`, `update_mean_abs`) and per boundary
+(`stream_spacing`), and `norm_gain_absmax` (max |gain| of each norm). A step on which a warning
+fired has `warnings`, its events (`streamback.train.watch`).
 
 Append-safe across resumes: a run resumed from the checkpoint of step s first cuts the log back
 to steps <= s (dropping what a killed run wrote after its last checkpoint, and a half-written
 last line), so the log has every step exactly once. The log is flushed and fsynced before a
-checkpoint is committed, so the records up to a checkpoint's step always survive a crash.
+checkpoint is committed, so the records up to a checkpoint's step always survive a crash. A
+mirror (the run's TensorBoard writer, `streamback.train.tensorboard`) gets every record appended.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from pathlib import Path
 from streamback.errors import StreambackError
 from streamback.io import write_text
 
-DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "stream_absmax", "stream_max", "stream_min", "norm_gain_absmax")
+DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "stream_absmax", "stream_max", "stream_min", "norm_gain_absmax",
+                 "swallowed_fraction", "lost_mass_fraction", "update_mean_abs", "stream_spacing", "warnings")
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -42,10 +47,11 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 class MetricsLog:
-    """Append records to `path`, after cutting it back to the steps <= `resume_step`."""
+    """Append records to `path`, after cutting it back to the steps <= `resume_step` (kept in
+    `resumed`); each also goes to `mirror` (`write`, `flush`, `close`), if given."""
 
-    def __init__(self, path: str | os.PathLike, resume_step: int):
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike, resume_step: int, mirror=None):
+        self.path, self.mirror = Path(path), mirror
         kept = []
         if resume_step > 0 and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
@@ -58,19 +64,26 @@ class MetricsLog:
                     + "; restore it or delete the run's checkpoints to start over"
                 )
         write_text(self.path, "".join(_line(r) for r in kept))
+        self.resumed = kept
         self._file = open(self.path, "a")
 
     def append(self, record: dict) -> None:
         self._file.write(_line(record))
         self._file.flush()
+        if self.mirror is not None:
+            self.mirror.write(record)
 
     def sync(self) -> None:
         """Make every appended record durable (called before a checkpoint is committed)."""
         self._file.flush()
         os.fsync(self._file.fileno())
+        if self.mirror is not None:
+            self.mirror.flush()
 
     def close(self) -> None:
         self._file.close()
+        if self.mirror is not None:
+            self.mirror.close()
 
 
 def _line(record: dict) -> str:

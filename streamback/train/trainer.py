@@ -57,7 +57,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
@@ -73,6 +72,9 @@ from streamback.train.metrics import MetricsLog
 from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
+from streamback.train.signals import StreamRecord
+from streamback.train.tensorboard import open_writer
+from streamback.train.watch import Watch
 from streamback.train.validation import window_losses
 
 HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
@@ -90,6 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outdir", type=Path, default=None, help="for model.pt, metrics.jsonl and summary.json (default: results/runs/<run>)")
     parser.add_argument("--checkpoints", type=Path, default=None, help="the run's checkpoint directory: a recipe-*/ per recipe (checkpoints, live metrics.jsonl), trainer.lock, "
                         "verified-shards.json (default: results/checkpoints/<run>)")
+    parser.add_argument("--tensorboard", type=Path, default=None, help="the run's TensorBoard directory, an event directory per recipe in it "
+                        "(default: results/tensorboard/<run>; train.log.tensorboard: false writes none)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
     parser.add_argument("--status-file", type=Path, default=None,
                         help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own")
@@ -126,11 +130,13 @@ def _run(args: argparse.Namespace) -> int:
         args.data or layout.tokens_dir(config["data"]),
         args.outdir or layout.run_dir(args.run_name),
         args.checkpoints or layout.checkpoint_dir(args.run_name),
+        tensorboard=args.tensorboard or layout.tensorboard_dir(args.run_name),
     )
 
 
-def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints) -> int:
-    """Train `run_name` to its end or to a stop signal; returns the exit status (see the docstring)."""
+def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints, tensorboard=None) -> int:
+    """Train `run_name` to its end or to a stop signal; returns the exit status (see the docstring).
+    `tensorboard`: the run's TensorBoard directory (None: no event files)."""
     check_runs(train_cfg, model_cfg, processes=int(os.environ.get("WORLD_SIZE", "1")), only=run_name)
     env = Distributed.start()
     outdir, checkpoints, lock = Path(outdir), Path(checkpoints), None
@@ -146,7 +152,8 @@ def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, che
             except StreambackError as err:
                 error = str(err)
         env.agree(error, "locking the run")
-        trainer = Trainer(run_matrix(train_cfg)[run_name], train_cfg, model_cfg, Path(data_dir), outdir, checkpoints, env)
+        trainer = Trainer(run_matrix(train_cfg)[run_name], train_cfg, model_cfg, Path(data_dir), outdir, checkpoints, env,
+                          tensorboard=Path(tensorboard) if tensorboard is not None and train_cfg["log"]["tensorboard"] else None)
         return trainer.fit()
     finally:
         if lock is not None:
@@ -167,15 +174,11 @@ def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
-def _envelope(h: torch.Tensor) -> torch.Tensor:
-    """max |h|, max h and -min h of one residual (fp32; one all-reduce of MAX serves all three)."""
-    return torch.stack([h.abs().amax(), h.amax(), -h.amin()]).float()
-
-
 class Trainer:
     """One run: the model, its optimizer, the data, checkpoints and metrics, and the loop."""
 
-    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: Distributed):
+    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: Distributed,
+                 tensorboard: Path | None = None):
         from streamback.model.model import ModelArgs
 
         self.spec, self.cfg, self.env = spec, cfg, env
@@ -222,6 +225,7 @@ class Trainer:
             "data": self.train_data.manifest["fingerprint"],  # what the data stage tokenized, and how
         }
         self.recipe_dir = layout.recipe_dir(ckpt_dir, recipe_fingerprint(self.identity))
+        self.tensorboard_dir = tensorboard / self.recipe_dir.name if tensorboard is not None and env.rank == 0 else None
 
     def say(self, message: str) -> None:
         """A line in the run's log (rank 0)."""
@@ -279,7 +283,12 @@ class Trainer:
         remove_partial(self.recipe_dir, say=self.say)
         start_step, elapsed = self._resume()
         self.elapsed = elapsed
-        self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step) if self.env.rank == 0 else None
+        self.log, self.watch = None, None
+        if self.env.rank == 0:
+            board = open_writer(self.tensorboard_dir, start_step + 1, self.say) if self.tensorboard_dir is not None else None
+            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step, mirror=board)
+            self.watch = Watch(self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label)
+            self.watch.replay(self.log.resumed)
         self.progress = Progress(self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None)
         self._announce(start_step)
         step, last_saved = start_step, start_step if start_step else None
@@ -326,9 +335,8 @@ class Trainer:
         record_stream = (step + 1) % cfg["log"]["stream_every"] == 0
         windows = train_windows(self.seed, step, self.batch_size, self.n_train)
         loss_sum = torch.zeros((), device=env.device)
-        envelope = None  # per layer boundary: max |h|, max h, -min h over the step's micro-batches
-        capture = self.model.capture(("residual",), fn=_envelope) if record_stream else contextlib.nullcontext()
-        with capture as stream:
+        stream_record = StreamRecord(self.model, cfg["log"]["signals"]) if record_stream else None
+        with stream_record.capture() if record_stream else contextlib.nullcontext() as stream:
             for micro in rank_micro_batches(windows, env.rank, env.world_size, self.micro_batch_size):
                 batch = read_windows(self.train_data, micro, self.seq_len).to(env.device, non_blocking=True)
                 loss = self.model(batch[:, :-1], targets=batch[:, 1:])  # next_token_loss, fused with the output head
@@ -338,8 +346,7 @@ class Trainer:
                 (loss / self.accum).backward()
                 loss_sum += loss.detach()
                 if record_stream:
-                    seen = torch.stack(stream["residual"])
-                    envelope = seen if envelope is None else torch.maximum(envelope, seen)
+                    stream_record.add(stream)
         # one all-reduce per step: the mean loss over the global batch and whether any rank was signalled
         agreed = env.all_reduce(torch.stack([loss_sum / self.accum, torch.tensor(float(stop.signal is not None), device=env.device)]))
         loss_value, stop_now = agreed[0].item() / env.world_size, agreed[1].item() > 0
@@ -366,16 +373,18 @@ class Trainer:
             "elapsed_s": self.elapsed,
         }
         if record_stream:
-            absmax, top, negated_bottom = env.all_reduce(envelope, op=dist.ReduceOp.MAX).T.tolist()
-            record.update(stream_absmax=absmax, stream_max=top, stream_min=[-v for v in negated_bottom])
-            from streamback.model.model import norm_gain_absmax
-
-            record["norm_gain_absmax"] = norm_gain_absmax(self.model)
+            record.update(stream_record.finish(env))
         return record, stop_now
 
     def _after_step(self, step: int, record: dict) -> None:
         if step % self.cfg["log"]["val_every"] == 0 or step == self.steps:
             record["val_loss"] = self.validate(step)
+        if self.watch is not None:
+            events = self.watch.observe(record)
+            if events:
+                record["warnings"] = events
+            for event in events:
+                self.progress.write(f"[{self.spec.name}] {event['message']}")
         if self.log is not None:
             self.log.append(record)
         val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
@@ -448,6 +457,7 @@ class Trainer:
             f"({self.batch_size} x {self.seq_len}; {self.env.world_size} process(es) x {self.accum} micro-batches of "
             f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type} ({compute.path(self.env.device)}); "
             f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.recipe_dir}"
+            + (f"; TensorBoard event files in {self.tensorboard_dir}" if self.log is not None and self.log.mirror is not None else "")
         )
         if start_step == self.steps:
             self.progress.write(

@@ -1,0 +1,94 @@
+"""What the trainer records of the residual stream every `train.log.stream_every` steps, measured on
+that step's own forward passes through `Transformer.capture` (nothing is recomputed, no random
+number is drawn, the forward computes what it always does):
+
+- the envelope at each layer boundary, embedding first: `stream_absmax` (max |h|), `stream_max`,
+  `stream_min`;
+- the live precision signals (`train.log.signals`), per layer l (its attention and feed-forward
+  adds, which make boundary l + 1): `swallowed_fraction` and `lost_mass_fraction`, the analyses'
+  definitions (`streamback.model.swallow`), and `update_mean_abs`, the mean |d| of the layer's
+  non-zero updates (the typical update); per boundary, `stream_spacing`, the stream format's grid
+  step at its max |h| (`StreamFormat.spacing`): an update below half of it is lost there;
+- `norm_gain_absmax`: max |gain| of every norm (what multiplies the stream), by module name.
+
+All over the step's global batch: maxima over micro-batches and processes (one all-reduce of MAX),
+the swallow counts summed over them (one all-reduce of SUM) before the shares are taken.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from streamback.model.swallow import swallow_counts, swallow_fractions
+
+ENVELOPE_KEYS = ("stream_absmax", "stream_max", "stream_min")
+SIGNAL_KEYS = ("swallowed_fraction", "lost_mass_fraction", "update_mean_abs", "stream_spacing")
+
+
+def _envelope(h: torch.Tensor) -> torch.Tensor:
+    """max |h|, max h and -min h of one residual (fp32; one all-reduce of MAX serves all three)."""
+    return torch.stack([h.abs().amax(), h.amax(), -h.amin()]).float()
+
+
+class StreamRecord:
+    """One step's record of the stream: `capture()` around its micro-batches, `add` after each
+    one's forward pass, `finish` once (a collective under several processes)."""
+
+    def __init__(self, model, signals: bool):
+        self.model, self.signals = model, signals
+        self.envelope = None  # [boundaries, 3]: max |h|, max h, -min h
+        self.counts = None  # [layers, 4]: swallow counts of each layer's two adds
+
+    def capture(self):
+        return self.model.capture(("residual",), fn=_envelope, add_fn=swallow_counts if self.signals else None)
+
+    def add(self, stream) -> None:
+        seen = torch.stack(stream["residual"])
+        self.envelope = seen if self.envelope is None else torch.maximum(self.envelope, seen)
+        if self.signals:
+            counts = torch.stack(stream["adds"]).unflatten(0, (-1, 2)).sum(1)
+            self.counts = counts if self.counts is None else self.counts + counts
+
+    def finish(self, env) -> dict:
+        """The record's stream fields (see the module docstring)."""
+        from streamback.model.model import norm_gain_absmax
+
+        absmax, top, negated_bottom = env.all_reduce(self.envelope, op=dist.ReduceOp.MAX).T.tolist()
+        record = {"stream_absmax": absmax, "stream_max": top, "stream_min": [-v for v in negated_bottom]}
+        if self.signals:
+            counts = env.all_reduce(self.counts, op=dist.ReduceOp.SUM).cpu()
+            shares = [swallow_fractions(c) for c in counts]
+            record.update(
+                swallowed_fraction=[s["swallowed_fraction"] for s in shares],
+                lost_mass_fraction=[s["lost_mass_fraction"] for s in shares],
+                update_mean_abs=[mass / updates if updates else float("nan") for updates, _, mass, _ in counts.tolist()],
+                stream_spacing=self.model.stream_format.spacing(torch.tensor(absmax)).tolist(),
+            )
+        record["norm_gain_absmax"] = norm_gain_absmax(self.model)
+        return record
+
+
+def signals_table(records_by_run: dict[str, list[dict]]):
+    """The live signals of every logged step, one row per run, step and layer (columns: run, step,
+    tokens, layer, swallowed_fraction, lost_mass_fraction), from the runs' metrics records."""
+    import pandas as pd
+
+    rows = [{"run": run, "step": r["step"], "tokens": r["tokens"], "layer": layer, "swallowed_fraction": swallowed, "lost_mass_fraction": lost}
+            for run, records in records_by_run.items() for r in records if "swallowed_fraction" in r
+            for layer, (swallowed, lost) in enumerate(zip(r["swallowed_fraction"], r["lost_mass_fraction"]))]
+    return pd.DataFrame(rows, columns=["run", "step", "tokens", "layer", "swallowed_fraction", "lost_mass_fraction"])
+
+
+def swallowed_chart(table):
+    """The live swallowed share against tokens, a panel per run and a line per layer."""
+    import altair as alt
+
+    return alt.Chart(table).mark_line(point=True, strokeWidth=1.5).encode(
+        x=alt.X("tokens:Q", title="tokens seen"),
+        y=alt.Y("swallowed_fraction:Q", title="updates swallowed", axis=alt.Axis(format="%")),
+        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="viridis")),
+        tooltip=["run", "step", "layer", alt.Tooltip("swallowed_fraction:Q", format=".2%"), alt.Tooltip("lost_mass_fraction:Q", format=".2%")],
+    ).properties(width=240, height=150).facet(facet=alt.Facet("run:N", title=None), columns=3).properties(
+        title=alt.TitleParams("Updates the stream's rounding swallowed, live in training",
+                              subtitle="Per run and layer, on the logged steps' own forward passes (train.log.stream_every)."))
