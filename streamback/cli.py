@@ -26,6 +26,7 @@ COMMANDS = {
     "train": "streamback.train.trainer",
     "checkpoints": "streamback.train.recipes",
     "training-curves": "streamback.train.curves",
+    "seed-variance": "streamback.report.seeds",
     "study-report": "streamback.report.stage",
     "export-hf": "streamback.model.export_hf",
     "bench": "streamback.measure.bench",

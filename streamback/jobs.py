@@ -53,11 +53,18 @@ def tokenize_execution(config: dict) -> dict:
     return {"data": _pick(config["data"], ("batch_documents",))}
 
 
-def _one_run_matrix(spec) -> dict:
-    """A train.runs matrix whose only run is `spec`."""
-    stream_run = spec.name != f"{spec.shape}-{spec.block}"
-    return {"shapes": [spec.shape], "blocks": [] if stream_run else [spec.block],
-            "streams": [spec.stream] if stream_run else [], "stream_shapes": None}
+def _one_run_matrix(spec, cfg: dict) -> dict:
+    """A train.runs matrix whose only run is `spec`. Its seed appears only if it is not train.seed
+    (and what a seed varies only if not both), so a run of train.seed has the params it had before
+    seeds existed, and adding seeds reruns none of them."""
+    stream_run = spec.arm != f"{spec.shape}-{spec.block}"
+    matrix = {"shapes": [spec.shape], "blocks": [] if stream_run else [spec.block],
+              "streams": [spec.stream] if stream_run else [], "stream_shapes": None}
+    if spec.seed != cfg["seed"]:
+        matrix["seeds"] = [spec.seed]
+        if cfg["runs"]["seeds_vary"] != "both":
+            matrix["seeds_vary"] = cfg["runs"]["seeds_vary"]
+    return matrix
 
 
 def train(config: dict, run: str) -> dict:
@@ -69,7 +76,7 @@ def train(config: dict, run: str) -> dict:
     skip = (*RUN_EXECUTION, "checkpoint", "resources", "per_run")
     recipe = {k: v for k, v in cfg.items() if k not in skip}
     recipe["log"] = {k: v for k, v in cfg["log"].items() if k != "tensorboard"}
-    recipe["runs"] = _one_run_matrix(spec)
+    recipe["runs"] = _one_run_matrix(spec, cfg)
     recipe["reversible"] = is_reversible(cfg, spec)
     shape = model["shapes"][spec.shape]
     arguments = {k: v for k, v in model.items() if k != "shapes"}
@@ -86,8 +93,9 @@ def train_execution(config: dict, run: str) -> dict:
 
 
 def _matrix(config: dict) -> dict:
-    """The train section's run matrix alone: which runs exist and their shapes, blocks and streams."""
-    return {"runs": config["train"]["runs"]}
+    """The train section's run matrix alone: which runs exist, their shapes, blocks, streams and
+    seeds (train.seed names them: its runs carry no seed suffix)."""
+    return {"runs": config["train"]["runs"], "seed": config["train"]["seed"]}
 
 
 def training_curves(config: dict) -> dict:
@@ -121,6 +129,11 @@ def evaluate(config: dict) -> dict:
 def benchmark_table(config: dict) -> dict:
     """Rule benchmark_table: the tasks, the paired statistics and the run matrix."""
     return {"eval": _pick(config["eval"], ("tasks", "pairs")), "train": _matrix(config)}
+
+
+def seed_variance(config: dict) -> dict:
+    """Rule seed_variance: the run matrix (the scores are its inputs)."""
+    return {"train": _matrix(config)}
 
 
 def drift(config: dict) -> dict:

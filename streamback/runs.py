@@ -3,7 +3,13 @@
 Every shape is trained with every block (`{shape}-{block}`, the study's six runs for three shapes
 and two blocks); every extra stream format adds, per shape of `stream_shapes` (default: every
 shape), a StreamBack run whose stream is held in that format (`{shape}-streamback-{format}`,
-e.g. `medium-streamback-mxfp8`, `fat-short-streamback-bf16_sr`).
+e.g. `medium-streamback-mxfp8`, `fat-short-streamback-bf16_sr`). These are the run *arms*; each
+is trained once per training seed of `seeds` (`stream_seeds` for the stream formats' arms;
+default: train.seed alone). A seed fixes the initial weights and the batch order (`seeds_vary`:
+both, or only one of them, the other staying train.seed's), so within a seed every run of a
+shape starts from the same weights and sees the same batches: the comparisons stay paired. The
+run of train.seed keeps the arm's name; another seed k adds `-seed<k>` (`tiny-medium-baseline-seed1`),
+so adding seeds renames nothing and trains only the new runs.
 Each run may override how it is executed (`per_run`: micro-batch size, activation
 checkpointing, torch.compile, Slurm resources), never the recipe, so every run of a matrix is trained the same way. Standard library only: the
 Snakemake rules import it to name their jobs.
@@ -30,23 +36,41 @@ class RunSpec:
     shape: str
     block: str
     stream: str  # a StreamFormat label (the schema lists them); the baseline's is "bf16", its compute dtype's
+    seed: int = 0  # the run's training seed (train.runs.seeds)
+    init_seed: int = 0  # seeds the initial weights
+    data_seed: int = 0  # seeds the batch order and stochastic rounding
+    arm: str = ""  # the name less its seed: `{shape}-{block}` or `{shape}-streamback-{stream}`
+
+
+def seed_suffix(seed: int, base_seed: int) -> str:
+    """What a run of `seed` adds to its arm's name: nothing for train.seed, `-seed<k>` for the others."""
+    return "" if seed == base_seed else f"-seed{seed}"
 
 
 def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
-    """All runs of the validated `train` section, by name, in config order."""
+    """All runs of the validated `train` section, by name, in config order (each arm, then its seeds)."""
     matrix = train_cfg["runs"]
     stream_shapes = matrix["shapes"] if matrix["stream_shapes"] is None else matrix["stream_shapes"]
     outside = [s for s in stream_shapes if s not in matrix["shapes"]]
     if outside and matrix["streams"]:
         raise StreambackError(f"train.runs.stream_shapes names shapes that are not in train.runs.shapes: {', '.join(outside)} "
                               "(name some of train.runs.shapes, null for every shape, or set train.runs.streams: [])")
+    base = train_cfg["seed"]
+    seeds = matrix["seeds"] if matrix["seeds"] is not None else [base]
+    stream_seeds = matrix["stream_seeds"] if matrix["stream_seeds"] is not None else seeds
+    vary = matrix["seeds_vary"]
     runs = {}
+
+    def add(arm, shape, block, stream, arm_seeds):
+        for seed in arm_seeds:
+            name = arm + seed_suffix(seed, base)
+            runs[name] = RunSpec(name, shape, block, stream, seed, base if vary == "data" else seed, base if vary == "init" else seed, arm)
+
     for shape in matrix["shapes"]:
         for block in matrix["blocks"]:
-            runs[f"{shape}-{block}"] = RunSpec(f"{shape}-{block}", shape, block, "fp32" if block == "streamback" else "bf16")
+            add(f"{shape}-{block}", shape, block, "fp32" if block == "streamback" else "bf16", seeds)
         for stream in matrix["streams"] if shape in stream_shapes else ():
-            name = f"{shape}-streamback-{stream}"
-            runs[name] = RunSpec(name, shape, "streamback", stream)
+            add(f"{shape}-streamback-{stream}", shape, "streamback", stream, stream_seeds)
     unknown = set(train_cfg["per_run"]) - set(runs)
     if unknown:
         raise StreambackError(f"train.per_run names runs that are not in the matrix: {', '.join(sorted(unknown))} (runs: {', '.join(runs)})")
@@ -54,12 +78,18 @@ def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
 
 
 def comparisons(runs: dict[str, RunSpec]) -> list[tuple[str, str, str]]:
-    """(shape, baseline run, other run) for every other run of a shape that has a baseline run, in
-    matrix order; the comparison's name is the other run's name less its shape (`streamback`,
-    `streamback-mxfp8`). The analyses compare each such pair (baseline minus other)."""
-    baselines = {spec.shape: name for name, spec in runs.items() if spec.block == "baseline"}
-    return [(spec.shape, baselines[spec.shape], name) for name, spec in runs.items()
-            if spec.block != "baseline" and spec.shape in baselines]
+    """(shape, baseline run, other run) for every other run that has a baseline run of its shape and
+    seed (the two started from the same weights and saw the same batches), in matrix order; the
+    comparison's name is the other run's arm less its shape (`streamback`, `streamback-mxfp8`).
+    The analyses compare each such pair (baseline minus other)."""
+    baselines = {(spec.shape, spec.seed): name for name, spec in runs.items() if spec.block == "baseline"}
+    return [(spec.shape, baselines[spec.shape, spec.seed], name) for name, spec in runs.items()
+            if spec.block != "baseline" and (spec.shape, spec.seed) in baselines]
+
+
+def comparison_name(spec: RunSpec) -> str:
+    """The comparison a non-baseline run stands for, the same for all its seeds: its arm less its shape."""
+    return spec.arm.removeprefix(f"{spec.shape}-")
 
 
 def run_setting(train_cfg: dict, run: str, key: str):

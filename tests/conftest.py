@@ -17,10 +17,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-# the default study, smaller: every stage and every run of config/config.yaml, on less data and fewer steps
+# the default study, smaller: every stage and every run of config/config.yaml, on less data, fewer steps and two seeds
 SMALL = {
     "data": {"synthetic": {"documents": 4000, "files": 1}},
-    "train": {"tokens": 30 * 2048, "schedule": {"warmup_steps": 5, "decay_steps": 10}, "log": {"val_every": 10, "val_sequences": 16}},
+    "train": {"tokens": 30 * 4 * 128, "runs": {"seeds": [0, 1]}, "schedule": {"warmup_steps": 5, "decay_steps": 10},
+              "log": {"every": 10, "stream_every": 10, "val_every": 10, "val_sequences": 16}, "checkpoint": {"every": 10}},
     "eval": {"local": {"pairs": 30, "documents": 30}},
     "drift": {"coords": 256, "seeds": [0], "steps": 1000},
 }

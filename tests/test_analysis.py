@@ -13,8 +13,9 @@ import yaml
 
 from streamback import layout
 from streamback.analysis.envelope import abs_quantile, envelope, training_envelope
-from streamback.analysis.loss import loss_curves, paired_difference, trailing_mean
+from streamback.analysis.loss import loss_curves, trailing_mean
 from streamback.analysis.precision import error_stats, layer_error, swallowed
+from streamback.stats import paired_difference
 from streamback.errors import StreambackError
 from streamback.model.formats import STREAM_LABELS, StreamFormat
 from streamback.model.model import ModelArgs, Transformer
@@ -221,8 +222,8 @@ SHAPES = {"a-short": {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 1, "
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory, tokens):
-    """results/runs/ of a 2-shape x {baseline, streamback, streamback-mxfp8} matrix: random models and
-    hand-written metrics; the config that names them."""
+    """results/runs/ of a 2-shape x {baseline, streamback (training seeds 0 and 1), streamback-mxfp8
+    (seed 0)} matrix: random models and hand-written metrics; the config that names them."""
     from streamback.config import validate_config
     from streamback.runs import run_matrix
 
@@ -230,7 +231,7 @@ def matrix(tmp_path_factory, tokens):
     config = validate_config({
         "data": {"dir": str(tokens)},
         "model": {"shapes": SHAPES},
-        "train": {"runs": {"shapes": list(SHAPES), "streams": ["mxfp8"]}, "seq_len": 32, "tokens": 320, "batch_size": 1,
+        "train": {"runs": {"shapes": list(SHAPES), "streams": ["mxfp8"], "seeds": [0, 1], "stream_seeds": [0]}, "seq_len": 32, "tokens": 320, "batch_size": 1,
                   "micro_batch_size": 1, "schedule": {"warmup_steps": 1, "decay_steps": 1}, "log": {"val_sequences": 8}},
         "analysis": {"batch_size": 2, "reference": "fp64", "variants": ["bf16", "fp32", "nvfp4_sr"], "micro_batch_size": 4,
                      "smooth_steps": 2},
@@ -263,13 +264,21 @@ def analyze(monkeypatch, capsys, root, config, *args) -> tuple[int, str, str]:
 
 @pytest.mark.slow
 def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
+    """Every kind on the seeded matrix: each table says the run's seed; the loss differences come
+    per seed and over the seeds, with the values streamback.stats gives."""
+    from streamback.analysis.loss import BOOTSTRAP_RESAMPLES, model_window_losses
+    from streamback.data.shards import TokenDataset
+    from streamback.stats import across_seeds, hierarchical_bootstrap
+    from streamback.train.batches import val_windows
+
     root, config = matrix
-    runs = ["a-short-baseline", "a-short-streamback", "a-short-streamback-mxfp8", "b-tall-baseline", "b-tall-streamback", "b-tall-streamback-mxfp8"]
+    runs = [f"{shape}-{arm}" for shape in SHAPES for arm in ("baseline", "baseline-seed1", "streamback", "streamback-seed1", "streamback-mxfp8")]
     columns = {
-        "layer_error": ["run", "variant", "kind", "layer", "max_abs_error", "rel_error", "sign_flips", "sign_flip_fraction"],
-        "envelope": ["run", "layer", "max", "min", "abs_p999"],
-        "swallowed": ["run", "variant", "layer", "sublayer", "swallowed_fraction", "lost_mass_fraction"],
-        "loss_difference": ["shape", "comparison", "split", "final_difference", "ci_low", "ci_high"],
+        "layer_error": ["run", "seed", "variant", "kind", "layer", "max_abs_error", "rel_error", "sign_flips", "sign_flip_fraction"],
+        "envelope": ["run", "seed", "layer", "max", "min", "abs_p999"],
+        "envelope_training": ["run", "seed", "step"],
+        "swallowed": ["run", "seed", "variant", "layer", "sublayer", "swallowed_fraction", "lost_mass_fraction"],
+        "loss_difference": ["shape", "comparison", "seed", "split", "final_difference", "ci_low", "ci_high", "boot_low", "boot_high", "seeds"],
     }
     for kind in layout.ANALYSIS_TABLES:
         status, _, err = analyze(monkeypatch, capsys, root, config, kind)
@@ -284,15 +293,42 @@ def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
     assert (root / layout.figure("swallowed-b-tall", "png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     errors = pd.read_csv(root / layout.table("layer_error"))
     assert sorted(errors.run.unique()) == sorted(runs) and set(errors.variant) == {"bf16", "fp32", "nvfp4_sr"}
+    assert set(errors[errors.run == "a-short-streamback-seed1"].seed) == {1} and set(errors[errors.run == "a-short-baseline"].seed) == {0}
     assert len(errors[errors.run == "b-tall-baseline"]) == 3 * (5 + 5 + 4)
     final = pd.read_csv(root / layout.table("loss_difference"))
-    assert sorted(final.comparison.unique()) == ["streamback", "streamback-mxfp8"] and len(final) == 2 * 2 * 2
-    assert ((final.ci_low < final.final_difference) & (final.final_difference < final.ci_high)).all()
+    assert sorted(final.comparison.unique()) == ["streamback", "streamback-mxfp8"]
+    per_seed, over = final[final.seed != "all"], final[final.seed == "all"]
+    assert len(per_seed) == 2 * (2 + 1) * 2 and len(over) == 2 * 2 * 2  # shapes x (seeds of each comparison) x splits
+    assert ((per_seed.ci_low < per_seed.final_difference) & (per_seed.final_difference < per_seed.ci_high)).all()
+    for row in over.itertuples():
+        seeds = per_seed[(per_seed["shape"] == row.shape) & (per_seed.comparison == row.comparison) & (per_seed.split == row.split)]
+        summary = across_seeds(seeds.final_difference.to_numpy(), 0.95)
+        assert row.seeds == len(seeds) == summary["n"] and row.final_difference == pytest.approx(summary["mean"], abs=1e-12)
+        if row.seeds > 1:
+            assert (row.ci_low, row.ci_high, row.sd) == pytest.approx((summary["low"], summary["high"], summary["sd"]), abs=1e-12)
+            assert row.verdict.startswith(("within seed noise", "consistent across seeds"))
+        else:
+            assert math.isnan(row.ci_low) and row.verdict.startswith("one training seed: training randomness is not covered")
+    # the seeds-then-windows bootstrap of a-short's streamback val difference, recomputed from the models
+    val = TokenDataset(matrix_tokens(config), "val")
+    windows = val_windows(10**9, 8, 0, 1)[:8]
+    diffs = [model_window_losses(root / layout.model_file(f"a-short-baseline{s}"), val, windows, 32, 4, "cpu")
+             - model_window_losses(root / layout.model_file(f"a-short-streamback{s}"), val, windows, 32, 4, "cpu") for s in ("", "-seed1")]
+    row = over[(over["shape"] == "a-short") & (over.comparison == "streamback") & (over.split == "val")].iloc[0]
+    assert (row.boot_low, row.boot_high) == pytest.approx(hierarchical_bootstrap(diffs, 0.95, BOOTSTRAP_RESAMPLES)[1:], abs=1e-9)
     curves = pd.read_csv(root / layout.table("loss_curves"))
     b = [json.loads(line) for line in (root / layout.metrics_file("a-short-baseline")).read_text().splitlines()]
     o = [json.loads(line) for line in (root / layout.metrics_file("a-short-streamback")).read_text().splitlines()]
-    got = curves[(curves["shape"] == "a-short") & (curves.comparison == "streamback") & (curves.split == "train")].difference
-    assert got.tolist() == pytest.approx([x["loss"] - y["loss"] for x, y in zip(b, o)], abs=1e-12)
+    pick = (curves["shape"] == "a-short") & (curves.comparison == "streamback") & (curves.split == "train")
+    assert curves[pick & (curves.seed == "0")].difference.tolist() == pytest.approx([x["loss"] - y["loss"] for x, y in zip(b, o)], abs=1e-12)
+    both = curves[pick & (curves.seed != "all")].pivot(index="step", columns="seed", values="smoothed")
+    mean = curves[pick & (curves.seed == "all")].set_index("step")
+    assert mean.smoothed.tolist() == pytest.approx(both.mean(axis=1).tolist(), abs=1e-12)
+    assert mean.band_low.tolist() == pytest.approx(both.min(axis=1).tolist()) and mean.band_high.tolist() == pytest.approx(both.max(axis=1).tolist())
+
+
+def matrix_tokens(config_path):
+    return yaml.safe_load(config_path.read_text())["data"]["dir"]
 
 
 @pytest.mark.slow
@@ -304,6 +340,7 @@ def test_a_partial_set_of_runs_gives_a_partial_table_and_missing_runs_are_named(
     assert "extra has no training metrics" in out
     table = pd.read_csv(root / layout.table("envelope"))
     assert table.run.tolist() == ["b-tall-streamback"] * 5 + ["extra"] * 3
+    assert table.seed.isna().tolist() == [False] * 5 + [True] * 3  # an imported model has no training seed
     status, _, err = analyze(monkeypatch, capsys, root, config, "loss-difference", "--runs", "b-tall-streamback")
     assert status == 2 and "b-tall-streamback is compared with b-tall-baseline, but b-tall-baseline is not among" in err
     status, _, err = analyze(monkeypatch, capsys, root, config, "swallowed", "--runs", "c-wide-baseline")

@@ -62,12 +62,13 @@ def test_check_names_the_file_and_line_of_invalid_yaml(tmp_path, capsys):
     bad.write_text("train:\n  seq_len: 64\n  tokens: [1, 2\n")
     assert main(["check", str(bad)]) == 2
     assert f"streamback check: error: config file {bad}, line 4, column 1 is not valid YAML" in capsys.readouterr().err
-    bad.write_text("train: {batch_size: 12}\n")
+    bad.write_text("train: {batch_size: 6}\n")
     assert main(["check", str(bad)]) == 2
-    assert "train.batch_size (12) must be a multiple of micro_batch_size (16) x processes (1)" in capsys.readouterr().err
-    bad.write_text("train: {runs: {shapes: [tiny-medium], streams: [mxfp8]}}\n")
+    assert "train.batch_size (6) must be a multiple of micro_batch_size (4) x processes (1)" in capsys.readouterr().err
+    bad.write_text("train: {runs: {shapes: [tiny-medium], streams: [mxfp8], seeds: [0, 1]}}\n")
     assert main(["check", str(bad)]) == 0
-    assert capsys.readouterr().out == f"config OK (config/config.yaml + {bad}): 3 runs: tiny-medium-baseline, tiny-medium-streamback, tiny-medium-streamback-mxfp8\n"
+    assert capsys.readouterr().out == (f"config OK (config/config.yaml + {bad}): 5 runs: tiny-medium-baseline, tiny-medium-baseline-seed1, "
+                                       "tiny-medium-streamback, tiny-medium-streamback-seed1, tiny-medium-streamback-mxfp8\n")
 
 
 def test_check_merges_config_files_as_snakemake_does():

@@ -199,7 +199,7 @@ def test_a_short_run_trains_alike_on_both_paths_and_the_findings_hold(tokens, tm
     rounding-order noise; then on both paths the study's findings on the trained pair: the bf16
     stream's layer error above the fp32 stream's, and the final loss difference of baseline and
     StreamBack, each path's inside the other's paired interval."""
-    from streamback.analysis.loss import paired_difference
+    from streamback.stats import paired_difference
     from streamback.analysis.precision import layer_error
     from streamback.data.shards import TokenDataset
     from streamback.model.weights import load_model, read_model

@@ -26,6 +26,10 @@ def _base():
     return yaml.safe_load(DEFAULT_CONFIG.read_text())
 
 
+# the run checks' cases are written for this batch and schedule: 60 steps of 16 x 128 tokens
+SIXTY_STEPS = {"train": {"tokens": 60 * 16 * 128, "batch_size": 16, "micro_batch_size": 16, "schedule": {"warmup_steps": 10, "decay_steps": 15}}}
+
+
 @pytest.mark.parametrize(
     "mutate, words",
     [
@@ -138,7 +142,7 @@ def test_runs_that_cannot_be_trained_are_named(change, words):
     from streamback.config import merge_config
     from streamback.runs import check_runs
 
-    config = validate_config(merge_config(_base(), change))
+    config = validate_config(merge_config(merge_config(_base(), SIXTY_STEPS), change))
     with pytest.raises(StreambackError) as err:
         check_runs(config["train"], config["model"], config["data"])
     assert words in str(err.value) and str(err.value).startswith("the runs cannot be trained as configured:\n  ")
@@ -149,7 +153,7 @@ def test_repeating_data_is_a_choice():
     from streamback.config import merge_config
     from streamback.runs import check_runs, data_passes
 
-    config = validate_config(merge_config(_base(), {"data": {"train_tokens": 100_000}, "train": {"repeat_data": True}}))
+    config = validate_config(merge_config(merge_config(_base(), SIXTY_STEPS), {"data": {"train_tokens": 100_000}, "train": {"repeat_data": True}}))
     check_runs(config["train"], config["model"], config["data"])
     assert data_passes(config["train"], 100_000) == 60 * 16 / ((100_000 - 1) // 128)
     assert data_passes(config["train"], 1_000_000) < 1

@@ -600,8 +600,16 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
     cfg = evaluated["cfg"]
     train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
     benchmarks, pairs = tables.tables(cfg, train_cfg)
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "filter", "metric", "value", "stderr", "n"]
-    assert set(benchmarks["filter"]) == {"none"}
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
+    assert set(benchmarks["filter"]) == {"none"} and set(benchmarks.seed) == {TRAIN.get("seed", 0)}
+    guessed = benchmarks.set_index(["task", "metric"]).chance
+    assert (guessed.loc[[t for t in benchmarks.task.unique() if "pairs" in t]] == 0.5).all()  # two sentences a pair
+    cloze = [json.loads(line)["target"] for line in layout.eval_samples(RUNS[0], "streamback_cloze").read_text().splitlines()]
+    assert (guessed.loc[("streamback_cloze", "acc")] == max(cloze.count(t) for t in cloze) / len(cloze)).all()  # the most frequent last word
+    assert guessed.loc[("streamback_cloze", "perplexity")].isna().all() and guessed.loc["streamback_perplexity"].isna().all()
+    over = pairs[pairs.seed == "all"]
+    assert len(over) == 4 and (over.seeds == 1).all() and over.verdict.str.startswith("one training seed: training randomness is not covered").all()
+    pairs = pairs[pairs.seed != "all"]
     for row in benchmarks.itertuples():
         saved = evaluated["results"][row.run]["results"][row.task]
         assert row.value == saved[f"{row.metric},none"]
@@ -623,6 +631,46 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
         assert row.family == ("micro-streamback vs micro-baseline, 4 tests: streamback_pairs_agreement acc; streamback_pairs_brackets acc; "
                               "streamback_pairs_counting acc; streamback_cloze acc")
         assert row.verdict.startswith(("no difference", "not distinguishable from noise", "distinguishable from noise"))
+
+
+def test_the_rows_over_seeds_have_the_values_the_statistics_give(evaluated, monkeypatch, tmp_path):
+    """Two seeds of the pair (the evaluated runs, and copies standing for seed 1 with some of the
+    StreamBack run's items turned): each comparison's row over seeds is streamback.stats' over the
+    seeds' rows and their items."""
+    import shutil
+
+    from streamback import stats
+
+    shutil.copytree(evaluated["root"] / "results", tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    for run in RUNS:
+        shutil.copytree(layout.eval_dir(run), layout.eval_dir(f"{run}-seed1"))
+    for task in evaluated["cfg"]["tasks"]:
+        path = layout.eval_samples("micro-streamback-seed1", task)
+        samples = [json.loads(line) for line in path.read_text().splitlines()]
+        for s in samples[::3]:
+            if s.get("acc") in (0, 1):
+                s["acc"] = 1 - s["acc"]
+        path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    train_cfg = validate_config({"model": MODEL, "train": {**TRAIN, "runs": {**TRAIN["runs"], "seeds": [TRAIN["seed"], 1]}}})["train"]
+    _, pairs = tables.tables(evaluated["cfg"], train_cfg)
+    pairs_cfg = evaluated["cfg"]["pairs"]
+    for row in pairs[pairs.seed == "all"].itertuples():
+        seeds = pairs[(pairs.seed != "all") & (pairs.task == row.task) & (pairs.metric == row.metric)]
+        assert sorted(seeds.seed) == [1, TRAIN["seed"]] and row.seeds == 2 and row.comparison == "streamback" and row.run == "micro-streamback"
+        summary = stats.across_seeds(seeds["diff"].to_numpy(), pairs_cfg["confidence"])
+        assert (row.diff, row.ci_low, row.ci_high, row.sd, row.p_seeds) == pytest.approx(
+            (summary["mean"], summary["low"], summary["high"], summary["sd"], summary["p"]), nan_ok=True)
+        items = []
+        for seed in ("", "-seed1"):
+            outcome = {run: {s["doc_id"]: s["acc"] for s in map(json.loads, layout.eval_samples(run + seed, row.task).read_text().splitlines())}
+                       for run in RUNS}
+            items.append([outcome[RUNS[1]][i] - outcome[RUNS[0]][i] for i in sorted(outcome[RUNS[0]])])
+        boot = stats.hierarchical_bootstrap(items, pairs_cfg["confidence"], pairs_cfg["resamples"], pairs_cfg["seed"])
+        assert (row.boot_low, row.boot_high) == pytest.approx(boot[1:])
+        assert row.baseline_sd == pytest.approx(0.0)  # both seeds' baselines are the same evaluation here
+        assert row.verdict.startswith(("within seed noise", "consistent across seeds"))
+    assert len(pairs[pairs.seed == "all"]) == 4
 
 
 def test_tables_refuse_half_written_results(evaluated, monkeypatch, tmp_path):
@@ -688,7 +736,8 @@ def test_benchmark_table_command_writes_both_tables(evaluated, tmp_path):
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
-    assert len(pd.read_csv(tmp_path / layout.table("benchmarks"))) == 2 * 8 and len(pairs) == 4 and set(pairs["filter"]) == {"none"}
+    assert len(pd.read_csv(tmp_path / layout.table("benchmarks"))) == 2 * 8 and len(pairs) == 4 + 4 and set(pairs["filter"]) == {"none"}
+    assert pairs.seed.astype(str).tolist() == ["7"] * 4 + ["all"] * 4  # per seed, then over the seeds
     assert "micro-streamback vs micro-baseline" in proc.stdout
 
 
@@ -754,10 +803,10 @@ def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
     result = run_snakemake(*targets, "--cores", "2", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", small, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     benchmarks = pd.read_csv(tmp_path / layout.table("benchmarks"))
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "task", "filter", "metric", "value", "stderr", "n"]
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
     assert sorted(set(benchmarks.run)) == sorted(RUNS) and len(benchmarks) == 2 * 8
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
-    assert list(pairs.run) == ["micro-streamback"] * 4 and pairs.verdict.str.contains("noise|no difference").all()
+    assert list(pairs.run) == ["micro-streamback"] * 8 and pairs.verdict.str.contains("noise|no difference|one training seed").all()
     for run in RUNS:
         assert json.loads((tmp_path / layout.eval_results(run)).read_text())["config"]["streamback"]["run"] == run
         assert "wrote results/eval" in (tmp_path / "logs" / "evaluate" / f"{run}.log").read_text()

@@ -72,13 +72,13 @@ def test_every_other_job_gets_only_the_keys_it_reads():
     assert loss["log"]["val_sequences"] == DEFAULT["train"]["log"]["val_sequences"]
     assert "log" not in jobs.analysis(merge_config(DEFAULT, {"analysis": {"loss_windows": 8}}), "loss-difference")["train"]
     assert set(jobs.benchmark_table(DEFAULT)["eval"]) == {"tasks", "pairs"}
-    for job in (jobs.training_curves(DEFAULT), jobs.benchmark_table(DEFAULT)):
-        assert job["train"] == {"runs": DEFAULT["train"]["runs"]}
+    for job in (jobs.training_curves(DEFAULT), jobs.benchmark_table(DEFAULT), jobs.seed_variance(DEFAULT)):
+        assert job["train"] == {"runs": DEFAULT["train"]["runs"], "seed": DEFAULT["train"]["seed"]}
 
 
 def test_what_the_rules_pass_is_what_the_stage_validates():
     """Every job's sections pass the schema (the CLI's validation) as they are."""
     for job in (jobs.corpus(DEFAULT), jobs.tokenize(DEFAULT), jobs.drift(DEFAULT), jobs.eval_tasks(DEFAULT),
-                jobs.evaluate(DEFAULT), jobs.benchmark_table(DEFAULT), jobs.training_curves(DEFAULT),
+                jobs.evaluate(DEFAULT), jobs.benchmark_table(DEFAULT), jobs.training_curves(DEFAULT), jobs.seed_variance(DEFAULT),
                 *(jobs.analysis(PAPER, kind) for kind in jobs.ANALYSIS_SETTINGS), jobs.train(PAPER, "medium-streamback")):
         given(job)  # StreambackError on a key the schema does not allow

@@ -126,7 +126,7 @@ def test_the_cost_arithmetic_follows_from_the_measured_h200_figures(tier, cost):
         per_seed += cost[spec.shape][spec.block]["hours"]
         kernel_per_seed += cost[spec.shape][spec.block]["kernel_hours"]
     seeds = len(train["runs"].get("seeds") or [train["seed"]])
-    assert seeds in (1, 3)
+    assert seeds == 3
     per_seed, kernel_per_seed = per_seed / seeds, kernel_per_seed / seeds
     assert 90 < 3 * per_seed < 110  # "about 100 H200-hours for six runs x 3 seeds"
     totals = f"{per_seed:.1f} H200-hours a seed; three seeds (18 runs): {3 * per_seed:.1f} H200-hours"

@@ -19,8 +19,7 @@ from streamback.train.metrics import read_metrics
 
 from conftest import ROOT
 
-SMALL_SEED = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["train"]["seed"]  # SMALL keeps the default's
-SECTIONS = ["What was run", "The answer", "Benchmarks", "Loss difference", "Residual envelope", "Precision error by layer",
+SECTIONS = ["What was run", "The answer", "Benchmarks", "Loss difference", "Training seeds", "Residual envelope", "Precision error by layer",
             "Swallowed updates", "Training curves", "The drift of a long bf16 sum", "Speed and memory"]
 
 
@@ -39,22 +38,31 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     assert page.count("<script") == 1 + page.count('vegaEmbed("#chart')  # the bundle, then one script per chart
     assert "https://" not in text  # no link out
     assert text.count('class="missing"') == 1 and "No speed or memory figures yet" in text  # no GPU figures: named, not dropped
-    # the answer is the tables' numbers
+    # the answer is the tables' numbers, over the seeds first
     loss = pd.read_csv(study / layout.table("loss_difference"))
-    row = loss[(loss.split == "val") & (loss.comparison == "streamback")].iloc[0]
-    assert f"On {row['shape']}, StreamBack&#x27;s final validation loss is {abs(row.final_difference):.4f} nats" in text
-    assert f"each run was trained once, from seed {SMALL_SEED}" in text  # what the intervals do not cover
+    row = loss[(loss.split == "val") & (loss.comparison == "streamback") & (loss.seed == "all")].iloc[0]
+    assert row.seeds == 2
+    assert (f"On {row['shape']}, over 2 training seeds, StreamBack&#x27;s final validation loss is {abs(row.final_difference):.4f} nats "
+            f"{'lower' if row.final_difference > 0 else 'higher'} than the baseline&#x27;s on average (95% t interval over seeds "
+            f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to {row.boot_high:+.4f}") in text
+    assert "each trained with 2 training seeds (0, 1" in text
     pairs = pd.read_csv(study / layout.table("benchmark_pairs"))
-    assert f"Of {len(pairs)} benchmark comparisons" in text
+    over = pairs[pairs.seed == "all"]
+    assert f"Over 2 training seeds, " in text and f"of {len(over)} benchmark comparisons of a run against its shape&#x27;s baseline" in text
+    assert f"Within single seeds, of {len(pairs) - len(over)} benchmark comparisons" in text
+    assert text.index("Over 2 training seeds") < text.index("Within single seeds")  # across seeds first
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
         assert run in text
     # every run logged its live signals (the stream every 10 of SMALL's 30 steps) and its TensorBoard events; the page shows
-    # them and the warnings: the fp8 E4M3 stream's grid step at the stream's max passes its typical update at once
+    # them and the warnings: the MXFP8 stream's grid step at the stream's max passes its typical update at once
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
         assert [r["step"] for r in read_metrics(study / layout.metrics_file(run)) if "swallowed_fraction" in r] == [10, 20, 30], run
         assert list((study / layout.tensorboard_dir(run)).glob("recipe-*/events.out.tfevents.*")), run
     assert "<h3>Live precision signals</h3>" in text and "<h3>Warnings</h3>" in text
-    assert re.search(r"tiny-medium-streamback-fp8_e4m3</td>\s*<td>10</td>\s*<td>spacing", text)
+    assert re.search(r"tiny-medium-streamback-mxfp8</td>\s*<td>10</td>\s*<td>spacing", text)
+    variance = pd.read_csv(study / layout.table(layout.SEED_TABLE))
+    assert (variance[variance.block == "baseline"].seeds == 2).all() and (variance[variance.stream == "nvfp4"].seeds == 1).all()
+    assert "Each run arm&#x27;s final losses and benchmark scores over its training seeds" in text  # the seeds section's caption
 
 
 @pytest.mark.slow

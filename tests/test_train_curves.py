@@ -31,7 +31,7 @@ def test_training_curves_table_and_figures(tmp_path, monkeypatch):
     write_metrics(RUNS[0], records(0.0))
     write_metrics(RUNS[1], records(0.25))
     table = curves_table(validate_config({"train": TRAIN})["train"], RUNS)
-    assert list(table.columns) == ["run", "shape", "block", "stream", "step", "tokens", "loss", "val_loss", "grad_norm", "lr"]
+    assert list(table.columns) == ["run", "shape", "block", "stream", "seed", "step", "tokens", "loss", "val_loss", "grad_norm", "lr"]
     assert table.groupby("run").stream.first().to_dict() == {RUNS[0]: "bf16", RUNS[1]: "fp32"}
     streamback = table[table.run == RUNS[1]]
     assert streamback.loss.tolist() == pytest.approx([5.15, 5.05, 4.95, 4.85]) and streamback.val_loss.isna().tolist() == [True, False, True, False]

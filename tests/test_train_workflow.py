@@ -88,7 +88,8 @@ def test_paper_runs_launch_torchrun_across_their_allocation(run_snakemake, tmp_p
     job = out[out.index("rule train:"):]
     for pattern in expect:
         assert re.search(pattern, job), pattern
-    assert "--run-name fat-short-streamback" in job and f"--checkpoints {layout.checkpoint_dir('fat-short-streamback')}" in job
+    assert "--run-name fat-short-streamback" in job and '--checkpoints "$checkpoints"' in job
+    assert f"checkpoints={layout.checkpoint_dir('fat-short-streamback')};" in job
 
 
 def _job_processes(directory, snakemake: int) -> dict[int, list[bytes]]:

@@ -11,6 +11,8 @@ import pytest
 import yaml
 
 from streamback import layout
+from streamback.config import load_config
+from streamback.runs import run_matrix
 
 from conftest import ROOT
 
@@ -47,7 +49,7 @@ def test_runs_that_cannot_be_trained_stop_a_dry_run(run_snakemake, tmp_path):
     naming each problem, in a few lines (no traceback, no job list)."""
     bad = {
         "model": {"shapes": {"tiny-medium": {"n_layers": 2, "dim": 12, "n_heads": 8, "n_kv_heads": 3}}},
-        "train": {"batch_size": 12, "seq_len": 4096, "schedule": {"warmup_steps": 40, "decay_steps": 40}},
+        "train": {"batch_size": 6, "seq_len": 4096, "schedule": {"warmup_steps": 40, "decay_steps": 40}},
     }
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     result = run_snakemake("-n", "--directory", tmp_path, "--configfile", tmp_path / "bad.yaml")
@@ -57,7 +59,7 @@ def test_runs_that_cannot_be_trained_stop_a_dry_run(run_snakemake, tmp_path):
                   "model.shapes.tiny-medium: head_dim = dim // n_heads = 12 // 8 = 1 is too small",
                   "train.seq_len (4096) exceeds model.max_seq_len (2048)",
                   "warmup_steps (40) + decay_steps (40) exceed the run's",
-                  "train.batch_size (12) must be a multiple of micro_batch_size (16) x processes (1)"]:
+                  "train.batch_size (6) must be a multiple of micro_batch_size (4) x processes (1)"]:
         assert words in out, words
     assert f"config/config.yaml merged with {tmp_path / 'bad.yaml'}" in out
     assert len(out.splitlines()) < 12 and "Traceback" not in out and "rule " not in out
@@ -126,9 +128,9 @@ def test_lint_finds_nothing(run_snakemake, tmp_path):
 
 # ---- reruns: what a changed setting reruns -------------------------------------------------------
 
-SIX_STREAM_RUNS = ["tiny-medium-baseline", "tiny-medium-streamback", *(f"tiny-medium-streamback-{s}" for s in ("bf16_sr", "fp8_e4m3", "mxfp8", "nvfp4"))]
+MEDIUM_RUNS = [name for name, spec in run_matrix(load_config(ROOT / "config" / "config.yaml")["train"]).items() if spec.shape == "tiny-medium"]
 DOWNSTREAM_OF_TRAIN = {"training_curves", "analyze_layer_error", "analyze_envelope", "analyze_swallowed", "analyze_loss_difference",
-                       "benchmark_table"}
+                       "benchmark_table", "seed_variance"}
 
 
 def _touched_study(run_snakemake, directory, *config):
@@ -174,20 +176,34 @@ def rules_of(jobs: dict) -> set[str]:
 
 @pytest.mark.slow
 def test_editing_one_shape_reruns_only_its_runs_and_what_reads_them(run_snakemake, touched_default):
-    """A new width of KV heads for tiny-medium (and a new shape no run uses): the six tiny-medium
-    runs train again because their params changed, their evaluations and the tables over all runs
+    """A new width of KV heads for tiny-medium (and a new shape no run uses): the tiny-medium runs
+    (every seed and stream) train again because their params changed, their evaluations and the tables over all runs
     follow because their inputs change; no other run, nothing of data or drift. The study page
     reruns on any change: it prints the merged config's hash, so its params are the whole config."""
     assert planned_jobs(run_snakemake, touched_default, None) == {}  # as recorded: nothing to do
     shapes = {"tiny-medium": {"n_layers": 4, "dim": 96, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32},
               "unused": {"n_layers": 1, "dim": 8, "n_heads": 2, "n_kv_heads": 1}}
     jobs = planned_jobs(run_snakemake, touched_default, {"model": {"shapes": shapes}})
-    assert {run for rule, run in jobs if rule == "train"} == set(SIX_STREAM_RUNS)
-    assert {run for rule, run in jobs if rule == "evaluate"} == set(SIX_STREAM_RUNS)
+    assert {run for rule, run in jobs if rule == "train"} == set(MEDIUM_RUNS)
+    assert {run for rule, run in jobs if rule == "evaluate"} == set(MEDIUM_RUNS)
     assert rules_of(jobs) == {"train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
     for (rule, run), reason in jobs.items():
         expected = "Params have changed" if rule == "train" else "Input files updated by another job"
         assert reason.startswith(expected), (rule, run, reason)
+
+
+@pytest.mark.slow
+def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
+    """One more training seed: its six runs train and are evaluated; no run of the seeds already
+    trained reruns, only the tables and figures over every run."""
+    jobs = planned_jobs(run_snakemake, touched_default, {"train": {"runs": {"seeds": [0, 1, 2, 3]}}})
+    new = {f"{shape}-{block}-seed3" for shape in ("tiny-skinny-tall", "tiny-medium", "tiny-fat-short") for block in ("baseline", "streamback")}
+    assert {run for rule, run in jobs if rule == "train"} == new
+    assert {run for rule, run in jobs if rule == "evaluate"} == new
+    assert rules_of(jobs) == {"train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
+    for (rule, run), reason in jobs.items():
+        if rule in ("train", "evaluate"):
+            assert reason.startswith("Missing output files"), (rule, run, reason)
 
 
 @pytest.mark.slow

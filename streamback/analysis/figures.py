@@ -129,9 +129,18 @@ def swallowed_chart(table: pd.DataFrame, shape: str) -> alt.VConcatChart:
 
 def loss_difference_chart(curves: pd.DataFrame, final: pd.DataFrame, shape: str, band: float) -> alt.VConcatChart:
     """Training (top row) and validation (bottom row) loss, baseline minus each comparison (a column,
-    its own y scale), against tokens: raw (faint), smoothed (solid), the +-band (grey), the final
-    difference with its CI (error bar)."""
+    its own y scale), against tokens: each seed's raw difference (faint) and, over the seeds, the
+    mean of the smoothed differences (solid) with the seeds' range (shaded; one seed: its smoothed
+    line), the +-band (grey); at the end the final difference: each seed's (small points) and over
+    the seeds the mean with its t interval (one seed: that seed's paired interval over windows)."""
+    from streamback.analysis.loss import ALL_SEEDS
+
     data = curves[curves["shape"] == shape]
+    over_seeds = data.seed.astype(str) == ALL_SEEDS
+    per_seed, across = data[~over_seeds], data[over_seeds]
+    ends = final[final["shape"] == shape]
+    end_over = ends.seed.astype(str) == ALL_SEEDS
+    seeds = per_seed.seed.nunique()
     comparisons = list(dict.fromkeys(data.comparison))
     color = alt.Color("comparison:N", sort=comparisons, title="baseline minus", scale=alt.Scale(scheme="dark2"))
     x = alt.X("tokens:Q", title="training tokens", scale=alt.Scale(domainMin=0))
@@ -139,30 +148,45 @@ def loss_difference_chart(curves: pd.DataFrame, final: pd.DataFrame, shape: str,
     for split, title in (("train", "training loss"), ("val", "validation loss")):
         panels = []
         for comparison in comparisons:
-            line = data[(data.split == split) & (data.comparison == comparison)]
-            if line.empty:
+            def part(frame, where=None):
+                keep = (frame.split == split) & (frame.comparison == comparison)
+                return frame[keep if where is None else keep & where]
+
+            raw_lines, mean_line = part(per_seed), part(across)
+            if raw_lines.empty:
                 continue
-            end = final[(final["shape"] == shape) & (final.split == split) & (final.comparison == comparison)].assign(tokens=line.tokens.max())
+            last = raw_lines.tokens.max()
+            end, end_seeds = part(ends, end_over).assign(tokens=last), part(ends, ~end_over).assign(tokens=last)
             axis_title = f"{title} difference (nats)"
             y = alt.Y("difference:Q", title=axis_title)
             shaded = alt.Chart(pd.DataFrame({"low": [-band], "high": [band]})).mark_rect(color="gray", opacity=0.15).encode(y="low:Q", y2="high:Q")
             zero = alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="gray", strokeWidth=0.5).encode(y="y:Q")
-            raw = alt.Chart(line).mark_line(opacity=0.3, strokeWidth=1).encode(x=x, y=y, color=color)
-            smooth = alt.Chart(line).mark_line(strokeWidth=2).encode(
-                x=x, y="smoothed:Q", color=color, tooltip=["comparison", "step", "tokens", alt.Tooltip("smoothed:Q", format=".5f")])
+            raw = alt.Chart(raw_lines).mark_line(opacity=0.3, strokeWidth=1).encode(x=x, y=y, color=color, detail="seed:N")
+            spread = alt.Chart(mean_line).mark_area(opacity=0.2).encode(x=x, y="band_low:Q", y2="band_high:Q", color=color)
+            smooth = alt.Chart(mean_line).mark_line(strokeWidth=2).encode(
+                x=x, y="smoothed:Q", color=color, tooltip=["comparison", "step", "tokens", alt.Tooltip("smoothed:Q", format=".5f"),
+                                                           alt.Tooltip("band_low:Q", format=".5f"), alt.Tooltip("band_high:Q", format=".5f")])
             bars = alt.Chart(end).mark_errorbar(ticks=True).encode(x=x, y=alt.Y("ci_low:Q", title=axis_title), y2="ci_high:Q", color=color)
+            if seeds == 1:  # the seed's own interval over windows: the across-seeds row has none
+                bars = bars.properties(data=end_seeds)
             dots = alt.Chart(end).mark_point(filled=True, size=50).encode(
                 x=x, y="final_difference:Q", color=color,
-                tooltip=["comparison", alt.Tooltip("final_difference:Q", format=".5f"), alt.Tooltip("ci_low:Q", format=".5f"),
-                         alt.Tooltip("ci_high:Q", format=".5f"), "windows"])
-            panels.append(alt.layer(shaded, zero, raw, smooth, bars, dots).properties(
+                tooltip=["comparison", "seeds", alt.Tooltip("final_difference:Q", format=".5f"), alt.Tooltip("ci_low:Q", format=".5f"),
+                         alt.Tooltip("ci_high:Q", format=".5f"), "verdict"])
+            each = alt.Chart(end_seeds).mark_tick(thickness=1, size=8).encode(
+                x=x, y="final_difference:Q", color=color, tooltip=["seed", alt.Tooltip("final_difference:Q", format=".5f")])
+            layers = [shaded, zero, raw] + ([spread] if seeds > 1 else []) + [smooth, bars, dots] + ([each] if seeds > 1 else [])
+            panels.append(alt.layer(*layers).properties(
                 width=360 if len(comparisons) == 1 else 240, height=200, title=f"{title}: baseline - {comparison}"))
         if panels:
             rows.append(alt.hconcat(*panels))
+    over = (f"faint: each of {seeds} seeds per logged step; solid: the seeds' mean trailing mean, shaded: their range"
+            if seeds > 1 else "faint: per logged step; solid: trailing mean (one training seed)")
+    end = ("at the end: each seed's final paired difference (ticks) and their mean with its t interval over seeds"
+           if seeds > 1 else "at the end: the final models' paired difference over the same windows, with its confidence interval")
     return alt.vconcat(*rows).properties(title=alt.TitleParams(
         f"{shape}: baseline loss minus the other run's (positive: the other run is better)",
-        subtitle=[f"faint: per logged step; solid: trailing mean; grey band: +-{band:g}",
-                  "at the end: the final models' paired difference over the same windows, with its confidence interval"]))
+        subtitle=[f"{over}; grey band: +-{band:g}", end]))
 
 
 def charts(kind: str, tables: dict[str, pd.DataFrame], band: float = 0.001) -> dict[str, alt.TopLevelMixin]:

@@ -29,6 +29,7 @@ class Subject:
     shape: str  # model shape (an imported model: its name)
     model: Path
     metrics: Path | None  # metrics.jsonl of a run; None for an imported model
+    seed: int | None = None  # the run's training seed; None for an imported model
 
 
 def subjects(train_cfg: dict, runs: list[str] | None = None, models: list[str] = ()) -> list[Subject]:
@@ -38,7 +39,7 @@ def subjects(train_cfg: dict, runs: list[str] | None = None, models: list[str] =
     for name in matrix if runs is None else runs:
         if name not in matrix:
             raise StreambackError(f"run {name!r} is not in the train.runs matrix: {', '.join(matrix)}")
-        out.append(Subject(name, matrix[name].shape, layout.model_file(name), layout.metrics_file(name)))
+        out.append(Subject(name, matrix[name].shape, layout.model_file(name), layout.metrics_file(name), matrix[name].seed))
     for item in models:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:

@@ -11,7 +11,13 @@ on every step first).
 Final difference: the two final models on the same windows of each split (the first `windows`
 windows; of the val split these are the windows the trainer's validation loss uses), one mean
 loss per window (`streamback.train.validation.window_losses`), and a paired t interval of the mean
-per-window difference: mean(d) +- t(confidence, n - 1) * sd(d) / sqrt(n).
+per-window difference (`streamback.stats.paired_difference`), per training seed. Across seeds (the
+row whose seed is `all`): the mean of the seeds' differences with a t interval over seeds and a
+hierarchical bootstrap over seeds then windows (`boot_low`, `boot_high`), the sd of the seeds'
+differences, the baseline's own seed-to-seed sd of its loss (`baseline_sd`, the noise floor) and
+a verdict in words (`streamback.stats.seed_verdict`). The curves' across-seeds rows are the mean
+over seeds at each step logged by all of them, with the seeds' range of the smoothed difference
+(`band_low`, `band_high`).
 """
 
 from __future__ import annotations
@@ -21,22 +27,12 @@ import math
 import numpy as np
 import pandas as pd
 
+from streamback import stats
 from streamback.errors import StreambackError
 from streamback.model.weights import load_model
+from streamback.runs import comparison_name
 from streamback.train.batches import num_windows, val_windows
 from streamback.train.validation import window_losses
-
-
-def paired_difference(baseline: np.ndarray, other: np.ndarray, confidence: float) -> tuple[float, float, float]:
-    """mean(baseline - other) and its paired t confidence interval (two-sided)."""
-    d = np.asarray(baseline, dtype=np.float64) - np.asarray(other, dtype=np.float64)
-    if d.ndim != 1 or len(d) < 2:
-        raise StreambackError(f"a paired confidence interval needs at least 2 paired windows, got {d.size}")
-    from scipy import stats  # imported here: a second of import time the other analyses need not pay
-
-    mean = float(d.mean())
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
-    return mean, mean - half, mean + half
 
 
 def trailing_mean(steps: np.ndarray, values: np.ndarray, window: int) -> np.ndarray:
@@ -79,3 +75,53 @@ def model_window_losses(trained, dataset, windows: np.ndarray, seq_len: int, mic
     """The model as trained (a model file, or what `read_model` returned): its mean loss (nats) on each window, fp64."""
     model = load_model(trained, device=device)
     return window_losses(model, dataset, windows, seq_len, micro_batch_size, device).cpu().numpy()
+
+
+ALL_SEEDS = "all"  # the seed column's value in a row over every seed
+BOOTSTRAP_RESAMPLES = 10000
+
+
+def _nats(x: float, sign: bool = True) -> str:
+    return f"{x:+.4f}" if sign else f"{x:.4f}"
+
+
+def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, confidence: float, windows: int) -> pd.DataFrame:
+    """The final loss differences of `pairs` ((shape, baseline, other) runs), a row per seed and
+    split from each pair's per-window `losses[(run, split)]`, then a row over the seeds of each
+    shape, comparison and split (see the module docstring)."""
+    rows, groups = [], {}
+    for shape, baseline, other in pairs:
+        comparison, seed = comparison_name(matrix[other]), matrix[other].seed
+        for split in ("train", "val"):
+            a, b = np.asarray(losses[baseline, split], dtype=np.float64), np.asarray(losses[other, split], dtype=np.float64)
+            mean, low, high = stats.paired_difference(a, b, confidence)
+            logged = curves[(curves["shape"] == shape) & (curves.comparison == comparison) & (curves.seed == seed) & (curves.split == split)].smoothed
+            real = low > 0 or high < 0
+            rows.append({"shape": shape, "comparison": comparison, "seed": seed, "split": split, "final_difference": mean, "ci_low": low,
+                         "ci_high": high, "seeds": 1, "windows": windows, "baseline_loss": float(a.mean()), "compared_loss": float(b.mean()),
+                         "logged_difference": float(logged.iloc[-1]) if len(logged) else float("nan"),
+                         "verdict": f"{'distinguishable' if real else 'not distinguishable'} from zero over the {windows} windows of seed {seed}"})
+            groups.setdefault((shape, comparison, split), []).append((a - b, float(a.mean()), real))
+    for (shape, comparison, split), seeds in groups.items():
+        summary = stats.across_seeds([d.mean() for d, _, _ in seeds], confidence)
+        _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap([d for d, _, _ in seeds], confidence, BOOTSTRAP_RESAMPLES)
+        baseline_sd = stats.across_seeds([m for _, m, _ in seeds], confidence)["sd"]
+        text = stats.seed_verdict(summary, [r for *_, r in seeds], baseline_sd, _nats, f"{comparison} lower", f"{comparison} higher")
+        rows.append({"shape": shape, "comparison": comparison, "seed": ALL_SEEDS, "split": split, "final_difference": summary["mean"],
+                     "ci_low": summary["low"], "ci_high": summary["high"], "boot_low": summary["boot_low"], "boot_high": summary["boot_high"],
+                     "seeds": summary["n"], "sd": summary["sd"], "baseline_sd": baseline_sd, "windows": windows,
+                     "baseline_loss": float(np.mean([m for _, m, _ in seeds])), "verdict": text})
+    columns = ["shape", "comparison", "seed", "split", "final_difference", "ci_low", "ci_high", "boot_low", "boot_high", "seeds", "sd",
+               "baseline_sd", "windows", "baseline_loss", "compared_loss", "logged_difference", "verdict"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def across_seeds_curves(curves: pd.DataFrame) -> pd.DataFrame:
+    """Per shape, comparison and split, at every step all its seeds logged: the mean over seeds of the
+    raw and smoothed differences, and the range of the smoothed one (band_low, band_high); seed `all`."""
+    keys = ["shape", "comparison", "split", "step", "tokens"]
+    seeds = curves.groupby(["shape", "comparison", "split"]).seed.transform("nunique")
+    grouped = curves.assign(seeds=seeds).groupby(keys, sort=False)
+    out = grouped.agg(difference=("difference", "mean"), smoothed=("smoothed", "mean"), band_low=("smoothed", "min"),
+                      band_high=("smoothed", "max"), logged=("seed", "nunique"), seeds=("seeds", "first")).reset_index()
+    return out[out.logged == out.seeds].drop(columns=["logged", "seeds"]).assign(seed=ALL_SEEDS)

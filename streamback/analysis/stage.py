@@ -24,8 +24,9 @@ from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config,
 from streamback.errors import StreambackError
 from streamback.io import write_csv
 from streamback.progress import Progress
-from streamback.runs import comparisons, run_matrix
+from streamback.runs import comparison_name, comparisons, run_matrix
 
+TRAINING_ENVELOPE_COLUMNS = ["run", "seed", "step", "tokens", "layer", "absmax", "max", "min"]
 HELP = "analyse trained runs: layer-error, envelope, swallowed or loss-difference (tables and figures)"
 KINDS = tuple(layout.ANALYSIS_TABLES)
 
@@ -81,7 +82,8 @@ def write_figures(kind: str, tables: dict[str, pd.DataFrame], band: float) -> li
 
 
 def _per_model(todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, name: str, steps_per_model: int, fn) -> pd.DataFrame:
-    """`fn(trained, batch, progress)` for each model on the validation batch, its rows tagged with the run (first) and shape (last)."""
+    """`fn(trained, batch, progress)` for each model on the validation batch, its rows tagged with the run and its
+    training seed (first) and shape (last)."""
     batch = validation_batch(tokens, train_cfg["seq_len"], cfg["batch_size"])
     progress = Progress(f"analyze {name}", len(todo) * steps_per_model, "pass")
     frames = []
@@ -89,6 +91,7 @@ def _per_model(todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, na
         trained = read_subject(subject, tokens)
         table = fn(trained, batch, progress)
         table.insert(0, "run", subject.name)
+        table.insert(1, "seed", subject.seed)
         frames.append(table.assign(shape=subject.shape))
         progress.write(f"analyze {name}: {subject.name} done ({progress.line()})")
     progress.close()
@@ -128,27 +131,27 @@ def envelope_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFr
         logged = training_envelope(read_metrics(subject.metrics), subject.name)
         steps = logged.step.unique()
         logged = logged[logged.step.isin(steps[thin(len(steps), cfg["curve_points"])])]
-        frames.append(logged.assign(run=subject.name)[["run", "step", "tokens", "layer", "absmax", "max", "min"]])
+        frames.append(logged.assign(run=subject.name, seed=subject.seed)[TRAINING_ENVELOPE_COLUMNS])
     on_batch = _per_model(todo, cfg, train_cfg, tokens, "envelope", 1, reach)
-    return {"envelope": on_batch[["run", "layer", "max", "min", "abs_p999", "shape", "stream"]],
-            "envelope_training": pd.concat(frames, ignore_index=True) if frames else
-            pd.DataFrame(columns=["run", "step", "tokens", "layer", "absmax", "max", "min"])}
+    return {"envelope": on_batch[["run", "seed", "layer", "max", "min", "abs_p999", "shape", "stream"]],
+            "envelope_training": pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=TRAINING_ENVELOPE_COLUMNS)}
 
 
 def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
-    from streamback.analysis.loss import loss_curves, model_window_losses, paired_difference, split_windows
+    from streamback.analysis.loss import across_seeds_curves, final_differences, loss_curves, model_window_losses, split_windows
     from streamback.data.shards import TokenDataset
     from streamback.train.metrics import read_metrics
 
     names = {s.name: s for s in todo}
-    pairs = [(shape, a, b) for shape, a, b in comparisons(run_matrix(train_cfg)) if b in names]
+    matrix = run_matrix(train_cfg)
+    pairs = [(shape, a, b) for shape, a, b in comparisons(matrix) if b in names]
     for shape, baseline, other in pairs:
         if baseline not in names:
             raise StreambackError(f"loss-difference: {other} is compared with {baseline}, but {baseline} is not among the runs asked for")
     unpaired = set(names) - {r for _, a, b in pairs for r in (a, b)}
     if unpaired:
         raise StreambackError(f"loss-difference: nothing to compare {', '.join(sorted(unpaired))} with (a shape needs "
-                              "its baseline run and another run)")
+                              "its baseline run and another run of the same seed)")
     seq_len, count = train_cfg["seq_len"], cfg["loss_windows"] or train_cfg["log"]["val_sequences"]
     records = {name: read_metrics(s.metrics) for name, s in names.items()}
     progress = Progress("analyze loss-difference", 2 * len(names), "model")
@@ -162,17 +165,11 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
             progress.update(1, f"{name} {split}")
             progress.write(f"analyze loss-difference: {name} {split} done ({progress.line()})")
     progress.close()
-    curves, finals = [], []
+    curves = []
     for shape, baseline, other in pairs:
-        comparison = other.removeprefix(f"{shape}-")
         curve = loss_curves(records[baseline], records[other], cfg["smooth_steps"], cfg["curve_points"])
-        curves.append(curve.assign(shape=shape, comparison=comparison))
-        for split in ("train", "val"):
-            mean, low, high = paired_difference(losses[baseline, split], losses[other, split], cfg["confidence"])
-            logged = curve[curve.split == split].smoothed
-            finals.append({"shape": shape, "comparison": comparison, "split": split, "final_difference": mean, "ci_low": low,
-                           "ci_high": high, "windows": count, "baseline_loss": float(losses[baseline, split].mean()),
-                           "compared_loss": float(losses[other, split].mean()),
-                           "logged_difference": float(logged.iloc[-1]) if len(logged) else float("nan")})
-    curve_columns = ["shape", "comparison", "split", "step", "tokens", "difference", "smoothed"]
-    return {"loss_difference": pd.DataFrame(finals), "loss_curves": pd.concat(curves, ignore_index=True)[curve_columns]}
+        curves.append(curve.assign(shape=shape, comparison=comparison_name(matrix[other]), seed=matrix[other].seed))
+    curves = pd.concat(curves, ignore_index=True)
+    finals = final_differences(pairs, matrix, losses, curves, cfg["confidence"], count)
+    curve_columns = ["shape", "comparison", "seed", "split", "step", "tokens", "difference", "smoothed", "band_low", "band_high"]
+    return {"loss_difference": finals, "loss_curves": pd.concat([curves, across_seeds_curves(curves)], ignore_index=True)[curve_columns]}

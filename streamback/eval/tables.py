@@ -1,16 +1,26 @@
 """`streamback benchmark-table`: lm-eval's results of every run as two tables (rule benchmark_table).
 
 - results/tables/benchmarks.csv, one row per run, task, filter and metric: `run, shape, block,
-  stream, task, filter, metric, value, stderr, n` - lm-eval's value and standard error (empty
-  where lm-eval has none, e.g. word perplexity), n the items scored. `filter` is lm-eval's: `none`
-  for most tasks, each of the task's `filter_list` otherwise (gsm8k: strict-match, flexible-extract).
-- results/tables/benchmark_pairs.csv: every other run of a shape against the shape's baseline, per
-  task, filter and metric whose per-item values are 0/1 (accuracies), on the same items under that
-  filter (`streamback.eval.stats`): `diff` = value - baseline_value with a paired bootstrap
-  interval (`ci_low`, `ci_high`), the items right in one run only (`baseline_only`, `run_only`),
-  the exact McNemar p-value, the p-value after Holm's correction over the `tests` rows of the same
-  shape and run (every task, filter and 0/1 metric of that comparison; `family` lists them), the
-  smallest difference these items detect (`mdd`, at eval.pairs.power) and a verdict in words.
+  stream, seed, task, filter, metric, value, stderr, n, chance` - lm-eval's value and standard
+  error (empty where lm-eval has none, e.g. word perplexity), n the items scored, the run's
+  training seed, and the accuracy of answering without reading the item (`chance`: 1 / the
+  choices of a multiple-choice item, the most frequent answer's share for a cloze; empty
+  elsewhere). `filter` is lm-eval's: `none` for most tasks, each of the task's `filter_list`
+  otherwise (gsm8k: strict-match, flexible-extract).
+- results/tables/benchmark_pairs.csv: every other run of a shape against the shape's baseline of
+  the same training seed (`comparison` names it the same for every seed: `streamback`,
+  `streamback-mxfp8`), per task, filter and metric whose per-item values are 0/1 (accuracies), on
+  the same items under that filter (`streamback.stats`): `diff` = value - baseline_value with a
+  paired bootstrap interval (`ci_low`, `ci_high`), the items right in one run only
+  (`baseline_only`, `run_only`), the exact McNemar p-value, the p-value after Holm's correction
+  over the `tests` rows of the same shape and run (every task, filter and 0/1 metric of that
+  comparison; `family` lists them), the smallest difference these items detect (`mdd`, at
+  eval.pairs.power) and a verdict in words. Then, per comparison, task, filter and metric, a row
+  over the seeds (seed `all`): the mean difference with its t interval over seeds (`ci_low`,
+  `ci_high`) and a bootstrap over seeds then items (`boot_low`, `boot_high`), the seeds' sd of
+  the difference and the baseline's own (`baseline_sd`, the noise floor), the t-test's p
+  (`p_seeds`) Holm-adjusted over the comparison's rows over seeds, and a verdict against the
+  seed-to-seed spread (one seed: that training randomness is not covered).
 
 Only complete evaluations are read (`read_results`): results.json must parse and hold every task
 with its item count and every metric under every filter, each task's samples file must hold its n
@@ -24,21 +34,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
 
 import pandas as pd
 
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
-from streamback.eval import stats
+from streamback import stats
 from streamback.io import read_json, write_csv
-from streamback.runs import RunSpec, run_matrix
+from streamback.runs import RunSpec, comparison_name, comparisons, run_matrix
 
 HELP = "aggregate lm-eval's results of every run (benchmarks.csv) and test each run against its shape's baseline (benchmark_pairs.csv)"
 
-BENCHMARK_COLUMNS = ["run", "shape", "block", "stream", "task", "filter", "metric", "value", "stderr", "n"]
-PAIR_COLUMNS = ["shape", "task", "filter", "metric", "baseline", "run", "stream", "n", "baseline_value", "value", "diff", "ci_low", "ci_high",
-                "baseline_only", "run_only", "p_mcnemar", "p_holm", "tests", "family", "mdd", "verdict"]
+BENCHMARK_COLUMNS = ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
+PAIR_COLUMNS = ["shape", "comparison", "seed", "task", "filter", "metric", "baseline", "run", "stream", "n", "baseline_value", "value",
+                "diff", "ci_low", "ci_high", "boot_low", "boot_high", "seeds", "sd", "baseline_sd", "baseline_only", "run_only", "p_mcnemar",
+                "p_seeds", "p_holm", "tests", "family", "mdd", "verdict"]
+ALL_SEEDS = "all"  # the seed column's value in a row over every seed
 SAMPLE_KEYS = ("doc_id", "doc_hash", "filter")  # what pairing reads of each sample, besides its metrics
 
 
@@ -57,7 +70,7 @@ def read_results(run: str, tasks: list[str]) -> dict:
     missing = [t for t in tasks if t not in results["results"]]
     if missing:
         raise StreambackError(f"{path} has no results for {', '.join(missing)}: {rerun}")
-    out = {"results": results["results"], "n": {}, "filters": {}, "metrics": {}, "samples": {}}
+    out = {"results": results["results"], "n": {}, "filters": {}, "metrics": {}, "samples": {}, "output_type": {}}
     for task in tasks:
         try:
             n = out["n"][task] = int(results["n-samples"][task]["effective"])
@@ -67,6 +80,7 @@ def read_results(run: str, tasks: list[str]) -> dict:
         if not metrics:
             raise StreambackError(f"{path} names no metric of task {task} (higher_is_better.{task}): {rerun}")
         filters = out["filters"][task] = [f["name"] for f in (results["configs"].get(task) or {}).get("filter_list") or []] or ["none"]
+        out["output_type"][task] = (results["configs"].get(task) or {}).get("output_type")
         absent = [f"{m},{f}" for f in filters for m in metrics if f"{m},{f}" not in results["results"][task]]
         if absent:
             raise StreambackError(f"{path} has no {', '.join(absent)} of task {task} (each metric under each filter): {rerun}")
@@ -108,10 +122,28 @@ def benchmark_rows(spec: RunSpec, evaluation: dict, tasks: list[str]) -> list[di
         scores = evaluation["results"][task]
         for filt in evaluation["filters"][task]:
             for metric in evaluation["metrics"][task]:
-                rows.append({"run": spec.name, "shape": spec.shape, "block": spec.block, "stream": spec.stream, "task": task, "filter": filt,
-                             "metric": metric, "value": _number(scores[f"{metric},{filt}"]),
-                             "stderr": _number(scores.get(f"{metric}_stderr,{filt}")), "n": evaluation["n"][task]})
+                rows.append({"run": spec.name, "shape": spec.shape, "block": spec.block, "stream": spec.stream, "seed": spec.seed,
+                             "task": task, "filter": filt, "metric": metric, "value": _number(scores[f"{metric},{filt}"]),
+                             "stderr": _number(scores.get(f"{metric}_stderr,{filt}")), "n": evaluation["n"][task],
+                             "chance": chance(evaluation, task, filt, metric)})
     return rows
+
+
+def chance(evaluation: dict, task: str, filt: str, metric: str) -> float:
+    """The accuracy of answering without reading the item: for a multiple-choice task's acc and
+    acc_norm the mean over its items of 1 / the number of choices (lm-eval scores one request per
+    choice: the sample's `arguments`); for a continuation scored by exact match (a cloze, lm-eval's
+    loglikelihood `acc`) the share of the items whose answer is the most frequent one, the best
+    guess that ignores the context; NaN for anything else (generation, perplexities)."""
+    samples = evaluation["samples"][task][filt]
+    kind = evaluation["output_type"][task]
+    if kind == "multiple_choice" and metric in ("acc", "acc_norm"):
+        counts = [len(s.get("arguments") or ()) for s in samples]
+        return sum(1 / c for c in counts) / len(counts) if counts and all(counts) else math.nan
+    if kind == "loglikelihood" and metric == "acc" and samples and all("target" in s for s in samples):
+        answers = Counter(str(s["target"]) for s in samples)
+        return max(answers.values()) / len(samples)
+    return math.nan
 
 
 def _number(value) -> float:
@@ -128,8 +160,9 @@ def is_binary(samples: list[dict], metric: str) -> bool:
 
 
 def pair_rows(shape: str, base: str, other: RunSpec, evaluations: dict, tasks: list[str], pairs_cfg: dict) -> list[dict]:
-    """The rows of `other` against the baseline run `base`: per task, filter and 0/1 metric, on that
-    filter's items; Holm-adjusted over themselves (the family, which `family` spells out)."""
+    """The rows of `other` against the baseline run `base` of its seed: per task, filter and 0/1
+    metric, on that filter's items; Holm-adjusted over themselves (the family, which `family` spells
+    out). Each row keeps the per-item differences (`_items`, b - a) for the rows over seeds."""
     rows = []
     for task in tasks:
         for filt in evaluations[base]["filters"][task]:
@@ -152,8 +185,9 @@ def pair_rows(shape: str, base: str, other: RunSpec, evaluations: dict, tasks: l
                 diff, low, high = stats.paired_bootstrap_ci(a, b, pairs_cfg["confidence"], pairs_cfg["resamples"], pairs_cfg["seed"])
                 only_a, only_b = stats.discordant(a, b)
                 n = len(ids)
-                rows.append({"shape": shape, "task": task, "filter": filt, "metric": metric, "baseline": base, "run": other.name,
-                             "stream": other.stream, "n": n, "baseline_value": sum(a) / n, "value": sum(b) / n, "diff": diff, "ci_low": low,
+                rows.append({"shape": shape, "comparison": comparison_name(other), "seed": other.seed, "task": task, "filter": filt,
+                             "metric": metric, "baseline": base, "run": other.name, "stream": other.stream, "n": n, "seeds": 1,
+                             "_items": [y - x for x, y in zip(a, b)], "baseline_value": sum(a) / n, "value": sum(b) / n, "diff": diff, "ci_low": low,
                              "ci_high": high, "baseline_only": only_a, "run_only": only_b, "p_mcnemar": stats.mcnemar_exact(only_a, only_b),
                              "mdd": stats.min_detectable_difference(n, (only_a + only_b) / n, pairs_cfg["alpha"], pairs_cfg["power"])})
     family = holm_family(base, other.name, rows)
@@ -198,14 +232,59 @@ def verdict(row: dict, pairs_cfg: dict) -> str:
     return text
 
 
+def across_seeds_rows(rows: list[dict], benchmarks: list[dict], pairs_cfg: dict) -> list[dict]:
+    """Per shape, comparison, task, filter and metric, the row over its training seeds: the mean of
+    the seeds' differences with a t interval over seeds (`ci_low`, `ci_high`), a bootstrap over
+    seeds then items (`boot_low`, `boot_high`), the sd of the seeds' differences, the baseline's
+    own seed-to-seed sd (`baseline_sd`), the t-test's p over seeds (`p_seeds`) Holm-adjusted over
+    the comparison's rows like these, and a verdict against the seed-to-seed spread."""
+    confidence, alpha = pairs_cfg["confidence"], pairs_cfg["alpha"]
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["shape"], row["comparison"], row["task"], row["filter"], row["metric"]), []).append(row)
+    out = []
+    for (shape, comparison, task, filt, metric), seeds in groups.items():
+        summary = stats.across_seeds([r["diff"] for r in seeds], confidence)
+        _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap(
+            [r["_items"] for r in seeds], confidence, pairs_cfg["resamples"], pairs_cfg["seed"])
+        baseline_sd = stats.across_seeds([r["baseline_value"] for r in seeds], confidence)["sd"]
+        first = seeds[0]
+        out.append({"shape": shape, "comparison": comparison, "seed": ALL_SEEDS, "task": task, "filter": filt, "metric": metric,
+                    "baseline": first["baseline"].removesuffix(f"-seed{first['seed']}"), "run": first["run"].removesuffix(f"-seed{first['seed']}"),
+                    "stream": first["stream"], "n": first["n"], "baseline_value": sum(r["baseline_value"] for r in seeds) / len(seeds),
+                    "value": sum(r["value"] for r in seeds) / len(seeds), "diff": summary["mean"], "ci_low": summary["low"],
+                    "ci_high": summary["high"], "boot_low": summary["boot_low"], "boot_high": summary["boot_high"], "seeds": summary["n"],
+                    "sd": summary["sd"], "baseline_sd": baseline_sd, "p_seeds": summary["p"], "_summary": summary,
+                    "_significant": [r["p_holm"] <= alpha for r in seeds]})
+    by_comparison: dict[tuple, list[dict]] = {}
+    for row in out:
+        by_comparison.setdefault((row["shape"], row["comparison"]), []).append(row)
+    for family_rows in by_comparison.values():
+        family = f"{family_rows[0]['run']} vs {family_rows[0]['baseline']} over seeds, {len(family_rows)} tests"
+        for row, adjusted in zip(family_rows, stats.holm([r["p_seeds"] for r in family_rows])):
+            row.update(p_holm=adjusted, tests=len(family_rows), family=family)
+            text = stats.seed_verdict(row.pop("_summary"), row.pop("_significant"), row["baseline_sd"], _points, "better", "worse")
+            if text.startswith("consistent") and not adjusted <= alpha:
+                text += f"; but p = {row['p_seeds']:.2g} over seeds is {adjusted:.2g} after Holm over the {len(family_rows)} tests"
+            row["verdict"] = text
+    return out
+
+
+def _points(x: float, sign: bool = True) -> str:
+    return f"{100 * x:+.1f} points" if sign else f"{100 * x:.1f} points"
+
+
 def tables(eval_cfg: dict, train_cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(benchmarks, benchmark_pairs) of every run of the matrix, from results/eval/<run>/."""
+    """(benchmarks, benchmark_pairs) of every run of the matrix, from results/eval/<run>/: the pairs
+    per training seed, then over the seeds."""
     runs, tasks = run_matrix(train_cfg), eval_cfg["tasks"]
     evaluations = {name: read_results(name, tasks) for name in runs}
     benchmarks = [row for name, spec in runs.items() for row in benchmark_rows(spec, evaluations[name], tasks)]
-    baselines = {spec.shape: name for name, spec in runs.items() if spec.block == "baseline"}
-    pairs = [row for spec in runs.values() if spec.block != "baseline" and spec.shape in baselines
-             for row in pair_rows(spec.shape, baselines[spec.shape], spec, evaluations, tasks, eval_cfg["pairs"])]
+    pairs = [row for shape, base, other in comparisons(runs)
+             for row in pair_rows(shape, base, runs[other], evaluations, tasks, eval_cfg["pairs"])]
+    pairs += across_seeds_rows(pairs, benchmarks, eval_cfg["pairs"])
+    for row in pairs:
+        row.pop("_items", None)
     return pd.DataFrame(benchmarks, columns=BENCHMARK_COLUMNS), pd.DataFrame(pairs, columns=PAIR_COLUMNS)
 
 
@@ -225,5 +304,5 @@ def run(args: argparse.Namespace) -> int:
         write_csv(layout.table(name), frame)
         print(f"benchmark-table: wrote {layout.table(name)} ({len(frame)} rows)")
     for row in pairs.itertuples():
-        print(f"{row.shape} {row.task} {row.metric}: {row.run} vs {row.baseline}: {row.verdict}")
+        print(f"{row.shape} {row.task} {row.metric} (seed {row.seed}): {row.run} vs {row.baseline}: {row.verdict}")
     return 0

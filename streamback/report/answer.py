@@ -1,10 +1,13 @@
 """The study's answer in a few sentences, written from its tables every time (never hard-coded).
 
-Each sentence reads one stage's CSV under results/tables/: the final loss differences with their
-paired confidence intervals (`loss_difference`), the benchmark comparisons after Holm's correction
-(`benchmark_pairs`), the layer error at the last layer boundary (`layer_error`), the share of updates
-a stream rounds away (`swallowed`) and the reach of the stream (`envelope`). A table that is not there
-gives a sentence saying so.
+Each sentence reads one stage's CSV under results/tables/: the final loss differences
+(`loss_difference`) and the benchmark comparisons (`benchmark_pairs`), across the training seeds
+first (their t intervals, bootstraps over seeds then windows or items, and verdicts against the
+seed-to-seed spread) and then within each seed (paired intervals, Holm's correction); the layer
+error at the last layer boundary (`layer_error`), the share of updates a stream rounds away
+(`swallowed`) and the reach of the stream (`envelope`), each saying over how many runs and seeds.
+With one seed, a sentence says that training's own randomness is not covered. A table that is not
+there gives a sentence saying so.
 """
 
 from __future__ import annotations
@@ -15,20 +18,38 @@ from streamback import layout
 from streamback.html_report import Missing
 
 
+ALL_SEEDS = "all"  # the seed column's value in a row over every seed
+
+
 def _table(name: str) -> pd.DataFrame | None:
     path = layout.table(name)
-    return pd.read_csv(path) if path.exists() else None
+    if not path.exists():
+        return None
+    table = pd.read_csv(path)
+    return table.assign(seed=table.seed.astype(str)) if "seed" in table.columns else table
+
+
+def _seeds(table: pd.DataFrame) -> str:
+    """'3 seeds' / 'one seed': the training seeds the per-run rows of `table` come from."""
+    n = table.seed[table.seed != ALL_SEEDS].nunique() if "seed" in table.columns else 1
+    return "one seed" if n == 1 else f"{n} seeds"
 
 
 def compared(config: dict) -> str:
     """What was compared, in one sentence, from the run matrix."""
-    runs = config["train"]["runs"]
+    train = config["train"]
+    runs = train["runs"]
     shapes = ", ".join(runs["shapes"])
+    seeds = runs["seeds"] if runs["seeds"] is not None else [train["seed"]]
+    trained = (f"each trained with {len(seeds)} training seeds ({', '.join(map(str, seeds))}: each fixes the initial weights and the batch "
+               "order, the same for both blocks of a shape)" if len(seeds) > 1 else f"each trained once, from seed {seeds[0]}")
     text = (f"Compared: the baseline block (its residual stream in bf16) and the StreamBack block (stream in fp32, sublayers "
-            f"still in bf16) on {len(runs['shapes'])} shapes ({shapes}), each trained on {config['train']['tokens']:,} tokens")
+            f"still in bf16) on {len(runs['shapes'])} shapes ({shapes}), each run on {train['tokens']:,} tokens, {trained}")
     if runs["streams"]:
         where = ", ".join(runs["stream_shapes"] or runs["shapes"])
-        text += f"; and StreamBack with its stream kept below bf16 ({', '.join(runs['streams'])}) on {where}"
+        stream_seeds = runs["stream_seeds"] if runs["stream_seeds"] is not None else seeds
+        text += (f"; and StreamBack with its stream kept below bf16 ({', '.join(runs['streams'])}) on {where}, "
+                 f"{'with seed' if len(stream_seeds) == 1 else 'with seeds'} {', '.join(map(str, stream_seeds))}")
     return text + ". Differences are baseline minus the other run: positive means the other run is better, as in the seed."
 
 
@@ -41,23 +62,41 @@ def loss(config: dict) -> list[str]:
     if table is None:
         return [Missing("The loss differences are not available: the loss-difference analysis has not run.")]
     val = table[table.split == "val"]
+    over, per_seed = val[val.seed == ALL_SEEDS], val[val.seed != ALL_SEEDS]
     confidence, band = config["analysis"]["confidence"], config["analysis"]["band"]
     out = []
-    for row in val[val.comparison == "streamback"].itertuples():
+    for row in over[over.comparison == "streamback"].itertuples():
         d = row.final_difference
-        out.append(f"On {row.shape}, StreamBack's final validation loss is {abs(d):.4f} nats {'lower' if d > 0 else 'higher'} than the "
-                   f"baseline's ({confidence:.0%} CI of the difference {row.ci_low:+.4f} to {row.ci_high:+.4f}, paired over the same "
-                   f"validation windows): {_verdict(row.ci_low, row.ci_high)}, {'inside' if abs(d) <= band else 'outside'} the seed's "
-                   f"band of ±{band:g}.")
-    if len(out):
+        if row.seeds > 1:
+            out.append(f"On {row.shape}, over {row.seeds} training seeds, StreamBack's final validation loss is {abs(d):.4f} nats "
+                       f"{'lower' if d > 0 else 'higher'} than the baseline's on average ({confidence:.0%} t interval over seeds "
+                       f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to "
+                       f"{row.boot_high:+.4f}; the baseline's own loss varies by sd {row.baseline_sd:.4f} from seed to seed): "
+                       f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the seed study's band of ±{band:g}.")
+        else:
+            seed = per_seed[(per_seed["shape"] == row.shape) & (per_seed.comparison == "streamback")].iloc[0]
+            out.append(f"On {row.shape}, StreamBack's final validation loss is {abs(d):.4f} nats {'lower' if d > 0 else 'higher'} than "
+                       f"the baseline's ({confidence:.0%} CI of the difference {seed.ci_low:+.4f} to {seed.ci_high:+.4f}, paired over "
+                       f"the same validation windows): {_verdict(seed.ci_low, seed.ci_high)}, {'inside' if abs(d) <= band else 'outside'} "
+                       f"the seed study's band of ±{band:g}.")
+    if len(out) and (over.seeds <= 1).all():
         out.append(f"These intervals cover the validation windows only: each run was trained once, from seed {config['train']['seed']}, "
-                   "so a difference near the band may also be the two training runs' own randomness, which no interval here includes.")
-    below = val[val.comparison != "streamback"]
+                   "so a difference near the band may also be the two training runs' own randomness, which no interval here includes "
+                   "(train.runs.seeds trains more seeds).")
+    elif len(out):
+        flips = per_seed[per_seed.comparison == "streamback"]
+        real = flips[(flips.ci_low > 0) | (flips.ci_high < 0)]
+        out.append(f"Within single seeds, {len(real)} of {len(flips)} StreamBack comparisons are distinguishable from zero over the "
+                   "validation windows; the intervals over seeds above add training's own randomness, the one the verdicts go by.")
+    below = over[over.comparison != "streamback"]
     if len(below):
-        parts = [f"{r.comparison.removeprefix('streamback-')} {r.final_difference:+.4f} ({r.ci_low:+.4f} to {r.ci_high:+.4f}"
-                 f"{'' if r.ci_low > 0 or r.ci_high < 0 else ', within noise'})" for r in below.itertuples()]
+        parts = [f"{r.comparison.removeprefix('streamback-')} {r.final_difference:+.4f} "
+                 + (f"({r.ci_low:+.4f} to {r.ci_high:+.4f} over {r.seeds} seeds" if r.seeds > 1 else
+                    "(" + "{:+.4f} to {:+.4f}".format(*per_seed[(per_seed["shape"] == r.shape) & (per_seed.comparison == r.comparison)]
+                                                    [["ci_low", "ci_high"]].iloc[0]) + " over windows, one seed")
+                 + f"{', ' + r.verdict.split(':')[0] if r.seeds > 1 else ''})" for r in below.itertuples()]
         out.append(f"Below bf16 (on {', '.join(dict.fromkeys(below['shape']))}), the baseline's final validation loss minus each "
-                   f"stream's, in nats, with its {confidence:.0%} CI: " + "; ".join(parts) + ".")
+                   f"stream's, in nats: " + "; ".join(parts) + ".")
     return out
 
 
@@ -66,16 +105,50 @@ def benchmarks(config: dict) -> list[str]:
     if pairs is None:
         return [Missing("The benchmark comparison is not available: the evaluation has not run.")]
     alpha = config["eval"]["pairs"]["alpha"]
-    real = pairs[pairs.p_holm <= alpha]
-    head = (f"Of {len(pairs)} benchmark comparisons of a run against its shape's baseline on the same items "
-            f"({pairs.task.nunique()} tasks), {len(real)} {'is' if len(real) == 1 else 'are'} distinguishable from noise "
-            f"after Holm's correction over each run's tasks (alpha {alpha:g})")
+    over, per_seed = pairs[pairs.seed == ALL_SEEDS], pairs[pairs.seed != ALL_SEEDS]
+    out = []
+    if len(over) and (over.seeds > 1).any():
+        consistent = over[over.verdict.str.startswith("consistent") & (over.p_holm <= alpha)]
+        head = (f"Over {int(over.seeds.max())} training seeds, {len(consistent)} of {len(over)} benchmark comparisons of a run against "
+                f"its shape's baseline ({over.task.nunique()} tasks) are consistent across seeds after Holm's correction over each "
+                f"comparison's tasks (alpha {alpha:g})")
+        floor = f"the baselines' own scores vary by a median sd of {100 * over.baseline_sd.median():.1f} points from seed to seed"
+        if consistent.empty:
+            out.append(f"{head}: every difference is within seed noise; {floor}.")
+        else:
+            listed = "; ".join(f"{r.run} on {r.task} {r.metric} ({100 * r['diff']:+.1f} points, {100 * r.ci_low:+.1f} to {100 * r.ci_high:+.1f} "
+                               f"over seeds)" for _, r in consistent.iterrows())
+            out.append(f"{head}: {listed}; {floor}.")
+    real = per_seed[per_seed.p_holm <= alpha]
+    seeds = per_seed.seed.nunique()
+    head = (f"{'Within single seeds, of' if seeds > 1 else 'Of'} {len(per_seed)} benchmark comparisons of a run against its shape's baseline "
+            f"on the same items ({per_seed.task.nunique()} tasks{f', {seeds} seeds' if seeds > 1 else ''}), {len(real)} "
+            f"{'is' if len(real) == 1 else 'are'} distinguishable from noise after Holm's correction over each run's tasks (alpha {alpha:g})")
     if real.empty:
-        smallest = pairs.mdd.dropna()
-        detectable = f"; with these item counts only differences of about {100 * smallest.min():.0f} to {100 * smallest.max():.0f} points would be found 80% of the time" if len(smallest) else ""
-        return [head + detectable + "."]
-    listed = "; ".join(f"{r.run} on {r.task} ({100 * r['diff']:+.1f} points, p = {r.p_holm:.2g})" for _, r in real.iterrows())
-    return [f"{head}: {listed}."]
+        smallest = per_seed.mdd.dropna()
+        detectable = (f"; with these item counts only differences of about {100 * smallest.min():.0f} to {100 * smallest.max():.0f} points "
+                      "would be found 80% of the time" if len(smallest) else "")
+        out.append(head + detectable + ".")
+    else:
+        listed = "; ".join(f"{r.run} on {r.task} ({100 * r['diff']:+.1f} points, p = {r.p_holm:.2g})" for _, r in real.iterrows())
+        out.append(f"{head}: {listed}.")
+    if seeds == 1:
+        out.append("Each run was trained once, so these tests cover the items only, not training's own randomness (train.runs.seeds).")
+    return out + above_chance()
+
+
+def above_chance() -> list[str]:
+    """How many tasks with a chance level each baseline run beats by its 95% interval (lm-eval's stderr)."""
+    scores = _table("benchmarks")
+    if scores is None or "chance" not in scores.columns:
+        return []
+    scored = scores[(scores.block == "baseline") & scores.chance.notna() & scores.stderr.notna()]
+    if scored.empty:
+        return []
+    beats = scored.assign(beats=scored.value - 1.96 * scored.stderr > scored.chance).groupby("run").beats.sum()
+    tasks = scored.groupby(["task", "metric"]).ngroups
+    return [f"The baseline runs beat chance by their 95% intervals on {int(beats.min())} to {int(beats.max())} of the {tasks} task metrics "
+            f"that have one ({', '.join(sorted(set(scored.task)))}), over {len(beats)} runs."]
 
 
 def layer_error() -> list[str]:
@@ -89,7 +162,7 @@ def layer_error() -> list[str]:
     ratio = (last["bf16"] / last["fp32"]).replace([float("inf")], float("nan")).dropna()
     flips = table[(table.kind == "activations")].groupby("variant").sign_flip_fraction.median()
     return [f"Against a full-precision forward pass of the same weights, the fp32 stream's largest error at the last layer boundary is "
-            f"{ratio.median():.1f} times smaller than the bf16 stream's (median over {len(ratio)} runs; range {ratio.min():.1f} to "
+            f"{ratio.median():.1f} times smaller than the bf16 stream's (median over {len(ratio)} runs of {_seeds(table)}; range {ratio.min():.1f} to "
             f"{ratio.max():.1f}), and {100 * flips.get('fp32', float('nan')):.2f}% of the stream's coordinates flip sign against "
             f"{100 * flips.get('bf16', float('nan')):.2f}% with bf16 (medians over layers and runs)."]
 
@@ -104,7 +177,8 @@ def swallowed() -> list[str]:
     worst = max(others, key=lambda v: share[v]) if others else None
     text = (f"Inside the trained models, a bf16 stream rounds {100 * share.get('bf16', float('nan')):.1f}% of the sublayers' non-zero "
             f"updates away entirely and loses {100 * lost.get('bf16', float('nan')):.2f}% of their mass; the fp32 stream "
-            f"{100 * share.get('fp32', float('nan')):.2f}% and {100 * lost.get('fp32', float('nan')):.4f}% (medians over layers and runs)")
+            f"{100 * share.get('fp32', float('nan')):.2f}% and {100 * lost.get('fp32', float('nan')):.4f}% (medians over layers and "
+            f"{table.run.nunique()} runs of {_seeds(table)})")
     if worst is not None:
         text += f"; of the narrower formats {worst} swallows most ({100 * share[worst]:.1f}%)"
     return [text + "."]
@@ -115,12 +189,19 @@ def envelope(config: dict, pairs) -> list[str]:
     if table is None:
         return [Missing("The residual envelope is not available: the envelope analysis has not run.")]
     reach = table.groupby("run").agg(top=("max", "max"), bottom=("min", "min"))
-    parts = []
+    arms = {}  # (shape, baseline or StreamBack) -> reaches of its seeds
     for shape, baseline, other in pairs:
-        if other.endswith("-streamback") and {baseline, other} <= set(reach.index):
-            b, s = reach.loc[baseline], reach.loc[other]
-            parts.append(f"{shape}: baseline {b.bottom:.0f} to {b.top:.0f}, StreamBack {s.bottom:.0f} to {s.top:.0f}")
-    return ["The stream's reach on a validation batch (its minimum and maximum over all layer boundaries): " + "; ".join(parts) + "."] if parts else []
+        if other.removeprefix(f"{shape}-").split("-seed")[0] == "streamback" and {baseline, other} <= set(reach.index):
+            arms.setdefault((shape, "baseline"), []).append(reach.loc[baseline])
+            arms.setdefault((shape, "StreamBack"), []).append(reach.loc[other])
+    parts = {}
+    for (shape, arm), seen in arms.items():
+        low, high = min(r.bottom for r in seen), max(r.top for r in seen)
+        parts.setdefault(shape, []).append(f"{arm} {low:.0f} to {high:.0f}")
+    if not parts:
+        return []
+    return [f"The stream's reach on a validation batch (its minimum and maximum over all layer boundaries, and over {_seeds(table)}): "
+            + "; ".join(f"{shape}: {', '.join(p)}" for shape, p in parts.items()) + "."]
 
 
 def sentences(config: dict, pairs) -> list:

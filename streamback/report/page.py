@@ -25,6 +25,7 @@ from streamback.report import answer, provenance
 from streamback.runs import comparisons, run_matrix
 
 CAPTIONS = ROOT / "workflow" / "report"
+ALL_SEEDS = "all"  # the seed column's value in a row over every seed
 
 
 @dataclass
@@ -105,27 +106,64 @@ def benchmarks() -> list:
     scores, pairs = tables["benchmarks"], tables["benchmark_pairs"]
     scores = scores.assign(metric=[m if f == "none" else f"{m}, {f}" for m, f in zip(scores.metric, scores["filter"])])  # gsm8k's filters apart
     wide = scores.assign(score=[_figures(v, 4) + (f" ± {_figures(s, 2)}" if pd.notna(s) else "") for v, s in zip(scores.value, scores.stderr)])
-    wide = wide.pivot_table(index=["shape", "run", "stream"], columns=["task", "metric"], values="score", aggfunc="first", sort=False)
+    index = [c for c in ("shape", "run", "stream", "seed") if c in wide.columns]
+    wide = wide.pivot_table(index=index, columns=["task", "metric"], values="score", aggfunc="first", sort=False)
     wide.columns = [f"{task} ({metric})" for task, metric in wide.columns]
-    shown = ["shape", "task", "filter", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm", "mdd", "verdict"]
-    return [wide.reset_index(), caption("benchmarks"), Subheading("Is a difference real? Each run against its shape's baseline"),
-            pairs[[c for c in shown if c in pairs.columns]].round(4), caption("benchmark_pairs")]
+    blocks = [wide.reset_index(), caption("benchmarks")]
+    seeds = pairs.seed.astype(str) if "seed" in pairs.columns else pd.Series("0", index=pairs.index)
+    over, per_seed = pairs[seeds == ALL_SEEDS], pairs[seeds != ALL_SEEDS]
+    if len(over) and (over.seeds > 1).any():
+        shown = ["shape", "comparison", "task", "filter", "metric", "seeds", "baseline_value", "value", "diff", "ci_low", "ci_high",
+                 "boot_low", "boot_high", "sd", "baseline_sd", "p_holm", "verdict"]
+        blocks += [Subheading("Is a difference real? Each comparison over the training seeds"), over[shown].round(4),
+                   caption("benchmark_pairs_seeds")]
+    shown = ["shape", "seed", "task", "filter", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm",
+             "mdd", "verdict"]
+    return blocks + [Subheading("Within each seed: each run against its shape's baseline of the same seed"),
+                     per_seed[[c for c in shown if c in per_seed.columns]].round(4), caption("benchmark_pairs")]
 
 
 def analysis(kind: str, study: Study) -> list:
-    """The figures of one analysis kind (and, for loss-difference, its table), each with its caption."""
+    """The figures of one analysis kind (and, for loss-difference, its table: the rows over seeds
+    first), each with its caption. Figures of one run are shown for the runs of train.seed; the
+    other seeds' are in results/figures/."""
     from streamback.analysis.figures import charts
 
     names = layout.ANALYSIS_TABLES[kind]
     tables = _read_tables(names)
     if tables is None:
         return [_missing(f"Analysis {kind}", f"analyze_{kind.replace('-', '_')}", [layout.table(n) for n in names])]
-    blocks = [tables["loss_difference"].round(5), caption("analysis_loss_difference")] if kind == "loss-difference" else []
+    blocks = []
+    if kind == "loss-difference":
+        table = tables["loss_difference"]
+        order = (table.seed.astype(str) != ALL_SEEDS).argsort(kind="stable")
+        blocks += [table.iloc[order].round(5), caption("analysis_loss_difference")]
+    matrix = run_matrix(study.config["train"])
+    shown = {name for name, spec in matrix.items() if spec.seed == study.config["train"]["seed"]}
+    hidden = 0
     for name, chart in charts(kind, tables, study.config["analysis"]["band"]).items():
         figure, _, subject = name.partition("-")
+        if subject in matrix and subject not in shown:
+            hidden += 1
+            continue
         blocks += [Subheading(subject)] if subject else []
         blocks += [chart, caption(f"analysis_{figure}_figure")]
+    if hidden:
+        blocks.append(Caption(f"{hidden} more figures of this kind, one per run of the other training seeds, are in {layout.FIGURES_DIR}/."))
     return blocks
+
+
+def seeds(study: Study) -> list:
+    """Training's own randomness: every arm's spread over its seeds, and each comparison per seed (rule seed_variance)."""
+    from streamback.report.seeds import differences, differences_chart
+
+    path = layout.table(layout.SEED_TABLE)
+    sources = _read_tables(("loss_difference", "benchmark_pairs"))
+    if not path.exists() or sources is None:
+        return [_missing("The seed-to-seed spread", "seed_variance", [path, *(layout.table(n) for n in ("loss_difference", "benchmark_pairs"))])]
+    table = pd.read_csv(path)
+    return [table.round(5), caption("seed_variance"),
+            differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"])), caption("seed_differences")]
 
 
 def training_curves() -> list:
@@ -202,6 +240,7 @@ def sections(study: Study) -> list[tuple[str, list]]:
         ("The answer", answer.sentences(study.config, pairs)),
         ("Benchmarks", benchmarks()),
         ("Loss difference", analysis("loss-difference", study)),
+        ("Training seeds", seeds(study)),
         ("Residual envelope", analysis("envelope", study)),
         ("Precision error by layer", analysis("layer-error", study)),
         ("Swallowed updates", analysis("swallowed", study)),

@@ -68,7 +68,7 @@ def runs_table(summaries: dict[str, dict]) -> pd.DataFrame:
     rows = []
     for run, s in summaries.items():
         rows.append({
-            "run": run, "shape": s["shape"], "block": s["block"], "stream": s["stream"], "parameters": s["params"],
+            "run": run, "shape": s["shape"], "block": s["block"], "stream": s["stream"], "seed": s.get("seed"), "parameters": s["params"],
             "tokens": s["tokens"], "steps": s["steps"], "final loss": s.get("final_loss"), "final val loss": s.get("final_val_loss"),
             "device": s.get("device_name") or s.get("device"), "processes": s.get("processes"),
             "train time (s)": s.get("train_seconds"), "GPU-hours": s.get("gpu_hours"),

@@ -183,7 +183,7 @@ class Trainer:
 
         self.spec, self.cfg, self.env = spec, cfg, env
         self.outdir, self.ckpt_dir = outdir, ckpt_dir
-        self.seq_len, self.batch_size, self.seed = cfg["seq_len"], cfg["batch_size"], cfg["seed"]
+        self.seq_len, self.batch_size, self.seed = cfg["seq_len"], cfg["batch_size"], spec.data_seed
         self.micro_batch_size = run_setting(cfg, spec.name, "micro_batch_size")  # check_runs: it divides the batch
         self.accum = self.batch_size // (self.micro_batch_size * env.world_size)
         self.tokens_per_step = self.batch_size * self.seq_len
@@ -221,7 +221,9 @@ class Trainer:
         self.identity = {
             "run": spec.name,
             "model_args": dataclasses.asdict(self.model_args),
-            **{key: cfg[key] for key in ("seed", "tokens", "seq_len", "batch_size", "optimizer", "schedule")},
+            "seed": spec.data_seed,
+            **({"init_seed": spec.init_seed} if spec.init_seed != spec.data_seed else {}),
+            **{key: cfg[key] for key in ("tokens", "seq_len", "batch_size", "optimizer", "schedule")},
             "data": self.train_data.manifest["fingerprint"],  # what the data stage tokenized, and how
         }
         self.recipe_dir = layout.recipe_dir(ckpt_dir, recipe_fingerprint(self.identity))
@@ -264,7 +266,7 @@ class Trainer:
         with torch.device("meta"):
             model = Transformer(self.model_args)
         model.to_empty(device=self.env.device)
-        model.init_weights(self.seed)
+        model.init_weights(self.spec.init_seed)
         if run_setting(self.cfg, self.spec.name, "activation_checkpointing"):
             apply_activation_checkpointing(model)
         if run_setting(self.cfg, self.spec.name, "compile"):
@@ -440,7 +442,7 @@ class Trainer:
         gpus = self.env.world_size if self.env.device.type == "cuda" else 0
         write_json(self.outdir / layout.SUMMARY_FILE, {
             "run": self.spec.name, "shape": self.spec.shape, "block": self.spec.block, "stream": str(self.model.stream_format.label),
-            "steps": step, "tokens": step * self.tokens_per_step, "params": count_params(self.model),
+            "seed": self.spec.seed, "init_seed": self.spec.init_seed, "data_seed": self.spec.data_seed, "steps": step, "tokens": step * self.tokens_per_step, "params": count_params(self.model),
             "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
             "train_seconds": self.elapsed, "processes": self.env.world_size, "device": self.env.device.type,
             "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.recipe_dir / f"step_{step:09d}"),

@@ -8,6 +8,40 @@ from streamback import layout
 CONFIG_FILES = [str(DEFAULT_CONFIG), *(str(Path(f).resolve()) for f in workflow.overwrite_configfiles)]
 
 
+# Training's own randomness: every arm's losses and scores over its seeds, and each comparison's
+# per-seed differences (streamback/report/seeds.py).
+rule seed_variance:
+    input:
+        summaries=expand(rules.train.output.summary, run=list(RUNS)),
+        benchmarks=str(layout.table("benchmarks")),
+        pairs=str(layout.table("benchmark_pairs")),
+        loss=str(layout.table("loss_difference")),
+    output:
+        table=report(str(layout.table(layout.SEED_TABLE)), caption="../report/seed_variance.rst", category="Seeds"),
+        figures=[
+            report(str(layout.figure(layout.SEED_FIGURE, suffix)), caption="../report/seed_differences.rst", category="Seeds")
+            if suffix == "svg" else str(layout.figure(layout.SEED_FIGURE, suffix))
+            for suffix in layout.FIGURE_SUFFIXES
+        ],
+    conda:
+        "../../envs/analysis.yaml"
+    log:
+        "logs/seed_variance.log",
+    benchmark:
+        str(layout.timing_file("seed_variance")),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        train=as_json(jobs.seed_variance(config)["train"]),
+    shell:
+        "streamback seed-variance --params {params.train} > {log:q} 2>&1 || log_tail {log:q}"
+
+
+TARGETS.extend(rules.seed_variance.output)
+
+
 rule study_report:
     input:
         list(TARGETS),

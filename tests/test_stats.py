@@ -1,4 +1,4 @@
-"""The paired statistics of benchmark_pairs.csv (streamback.eval.stats) on hand-built cases with known
+"""The study's statistics (streamback.stats) on hand-built cases with known
 answers, and against scipy and statsmodels where they have the same test."""
 
 import itertools
@@ -10,7 +10,7 @@ from scipy import stats as sps
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 
-from streamback.eval import stats
+from streamback import stats
 
 
 def test_mcnemar_exact_by_hand_and_against_statsmodels_and_scipy():
@@ -100,3 +100,62 @@ def test_min_detectable_difference():
     assert sps.binom.sf(5, 100, mdd) >= 0.8 > sps.binom.sf(5, 100, mdd - 2e-4)
     assert math.isnan(stats.min_detectable_difference(5, 0.3))  # five items can never reach p < 0.05
     assert stats.min_detectable_difference(500, 0.1) < stats.min_detectable_difference(100, 0.1)
+
+
+# ---- across training seeds --------------------------------------------------------------------
+
+
+def test_t_interval_and_across_seeds_against_scipy():
+    x = [0.012, -0.004, 0.02, 0.007]
+    mean, low, high = stats.t_interval(x, 0.95)
+    want = sps.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=sps.sem(x))
+    assert mean == pytest.approx(np.mean(x)) and (low, high) == pytest.approx(want, rel=1e-12)
+    summary = stats.across_seeds(x, 0.95)
+    assert summary["p"] == pytest.approx(sps.ttest_1samp(x, 0.0).pvalue, rel=1e-10)
+    assert (summary["n"], summary["sd"], summary["min"], summary["max"]) == (4, pytest.approx(np.std(x, ddof=1)), -0.004, 0.02)
+    one = stats.across_seeds([0.5], 0.95)
+    assert one["n"] == 1 and one["mean"] == 0.5 and all(math.isnan(one[k]) for k in ("sd", "low", "high", "p"))
+    # two seeds: one degree of freedom, t = 12.706
+    assert stats.t_interval([1.0, 3.0], 0.95)[2] == pytest.approx(2.0 + 12.7062047 * math.sqrt(2) / math.sqrt(2), rel=1e-6)
+
+
+def test_hierarchical_bootstrap_against_exact_enumeration_and_the_variance_formula():
+    # no spread within seeds: the resamples are means of 3 seed values drawn with replacement, 27 equally likely triples
+    groups = [[0.0] * 5, [1.0] * 5, [2.0] * 5]
+    estimate, low, high = stats.hierarchical_bootstrap(groups, 0.9, resamples=40000, seed=1)
+    triples = np.array([np.mean(t) for t in itertools.product([0.0, 1.0, 2.0], repeat=3)])
+    assert estimate == 1.0 and (low, high) == (np.quantile(np.repeat(triples, 1000), 0.05), np.quantile(np.repeat(triples, 1000), 0.95))
+    # spread both between and within seeds: the resampled mean's variance is (var_between (k-1)/k + mean var_within (n-1)/n / n) / k
+    rng = np.random.default_rng(0)
+    groups = [rng.normal(mu, 1.0, 200) for mu in (0.1, 0.3, 0.2, 0.5, 0.4, 0.3)]
+    k, n = len(groups), 200
+    means = np.array([g.mean() for g in groups])
+    var = (means.var() + np.mean([g.var() for g in groups]) / n) / k
+    estimate, low, high = stats.hierarchical_bootstrap(groups, 0.95, resamples=20000, seed=2)
+    assert estimate == pytest.approx(means.mean())
+    assert (high - low) / 2 == pytest.approx(1.959964 * math.sqrt(var), rel=0.1)
+    # one seed: the item bootstrap of that seed
+    only = stats.hierarchical_bootstrap([groups[0]], 0.95, resamples=20000, seed=3)
+    assert (only[2] - only[1]) / 2 == pytest.approx(1.959964 * groups[0].std() / math.sqrt(n), rel=0.1)
+    with pytest.raises(ValueError):
+        stats.hierarchical_bootstrap([[1.0], []])
+
+
+def points(x, sign=True):
+    return f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}"
+
+
+def verdict_of(differences, significant, noise=0.01):
+    summary = stats.across_seeds(differences, 0.95)
+    summary["boot_low"], summary["boot_high"] = min(differences), max(differences)
+    return stats.seed_verdict(summary, significant, noise, points, "better", "worse")
+
+
+def test_a_difference_significant_in_every_seed_but_flipping_sign_is_within_seed_noise():
+    text = verdict_of([0.03, -0.03, 0.029], [True, True, True])
+    assert text.startswith("within seed noise: +1.0 on average, significant within some seeds, but of opposite signs")
+    assert "per-seed differences -3.0 to +3.0" in text and "sd 1.0 from seed to seed" in text
+    assert verdict_of([0.03, 0.031, 0.029], [True, True, True]).startswith("consistent across seeds: better by 3.0 (")
+    assert verdict_of([-0.03, -0.031, -0.029], [False] * 3).startswith("consistent across seeds: worse by 3.0")
+    assert verdict_of([0.01, -0.002, 0.004], [False] * 3).startswith("within seed noise: +0.4 on average, the interval over seeds includes 0")
+    assert verdict_of([0.03], [True]).startswith("one training seed: training randomness is not covered")

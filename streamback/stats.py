@@ -1,0 +1,234 @@
+"""The study's statistics, in one place: is a difference between two runs real?
+
+Within one training seed, paired on the same items or windows (a: the baseline, b: the other run):
+- `paired_difference`: mean(a - b) over paired values (e.g. per-window losses) with a paired t
+  interval, `t_interval` of the differences;
+- `paired_bootstrap_ci`: the difference of the means, mean(b) - mean(a), with a percentile
+  confidence interval from resampling items with replacement;
+- `mcnemar_exact`: the exact McNemar test: of the discordant items (right in one run only),
+  under no difference each is equally likely to favour either run, so the count favouring one is
+  Binomial(discordant, 1/2); two-sided p = 2 x the smaller tail, at most 1;
+- `holm`: Holm's step-down adjustment of a family of p-values;
+- `min_detectable_difference`: the smallest true difference the exact McNemar test at level
+  alpha detects with the given power over n items, when the runs disagree on a fraction p_d of
+  the items (the observed fraction, or the difference itself if that is larger: a difference of
+  delta needs at least delta of the items discordant). Power is exact: the number of discordant
+  items is Binomial(n, p_d), and given m of them the count favouring the better run is
+  Binomial(m, (1 + delta / p_d) / 2).
+Across training seeds (each seed trains both runs from the same weights on the same batches, so
+each seed gives one paired difference):
+- `across_seeds`: the mean of the per-seed differences with a t interval over seeds (n_seeds - 1
+  degrees of freedom), their sd and a two-sided t-test's p;
+- `hierarchical_bootstrap`: the same mean with a percentile interval from resampling seeds, then
+  items (or windows) within each drawn seed, so both sources of noise are in it;
+- `seed_verdict`: the difference against the seed-to-seed spread, in words.
+Binomial probabilities are computed in log space from log-factorials (numpy only); t quantiles
+come from scipy. The tests check every function against scipy, statsmodels or hand computation.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from streamback.errors import StreambackError
+
+
+def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 10000,
+                        seed: int = 0) -> tuple[float, float, float]:
+    """(mean(b) - mean(a), lower, upper): the percentile interval of the mean difference over
+    `resamples` resamples of the items (both runs' outcomes of an item drawn together)."""
+    diff = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    n = diff.size
+    if n == 0 or np.asarray(a).shape != np.asarray(b).shape:
+        raise ValueError(f"paired_bootstrap_ci needs two equally long, non-empty samples, got {np.asarray(a).shape} and {np.asarray(b).shape}")
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    chunk = max(1, 4_000_000 // n)  # resamples per draw of indices (about 32 MB of int64)
+    for start in range(0, resamples, chunk):
+        stop = min(start + chunk, resamples)
+        means[start:stop] = diff[rng.integers(0, n, size=(stop - start, n))].mean(axis=1)
+    tail = (1 - confidence) / 2
+    lower, upper = np.quantile(means, [tail, 1 - tail])
+    return float(diff.mean()), float(lower), float(upper)
+
+
+def discordant(a: Sequence[int], b: Sequence[int]) -> tuple[int, int]:
+    """(items right in a only, items right in b only) of two 0/1 outcome lists."""
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    return int((a & ~b).sum()), int((~a & b).sum())
+
+
+def _log_factorials(n: int) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))])
+
+
+def _binom_pmf(m: int, p: float, logfact: np.ndarray) -> np.ndarray:
+    """Binomial(m, p) probabilities of 0..m."""
+    k = np.arange(m + 1)
+    if p <= 0.0 or p >= 1.0:
+        out = np.zeros(m + 1)
+        out[0 if p <= 0.0 else m] = 1.0
+        return out
+    return np.exp(logfact[m] - logfact[k] - logfact[m - k] + k * math.log(p) + (m - k) * math.log1p(-p))
+
+
+def mcnemar_exact(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts (1 when there are none)."""
+    m = only_a + only_b
+    if m == 0:
+        return 1.0
+    tail = _binom_pmf(m, 0.5, _log_factorials(m))[:min(only_a, only_b) + 1].sum()
+    return float(min(1.0, 2.0 * tail))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the given order (NaNs kept, not counted)."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    tested = np.flatnonzero(~np.isnan(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m, running = len(order), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out.tolist()
+
+
+@functools.lru_cache(maxsize=None)
+def _critical_count(m: int, alpha: float) -> int:
+    """The largest k whose two-sided exact McNemar p-value 2 P(Binomial(m, 1/2) <= k) is at most
+    alpha, for m discordant items (-1: no outcome rejects)."""
+    cdf = np.cumsum(_binom_pmf(m, 0.5, _log_factorials(m)))
+    return int(np.searchsorted(2.0 * cdf, alpha, side="right")) - 1
+
+
+def mcnemar_power(n: int, p_discordant: float, delta: float, alpha: float = 0.05) -> float:
+    """Probability that the two-sided exact McNemar test at level `alpha` rejects, over n items
+    when the runs disagree on a fraction `p_discordant` and their accuracies differ by `delta`
+    (0 <= delta <= p_discordant)."""
+    if not 0 <= delta <= p_discordant <= 1:
+        raise ValueError(f"need 0 <= delta <= p_discordant <= 1, got delta={delta}, p_discordant={p_discordant}")
+    if p_discordant == 0:
+        return 0.0
+    logfact = _log_factorials(n)
+    weights = _binom_pmf(n, p_discordant, logfact)
+    spread = 12 * math.sqrt(n * p_discordant * (1 - p_discordant)) + 12  # the mass beyond is below 1e-30
+    m_values = np.arange(max(0, int(n * p_discordant - spread)), min(n, int(n * p_discordant + spread)) + 1)
+    favour = min(1.0, (1 + delta / p_discordant) / 2)
+    power = 0.0
+    for m in m_values:
+        k = _critical_count(int(m), alpha)
+        if k < 0:
+            continue
+        pmf = _binom_pmf(int(m), favour, logfact)
+        power += weights[m] * (pmf[:k + 1].sum() + pmf[int(m) - k:].sum())
+    return float(power)
+
+
+def min_detectable_difference(n: int, p_discordant: float, alpha: float = 0.05, power: float = 0.8, tol: float = 1e-4) -> float:
+    """The smallest accuracy difference delta that the exact McNemar test at level `alpha` detects
+    with probability `power` over n items, the runs disagreeing on a fraction max(p_discordant,
+    delta) of them; NaN if no difference can be (too few items). Bisection to `tol`."""
+    def enough(delta: float) -> bool:
+        return mcnemar_power(n, max(p_discordant, delta), delta, alpha) >= power
+
+    if n < 1 or not enough(1.0):
+        return float("nan")
+    low, high = 0.0, 1.0
+    while high - low > tol:
+        mid = (low + high) / 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
+
+
+def t_interval(values: Sequence[float], confidence: float) -> tuple[float, float, float]:
+    """(mean, lower, upper): the two-sided t interval mean +- t(confidence, n - 1) sd / sqrt(n)
+    of `values` (n >= 2; NaN bounds for n = 1, whose spread is unknown)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"a t interval needs a non-empty 1-D sample, got shape {x.shape}")
+    mean = float(x.mean())
+    if x.size < 2:
+        return mean, math.nan, math.nan
+    from scipy import stats as sps  # imported here: a second of import time most callers need not pay
+
+    half = float(sps.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return mean, mean - half, mean + half
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float) -> tuple[float, float, float]:
+    """mean(a - b) over paired values (e.g. two runs' losses on the same windows) and its paired t
+    interval; at least 2 pairs."""
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if d.ndim != 1 or len(d) < 2:
+        raise StreambackError(f"a paired confidence interval needs at least 2 paired windows, got {d.size}")
+    return t_interval(d, confidence)
+
+
+def across_seeds(differences: Sequence[float], confidence: float) -> dict:
+    """The per-seed paired differences summarised over seeds: n, mean, sd (ddof 1), the t interval
+    (low, high) and the two-sided t-test p of mean 0 (NaN where n < 2, or sd 0 with mean 0)."""
+    d = np.asarray(differences, dtype=np.float64)
+    mean, low, high = t_interval(d, confidence)
+    sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
+    if d.size < 2:
+        p = math.nan
+    elif sd == 0:
+        p = math.nan if mean == 0 else 0.0
+    else:
+        from scipy import stats as sps
+
+        p = float(2 * sps.t.sf(abs(mean) / (sd / math.sqrt(d.size)), d.size - 1))
+    return {"n": int(d.size), "mean": mean, "sd": sd, "low": low, "high": high, "p": p, "min": float(d.min()), "max": float(d.max())}
+
+
+def hierarchical_bootstrap(groups: Sequence[Sequence[float]], confidence: float = 0.95, resamples: int = 10000,
+                           seed: int = 0) -> tuple[float, float, float]:
+    """(estimate, lower, upper) of the mean over seeds of each seed's mean paired difference:
+    `groups` holds one array per seed (its per-item or per-window differences). Each resample
+    draws as many seeds as there are, with replacement, then each drawn seed's items with
+    replacement, and averages the drawn seeds' item means; the interval is the resamples'
+    percentiles (with one seed, it is that seed's item bootstrap)."""
+    arrays = [np.asarray(g, dtype=np.float64) for g in groups]
+    if not arrays or any(a.ndim != 1 or a.size == 0 for a in arrays):
+        raise ValueError("hierarchical_bootstrap needs at least one seed, each with a non-empty 1-D sample")
+    rng = np.random.default_rng(seed)
+    k = len(arrays)
+    picks = rng.integers(0, k, size=(resamples, k))
+    seed_means = np.empty((resamples, k))
+    for s, a in enumerate(arrays):
+        drawn = picks == s  # the resamples and positions that drew seed s, each gets its own item resample
+        count = int(drawn.sum())
+        means = np.empty(count)
+        chunk = max(1, 4_000_000 // a.size)
+        for start in range(0, count, chunk):
+            stop = min(start + chunk, count)
+            means[start:stop] = a[rng.integers(0, a.size, size=(stop - start, a.size))].mean(axis=1)
+        seed_means[drawn] = means
+    tail = (1 - confidence) / 2
+    lower, upper = np.quantile(seed_means.mean(axis=1), [tail, 1 - tail])
+    return float(np.mean([a.mean() for a in arrays])), float(lower), float(upper)
+
+
+def seed_verdict(summary: dict, per_seed_significant: Sequence[bool], noise_sd: float, fmt, better: str, worse: str) -> str:
+    """The across-seeds verdict in words. `summary`: `across_seeds` of the per-seed differences
+    (positive: the other run is better), with `boot_low`/`boot_high` from `hierarchical_bootstrap`;
+    `per_seed_significant`: whether each seed's own test found a difference; `noise_sd`: the
+    seed-to-seed sd of the baseline's own score (the noise floor); `fmt` formats a difference;
+    `better`/`worse`: how to say the other run's direction."""
+    n, mean = summary["n"], summary["mean"]
+    if n < 2:
+        return ("one training seed: training randomness is not covered (train more seeds, train.runs.seeds, to know whether "
+                "this difference survives a different initialisation and data order)")
+    spread = f"per-seed differences {fmt(summary['min'])} to {fmt(summary['max'])}, sd {fmt(summary['sd'], sign=False)}"
+    floor = "" if math.isnan(noise_sd) else f"; the baseline's own score varies by sd {fmt(noise_sd, sign=False)} from seed to seed"
+    interval = f"{fmt(summary['low'])} to {fmt(summary['high'])} over {n} seeds (t), {fmt(summary['boot_low'])} to {fmt(summary['boot_high'])} (seeds, then items)"
+    if summary["low"] > 0 or summary["high"] < 0:
+        return f"consistent across seeds: {better if mean > 0 else worse} by {fmt(abs(mean), sign=False)} ({interval}; {spread}{floor})"
+    flips = sum(per_seed_significant) and (summary["min"] < 0 < summary["max"])
+    why = "significant within some seeds, but of opposite signs" if flips else "the interval over seeds includes 0"
+    return f"within seed noise: {fmt(mean)} on average, {why} ({interval}; {spread}{floor})"
