@@ -109,3 +109,30 @@ def test_a_micro_matrix_trains_two_seeds_paired(tokens, tmp_path):
     assert within < 1e-2, first
     across = [read_model(tmp_path / run / "out" / layout.MODEL_FILE).state for run in ("micro-baseline", "micro-baseline-seed1")]
     assert not torch.equal(across[0]["output.weight"], across[1]["output.weight"])
+
+
+def test_seed_variance_is_each_arm_s_spread_over_its_seeds():
+    """seed_variance.csv from hand-made tables: each arm's mean and sd (ddof 1) over its seeds, the
+    losses from the loss-difference rows (the baseline's and the compared run's), the scores from benchmarks.csv."""
+    import pandas as pd
+
+    from streamback.report.seeds import seed_variance
+
+    cfg = validate_config({"model": MODEL, "train": {**TRAIN, "runs": {**TRAIN["runs"], "seeds": [TRAIN["seed"], 1, 2], "stream_seeds": [1]}}})
+    runs = run_matrix(cfg["train"])
+    accuracy = {name: 0.5 + 0.01 * i for i, name in enumerate(runs)}
+    benchmarks = pd.DataFrame([{"run": r, "task": "t", "filter": "none", "metric": "acc", "value": v} for r, v in accuracy.items()])
+    loss = pd.DataFrame([{"shape": "micro", "comparison": "streamback", "seed": s, "split": "val", "baseline_loss": 3.0 + s / 10,
+                          "compared_loss": 2.9 + s / 10} for s in (TRAIN["seed"], 1, 2)]
+                        + [{"shape": "micro", "comparison": "streamback-bf16_sr", "seed": 1, "split": "val", "baseline_loss": 3.1,
+                            "compared_loss": 3.3}]
+                        + [{"shape": "micro", "comparison": "streamback", "seed": "all", "split": "val", "baseline_loss": 9.0}])
+    table = seed_variance(cfg["train"], benchmarks, loss).set_index(["arm", "task"])
+    base = table.loc[("micro-baseline", "loss")]
+    assert base.seeds == 3 and base["mean"] == pytest.approx(np.mean([3.7, 3.1, 3.2])) and base.sd == pytest.approx(np.std([3.7, 3.1, 3.2], ddof=1))
+    assert table.loc[("micro-streamback", "loss")]["mean"] == pytest.approx(np.mean([3.6, 3.0, 3.1]))
+    single = table.loc[("micro-streamback-bf16_sr", "loss")]
+    assert single.seeds == 1 and single["mean"] == 3.3 and np.isnan(single.sd)
+    scores = [accuracy[r] for r in ("micro-baseline", "micro-baseline-seed1", "micro-baseline-seed2")]
+    assert table.loc[("micro-baseline", "t")].sd == pytest.approx(np.std(scores, ddof=1))
+    assert set(table.index.get_level_values("arm")) == {"micro-baseline", "micro-streamback", "micro-streamback-bf16_sr"}

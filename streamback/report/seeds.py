@@ -2,10 +2,10 @@
 
 - results/tables/seed_variance.csv: per run arm (shape, block, stream: a run less its seed) and
   per quantity, its scores over the training seeds: `mean`, `sd` (ddof 1; empty for one seed),
-  `min`, `max`, `seeds`. Quantities are the final losses (`task` loss; `metric` train: the last
-  step's training loss, val: the final validation loss, from each run's summary.json) and every
-  benchmark task, filter and metric (benchmarks.csv). The sd is the noise floor a difference
-  between two arms must clear.
+  `min`, `max`, `seeds`. Quantities are the final losses (`task` loss, `metric` train or val: the
+  final model's mean loss on the same windows of that split, as loss_difference.csv has them for
+  every compared run) and every benchmark task, filter and metric (benchmarks.csv). The sd is the
+  noise floor a difference between two arms must clear.
 - results/figures/seed_differences.{svg,png}: every comparison's per-seed paired differences (the
   final losses from loss_difference.csv, the 0/1 benchmark metrics from benchmark_pairs.csv, in
   points) and, over the seeds, their mean with its t interval.
@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 import pandas as pd
 
@@ -36,21 +35,21 @@ def _read(name: str, rule: str) -> pd.DataFrame:
     return pd.read_csv(path, keep_default_na=False, na_values=[""])
 
 
-def seed_variance(train_cfg: dict, benchmarks: pd.DataFrame) -> pd.DataFrame:
-    """The rows of seed_variance.csv for the run matrix (its summaries) and `benchmarks` (benchmarks.csv)."""
+def seed_variance(train_cfg: dict, benchmarks: pd.DataFrame, loss_difference: pd.DataFrame) -> pd.DataFrame:
+    """The rows of seed_variance.csv for the run matrix, from benchmarks.csv and loss_difference.csv."""
     matrix = run_matrix(train_cfg)
+    by_seed = {(spec.arm, str(spec.seed)): name for name, spec in matrix.items()}
     scores = []
-    for name, spec in matrix.items():
-        path = layout.summary_file(name)
-        if not path.exists():
-            raise StreambackError(f"{path} does not exist: train the run first (rule train, {name})")
-        summary = json.loads(path.read_text())
-        for metric, key in (("train", "final_loss"), ("val", "final_val_loss")):
-            scores.append({"run": name, "task": "loss", "filter": "none", "metric": metric, "value": summary.get(key)})
+    for row in loss_difference[loss_difference.seed.astype(str) != ALL_SEEDS].itertuples():
+        for arm, value in ((f"{row.shape}-baseline", row.baseline_loss), (f"{row.shape}-{row.comparison}", row.compared_loss)):
+            run = by_seed.get((arm, str(row.seed)))
+            if run is not None:
+                scores.append({"run": run, "task": "loss", "filter": "none", "metric": row.split, "value": value})
     missing = sorted(set(matrix) - set(benchmarks.run))
     if missing:
         raise StreambackError(f"{layout.table('benchmarks')} has no rows of {', '.join(missing)}: run rule benchmark_table again")
-    frame = pd.concat([pd.DataFrame(scores), benchmarks[benchmarks.run.isin(list(matrix))][["run", "task", "filter", "metric", "value"]]],
+    losses = pd.DataFrame(scores, columns=["run", "task", "filter", "metric", "value"]).drop_duplicates()
+    frame = pd.concat([losses, benchmarks[benchmarks.run.isin(list(matrix))][["run", "task", "filter", "metric", "value"]]],
                       ignore_index=True)
     frame = frame.assign(arm=frame.run.map(lambda r: matrix[r].arm)).dropna(subset=["value"])
     rows = []
@@ -108,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
     from streamback.charts import save_figure
 
     train_cfg = section_from_args(args, "train")
-    table = seed_variance(train_cfg, _read("benchmarks", "benchmark_table"))
+    loss, pairs = _read("loss_difference", "analyze_loss_difference"), _read("benchmark_pairs", "benchmark_table")
+    table = seed_variance(train_cfg, _read("benchmarks", "benchmark_table"), loss)
     write_csv(layout.table(layout.SEED_TABLE), table)
-    save_figure(differences_chart(differences(_read("loss_difference", "analyze_loss_difference"),
-                                              _read("benchmark_pairs", "benchmark_table"))), layout.SEED_FIGURE)
+    save_figure(differences_chart(differences(loss, pairs)), layout.SEED_FIGURE)
     seeds = int(table.seeds.max()) if len(table) else 0
     print(f"seed-variance: {table.arm.nunique()} arms over up to {seeds} seed(s) -> {layout.table(layout.SEED_TABLE)} and "
           f"{layout.SEED_FIGURE} (.{', .'.join(layout.FIGURE_SUFFIXES)})")

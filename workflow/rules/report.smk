@@ -12,7 +12,6 @@ CONFIG_FILES = [str(DEFAULT_CONFIG), *(str(Path(f).resolve()) for f in workflow.
 # per-seed differences (streamback/report/seeds.py).
 rule seed_variance:
     input:
-        summaries=expand(rules.train.output.summary, run=list(RUNS)),
         benchmarks=str(layout.table("benchmarks")),
         pairs=str(layout.table("benchmark_pairs")),
         loss=str(layout.table("loss_difference")),
