@@ -1,7 +1,7 @@
 """bf16 compute on the CPU: native bf16 kernels against bf16 on fp32 kernels (streamback.model.compute).
 
 Prints, on one thread, a 512x512 matmul's rate and a tiny shape's training step (the default
-study's: 16 x 128 tokens, a 2048-word vocabulary, forward + backward) on three paths measured in
+study's micro-batch and sequence, a 2048-word vocabulary, forward + backward) on three paths measured in
 the same process, interleaved: native bf16, bf16 on fp32 kernels ("emulated"), and fp32 compute
 (the speed the emulated path aims at); then the ratios. With `--avx2` it runs the same in a child
 process whose oneDNN and ATen are capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2
@@ -57,12 +57,18 @@ def matmul_rates(steps: int) -> dict[str, float]:
     return rates
 
 
+def step_tokens() -> tuple[int, int]:
+    """The default study's micro-batch and sequence length."""
+    train = load_config(DEFAULT_CONFIG)["train"]
+    return train["micro_batch_size"], train["seq_len"]
+
+
 def step_times(shape: str, steps: int, rounds: int) -> dict[str, float]:
     """Median training-step seconds of `shape` (baseline block) on each path, the paths interleaved
     over `rounds` so that the machine's load falls on all of them alike."""
     cfg = load_config(DEFAULT_CONFIG)
     args = ModelArgs.from_config(cfg["model"], shape, 2048, block="baseline")
-    tokens = random_tokens(2048, cfg["train"]["micro_batch_size"], cfg["train"]["seq_len"])
+    tokens = random_tokens(2048, *step_tokens())
     models = {}
     for name, (dtype, _) in PATHS.items():
         models[name] = Transformer(args, compute_dtype=dtype)
@@ -84,7 +90,7 @@ def report(args) -> None:
     print("512x512 matmul GFLOP/s: " + ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items()))
     for shape in args.shapes.split(","):
         t = step_times(shape, args.steps, args.rounds)
-        print(f"{shape} step (16 x 128 tokens): " + ", ".join(f"{name} {s * 1e3:.0f} ms" for name, s in t.items())
+        print(f"{shape} step ({' x '.join(map(str, step_tokens()))} tokens): " + ", ".join(f"{name} {s * 1e3:.0f} ms" for name, s in t.items())
               + f"; native / emulated {t['native bf16'] / t['emulated bf16']:.2f}x, emulated / fp32 {t['emulated bf16'] / t['fp32 compute']:.2f}x",
               flush=True)
 

@@ -98,7 +98,8 @@ SHAPES = {"medium": dict(dim=106, n_layers=4, n_heads=4, n_kv_heads=1)}  # tiny:
 VOCAB = 97
 TRAIN_SHAPE = "check-medium"  # SHAPES["medium"]'s name in the quick analysis
 # the test modules with CUDA cases (`pytest -m gpu`); tests/test_gpu_checks.py checks this is all of them
-GPU_TEST_FILES = ("tests/test_rounding.py", "tests/test_formats.py", "tests/test_model.py", "tests/test_reversible.py", "tests/test_train.py")
+GPU_TEST_FILES = ("tests/test_rounding.py", "tests/test_formats.py", "tests/test_model.py", "tests/test_reversible.py", "tests/test_train.py",
+                  "tests/test_eval.py")
 # Plain PyTorch on one H200, torch 2.11, micro-batch 4 x 2048 (issue 3): tokens/s and peak GiB.
 REFERENCE = {
     ("fat-short", "compiled", "baseline"): (55_966, 28.7),

@@ -374,8 +374,8 @@ def test_the_rules_run_the_analyses_of_trained_runs(matrix, run_snakemake, token
     result = run_snakemake(*targets, "--cores", "2", *common)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     for kind in ("envelope", "loss-difference"):
-        assert f"analyze {kind}: 6 models on cpu" in (root / "logs" / "analysis" / f"{kind}.log").read_text()
-    assert len(pd.read_csv(root / layout.table("envelope")).run.unique()) == 6
+        assert f"analyze {kind}: 10 models on cpu" in (root / "logs" / "analysis" / f"{kind}.log").read_text()
+    assert len(pd.read_csv(root / layout.table("envelope")).run.unique()) == 10
     result = run_snakemake(*targets, "--directory", root, "--configfile", root / "snake.yaml", "--report", root / "report.html")
     assert result.returncode == 0, result.stderr[-3000:]
     assert (root / "report.html").stat().st_size > 0

@@ -85,6 +85,7 @@ def test_hostile_paths_are_single_arguments_of_every_job_and_never_run(hostile, 
     paper = {"data": {"dir": HOSTILE_DIR, "hub": {"dataset": HOSTILE_DATASET}}, "eval": {"include_path": [HOSTILE_TASKS_DIR]}}
     (root / "extra.yaml").write_text(yaml.safe_dump(extra))
     (root / "paper-hostile.yaml").write_text(yaml.safe_dump(paper))
+    (root / HOSTILE_TASKS_DIR).mkdir(exist_ok=True)  # the task names are checked against it before any job
     given = {}  # option -> the hostile words given with it, over every job
     in_json = set()  # the hostile values that reached a job inside a --params JSON
     for configs in ([root / HOSTILE_CONFIG, root / "extra.yaml"], [ROOT / "config" / "paper.yaml", root / "paper-hostile.yaml"]):
@@ -219,7 +220,7 @@ def test_a_token_budget_larger_than_the_tokenized_data_stops_the_dry_run(hostile
         out = result.stdout + result.stderr
         if name == "big":
             assert result.returncode != 0 and "Traceback" not in out
-            assert (f"train.tokens (100,000,000) takes 48,828 steps x 16 windows of 129 tokens = 781,248 windows, but the train split "
+            assert (f"train.tokens (100,000,000) takes 195,312 steps x 4 windows of 129 tokens = 781,248 windows, but the train split "
                     f"of {HOSTILE_DIR} holds {tokens:,} tokens") in out
         else:
             assert result.returncode == 0, out[-2000:]

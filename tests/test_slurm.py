@@ -47,7 +47,7 @@ def test_requeued_training_job_resumes_bit_identical(run_snakemake, tmp_path):
     run = "tiny-fat-short-streamback"
     small = {"data": {"synthetic": {"documents": 3000, "files": 1}},
              "train": {"runs": {"shapes": ["tiny-fat-short"], "blocks": ["streamback"], "streams": []},
-                       "tokens": 100 * 16 * 128, "checkpoint": {"every": 10, "keep": 2}, "schedule": {"warmup_steps": 10, "decay_steps": 50}}}
+                       "tokens": 100 * 4 * 128, "checkpoint": {"every": 10, "keep": 2}, "schedule": {"warmup_steps": 10, "decay_steps": 50}}}
     (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
     tokens = run_snakemake(layout.tokens_dir({"corpus": "synthetic"}) / "manifest.json", "--cores", "2",
                            "--directory", tmp_path, "--configfile", tmp_path / "small.yaml")  # here: Slurm is for the train job
@@ -88,8 +88,11 @@ def test_requeued_training_job_resumes_bit_identical(run_snakemake, tmp_path):
     update_config(config, small)  # as --configfile merges it
     config = validate_config(config)
 
+    from streamback.model import compute
+
     torch.set_num_threads(1)
-    assert train(config["train"], config["model"], run, tmp_path / layout.tokens_dir(config["data"]), tmp_path / "whole", tmp_path / "whole-ckpt") == 0
+    with compute.use(config["cpu_bf16"]):  # the kernels the workflow's jobs ran on (STREAMBACK_CPU_BF16)
+        assert train(config["train"], config["model"], run, tmp_path / layout.tokens_dir(config["data"]), tmp_path / "whole", tmp_path / "whole-ckpt") == 0
     resumed, whole = read_model(tmp_path / layout.model_file(run)).state, read_model(tmp_path / "whole" / layout.MODEL_FILE).state
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
 

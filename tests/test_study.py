@@ -50,7 +50,7 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     over = pairs[pairs.seed == "all"]
     assert f"Over 2 training seeds, " in text and f"of {len(over)} benchmark comparisons of a run against its shape&#x27;s baseline" in text
     assert f"Within single seeds, of {len(pairs) - len(over)} benchmark comparisons" in text
-    assert text.index("Over 2 training seeds") < text.index("Within single seeds")  # across seeds first
+    assert text.index("Over 2 training seeds, ") < text.index("Within single seeds, of ")  # across seeds first
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
         assert run in text
     # every run logged its live signals (the stream every 10 of SMALL's 30 steps) and its TensorBoard events; the page shows

@@ -1,4 +1,4 @@
-"""Rule `train`: the default config trains its six tiny models through Snakemake on 2 cores and
+"""Rule `train`: the default config trains its six tiny models (of seed 0) through Snakemake on 2 cores and
 each ends well below the unigram baseline; the launch lines the paper config gives Slurm."""
 
 import json
@@ -17,6 +17,8 @@ import yaml
 
 from streamback import layout
 from streamback.data.shards import TokenDataset
+from streamback.config import load_config
+from streamback.runs import train_steps
 from streamback.train.metrics import read_metrics
 
 from conftest import ROOT
@@ -47,12 +49,13 @@ def test_default_config_trains_the_six_models(run_snakemake, tmp_path):
     for run in SIX:
         out = tmp_path / layout.run_dir(run)
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["steps"] == 60
-        assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 61))
+        steps = train_steps(load_config(ROOT / "config" / "config.yaml")["train"])
+        assert summary["steps"] == steps and summary["seed"] == 0
+        assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, steps + 1))
         assert summary["final_val_loss"] < unigram - 1.0, (run, summary["final_val_loss"], unigram)
         assert (out / layout.MODEL_FILE).stat().st_size > 0
         (recipe,) = layout.recipe_dirs(tmp_path / layout.checkpoint_dir(run))
-        assert (recipe / "step_000000060" / ".metadata").exists()
+        assert (recipe / f"step_{steps:09d}" / ".metadata").exists()
         assert "parameters on cpu (bf16 on fp32 kernels)" in (tmp_path / "logs" / "train" / f"{run}.log").read_text()
 
 

@@ -209,11 +209,11 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
 @pytest.mark.slow
 @pytest.mark.parametrize("change, rules", [
     ({"drift": {"seeds": [0, 1], "settings": [{"mu": 0.2, "sigma": 0.5}]}}, {"drift"}),
-    ({"eval": {"pairs": {"resamples": 500}}}, {"benchmark_table"}),
+    ({"eval": {"pairs": {"resamples": 500}}}, {"benchmark_table", "seed_variance"}),
     ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed"}),
     ({"train": {"optimizer": {"lr": 2e-3}}}, {"train", "evaluate", *DOWNSTREAM_OF_TRAIN}),
     # how jobs run, not what they compute: nothing but the study page (whose params are the whole config)
-    ({"train": {"compile": True, "micro_batch_size": 8, "checkpoint": {"every": 5}, "resources": {"threads": 2}, "log": {"tensorboard": False},
+    ({"train": {"compile": True, "micro_batch_size": 2, "checkpoint": {"every": 5}, "resources": {"threads": 2}, "log": {"tensorboard": False},
                 "per_run": {"tiny-medium-baseline": {"activation_checkpointing": True}}},
       "data": {"processes": 1, "batch_documents": 64}, "eval": {"resources": {"mem_mb": 999}}, "cpu_bf16": "emulated"}, set()),
 ], ids=["drift-grid", "eval-pairs", "analysis-variants", "recipe", "execution"])
