@@ -22,13 +22,17 @@ def tiny(**kw):
 
 def allocator_peak(args: ModelArgs) -> tuple[int, int]:
     """Peak bytes above the start that the CPU allocator reports (profiler memory events) over a
-    real forward + backward, and the bytes of the model and tokens that existed before it."""
+    real forward + backward on native bf16 kernels (the step the estimate models: a GPU's; bf16 on
+    fp32 kernels, which an AVX2 CPU takes, holds fp32 copies besides), and the bytes of the model
+    and tokens that existed before it."""
     from torch.profiler import ProfilerActivity, profile
+
+    from streamback.model import compute
 
     model = Transformer(args)
     tokens = torch.randint(0, args.vocab_size, (B, T + 1))
     gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, compute.use("native"):
         F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
     # every allocation and free, in order (kineto's raw events: FunctionEvents leave them out)
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
