@@ -115,7 +115,7 @@ def benchmarks() -> list:
     if len(over) and (over.seeds > 1).any():
         shown = ["shape", "comparison", "task", "filter", "metric", "seeds", "baseline_value", "value", "diff", "ci_low", "ci_high",
                  "boot_low", "boot_high", "sd", "baseline_sd", "p_holm", "verdict"]
-        blocks += [Subheading("Is a difference real? Each comparison over the training seeds"), over[shown].round(4),
+        blocks += [Subheading("Is a difference real? Each comparison over the training seeds"), over[over.seeds > 1][shown].round(4),
                    caption("benchmark_pairs_seeds")]
     shown = ["shape", "seed", "task", "filter", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm",
              "mdd", "verdict"]
