@@ -100,19 +100,44 @@ class Study:
     slurm: bool  # whether every job went through sbatch
 
 
-@pytest.fixture(scope="session")
-def study(tmp_path_factory, run_snakemake):
-    """The whole default study with SMALL merged over it, built once for every test that reads it:
-    through `--profile slurm` where Slurm is installed (as .ci/run does), else `--cores 2`."""
+@pytest.fixture(scope="session", autouse=True)
+def _study_build(request, tmp_path_factory):
+    """Start the study's Snakemake when the session starts, if a selected test reads `study`: its
+    jobs (and, through Slurm, the executor's waits between status checks) then overlap the tests
+    that run before the first one that reads it."""
     import yaml
 
+    if not any("study" in item.fixturenames for item in request.session.items):
+        yield None
+        return
     root = tmp_path_factory.mktemp("study")
     (root / "small.yaml").write_text(yaml.safe_dump(SMALL))
     slurm = shutil.which("sbatch") is not None
     if slurm:
         start_slurm()
     how = ["--profile", "slurm", *SLURM_SITE] if slurm else ["--cores", "2"]
-    result = run_snakemake(*how, "--directory", root, "--configfile", root / "small.yaml", timeout=1500)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *how, "--directory", str(root), "--configfile", str(root / "small.yaml")]
+    with open(root / "snakemake.out", "w") as out:
+        workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield root, slurm, workflow
+    finally:
+        if workflow.poll() is None:  # the session stopped before the study ended: Snakemake cancels its jobs on SIGTERM
+            workflow.terminate()
+            workflow.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def study(_study_build):
+    """The whole default study with SMALL merged over it, built once for every test that reads it
+    (started with the session, `_study_build`): through `--profile slurm` where Slurm is installed
+    (as .ci/run does), else `--cores 2`."""
+    root, slurm, workflow = _study_build
+    try:
+        workflow.wait(timeout=1500)
+    except subprocess.TimeoutExpired:
+        workflow.kill()
+        raise
+    output = (root / "snakemake.out").read_text()
+    assert workflow.returncode == 0, output[-6000:]
     return Study(root, output, slurm)
