@@ -75,7 +75,8 @@ def train(config: dict, run: str) -> dict:
     spec = run_matrix(cfg)[run]
     skip = (*RUN_EXECUTION, "checkpoint", "resources", "per_run")
     recipe = {k: v for k, v in cfg.items() if k not in skip}
-    recipe["log"] = {k: v for k, v in cfg["log"].items() if k != "tensorboard"}
+    # shadow_every off (the schema's default) leaves the rule's params as before the key existed: nothing reruns
+    recipe["log"] = {k: v for k, v in cfg["log"].items() if k != "tensorboard" and not (k == "shadow_every" and not v)}
     recipe["runs"] = _one_run_matrix(spec, cfg)
     recipe["reversible"] = is_reversible(cfg, spec)
     shape = model["shapes"][spec.shape]

@@ -49,7 +49,7 @@ TRAIN = {
     "optimizer": {"lr": 3e-3},
     "schedule": {"warmup_steps": 4, "decay_steps": 8},
     "checkpoint": {"every": 5, "keep": 2},
-    "log": {"every": 10, "stream_every": 4, "val_every": 10, "val_sequences": 16},
+    "log": {"every": 10, "stream_every": 4, "shadow_every": 4, "val_every": 10, "val_sequences": 16},
 }
 
 
@@ -429,6 +429,10 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     assert [r["step"] for r in records] == [r["step"] for r in ref]
     assert np.allclose([r["loss"] for r in records], [r["loss"] for r in ref], rtol=0, atol=1e-5)
     assert records[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=1e-5)
+    # the shadow (fp64 stream; the fp32 StreamBack run's is the shadow's to 1e-6) runs through FSDP2's forward alike
+    shadows = [(r["shadow_absmax"], r["shadow_loss"]) for r in stopped if "shadow_loss" in r]
+    assert shadows and np.allclose(shadows[0][0], ref[3]["shadow_absmax"], rtol=1e-5) and abs(shadows[0][1] - ref[3]["shadow_loss"]) < 1e-5
+    assert max(g for r in stopped if "shadow_gap" in r for g in r["shadow_gap"]) < 1e-5
     model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     for key, value in reference["model"].items():
         assert torch.allclose(model[key], value, rtol=0, atol=1e-5), key

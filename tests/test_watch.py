@@ -19,6 +19,7 @@ from streamback.config import validate_config
 from streamback.model.formats import StreamFormat, quantize_mx, quantize_nvfp4
 from streamback.model.model import ModelArgs, Transformer
 from streamback.model.swallow import swallow_counts, swallow_fractions, swallow_stats
+from streamback.model.weights import read_model
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import read_metrics
@@ -309,3 +310,76 @@ def test_the_page_shows_the_live_swallowed_share_and_every_warning(tmp_path, mon
     table = next(b for b in blocks if isinstance(b, pd.DataFrame))
     assert table.to_dict("records") == [{"run": runs[0], **{k: warning[k] for k in ("step", "warning", "layer", "threshold", "message")}, "value": "0.7"}]
     assert blocks[-1] == f"No warning fired in {runs[1]}."
+
+
+# ---- the full-precision shadow --------------------------------------------------------------
+
+SHADOWED = {**DRIFT, "log": {**TRAIN["log"], "stream_every": 1, "shadow_every": 1, "tensorboard": False}}
+
+
+def test_the_shadow_is_the_step_s_batch_through_its_weights_with_an_fp64_stream(tokens, tmp_path):
+    """Step 1's shadow equals an independent forward: the initial weights (init_weights of the
+    run's seed) in a model built with an fp64 stream and the same bf16 compute, on the step's two
+    micro-batches (train_windows of step 0), max |h| and loss by hand."""
+    from dataclasses import replace
+
+    from streamback.data.shards import TokenDataset
+    from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows
+    from streamback.train.validation import next_token_loss
+
+    records = train_micro(tokens, tmp_path, "micro-baseline", tensorboard=False, **SHADOWED)
+    assert all(r["shadow_stream"] == "fp64" and len(r["shadow_absmax"]) == len(r["shadow_gap"]) == 3 for r in records)
+    cfg = micro_config(**SHADOWED)
+    data = TokenDataset(tokens, "train")
+    args = ModelArgs.from_config(cfg["model"], "micro", data.vocab_size, block="baseline")
+    model = Transformer(replace(args, block="streamback", stream="fp64"))  # bf16 compute, fp64 stream
+    model.init_weights(cfg["train"]["seed"])
+    windows = train_windows(cfg["train"]["seed"], 0, cfg["train"]["batch_size"], num_windows(data.num_tokens, cfg["train"]["seq_len"]))
+    absmax, losses = torch.zeros(3, dtype=torch.float64), []
+    with torch.no_grad():
+        for micro in rank_micro_batches(windows, 0, 1, cfg["train"]["micro_batch_size"]):
+            batch = read_windows(data, micro, cfg["train"]["seq_len"])
+            with model.capture(("residual",)) as seen:
+                losses.append(float(next_token_loss(model(batch[:, :-1]), batch[:, 1:])))
+                assert all(h.dtype == torch.float64 for h in seen["residual"])
+                absmax = torch.maximum(absmax, torch.stack([h.abs().max() for h in seen["residual"]]))
+    first = records[0]
+    assert first["shadow_absmax"] == pytest.approx(absmax.tolist(), rel=1e-6)
+    assert first["shadow_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    assert first["shadow_gap"] == pytest.approx([abs(a - s) / s for a, s in zip(first["stream_absmax"], first["shadow_absmax"])])
+    assert first["shadow_gap"][0] == 0  # the embedding: bf16 rows, entered exactly into either stream
+
+
+def test_the_shadow_sees_a_bf16_stream_pushed_large_drift_and_an_fp32_one_not(tokens, tmp_path, monkeypatch):
+    runs = {}
+    for run in ("micro-baseline", "micro-streamback"):
+        root = tmp_path / run
+        runs[run] = train_micro(tokens, root, run, tensorboard=False, embedding_scale=64.0, monkeypatch=monkeypatch, **SHADOWED)
+        monkeypatch.undo()
+    bf16 = max(g for r in runs["micro-baseline"] for g in r["shadow_gap"])
+    fp32 = max(g for r in runs["micro-streamback"] for g in r["shadow_gap"])
+    # measured: 2.3e-4 against 6.8e-8 (a bf16 stream's max within a few of its ulps, 2^-8, of the fp64 stream's)
+    assert bf16 > 5e-5 and fp32 < 1e-6 and bf16 > 300 * fp32
+    assert all(abs(r["shadow_loss"] - r["loss"]) < 1e-4 for r in runs["micro-streamback"])
+
+
+def test_the_shadow_changes_no_bit_of_training(tokens, tmp_path):
+    """A stochastically rounded stream draws from the global generator every step: the shadow,
+    between the backward and the optimizer step, must draw nothing and touch no gradient."""
+    run = "micro-streamback-bf16_sr"
+    off = train_micro(tokens, tmp_path / "off", run, tensorboard=False, **{**SHADOWED, "log": {**SHADOWED["log"], "shadow_every": 0}})
+    on = train_micro(tokens, tmp_path / "on", run, tensorboard=False, **SHADOWED)
+    assert all("shadow_gap" not in r for r in off) and all(r["shadow_stream"] == "fp64" for r in on)
+    assert deterministic(off) == deterministic(on)
+    a, b = (read_model(tmp_path / side / "out" / layout.MODEL_FILE).state for side in ("off", "on"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_shadow_step_records_the_stream_and_shadow_every_off_changes_no_rule_params(tokens, tmp_path):
+    from streamback import jobs
+
+    records = train_micro(tokens, tmp_path, "micro-baseline", tensorboard=False, **{**DRIFT, "log": {**TRAIN["log"], "stream_every": 4, "shadow_every": 3}})
+    assert [r["step"] for r in records if "stream_absmax" in r] == [3, 4, 6, 8] and [r["step"] for r in records if "shadow_gap" in r] == [3, 6]
+    off = jobs.train(micro_config(log={**TRAIN["log"], "shadow_every": 0}), "micro-baseline")["train"]["log"]
+    assert "shadow_every" not in off  # the schema's 0: the params of every run trained before the key are unchanged
+    assert jobs.train(micro_config(log={**TRAIN["log"], "shadow_every": 8}), "micro-baseline")["train"]["log"]["shadow_every"] == 8

@@ -451,6 +451,21 @@ class Transformer(nn.Module):
         finally:
             self._capture = None
 
+    @contextlib.contextmanager
+    def stream_as(self, fmt: StreamFormat):
+        """Run the forward passes inside the block with the stream in `fmt` (the same weights and
+        compute dtype): the trainer's full-precision shadow (`streamback.train.signals`)."""
+        kept = self.stream_format
+        self.stream_format = fmt
+        for layer in self.layers:
+            layer.fmt = fmt
+        try:
+            yield
+        finally:
+            self.stream_format = kept
+            for layer in self.layers:
+                layer.fmt = kept
+
 
 def norm_gain_absmax(model: nn.Module) -> dict[str, float]:
     """max |gain| of every RMSNorm, by module name (a collective under FSDP2: call on all ranks)."""

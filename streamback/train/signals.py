@@ -9,7 +9,15 @@ number is drawn, the forward computes what it always does):
   definitions (`streamback.model.swallow`), and `update_mean_abs`, the mean |d| of the layer's
   non-zero updates (the typical update); per boundary, `stream_spacing`, the stream format's grid
   step at its max |h| (`StreamFormat.spacing`): an update below half of it is lost there;
-- `norm_gain_absmax`: max |gain| of every norm (what multiplies the stream), by module name.
+- `norm_gain_absmax`: max |gain| of every norm (what multiplies the stream), by module name;
+- every `train.log.shadow_every` steps, the full-precision shadow (the second seed document's
+  short full-precision reference along the trajectory, without a second training run): the
+  step's micro-batches once more, after its backward and before its optimizer step, so through
+  the same weights and compute dtype, without gradients, with the stream in fp64 on the CPU or
+  fp32 on CUDA (`shadow_format`; fp64 is the analyses' eager-only reference): `shadow_stream`,
+  `shadow_absmax` (its max |h| per boundary), `shadow_gap` (|run's max |h| - shadow's| /
+  shadow's, per boundary) and `shadow_loss` (its mean loss, against the step's `loss`). It draws
+  no random number and touches no gradient: the run trains the same bits with or without it.
 
 All over the step's global batch: maxima over micro-batches and processes (one all-reduce of MAX),
 the swallow counts summed over them (one all-reduce of SUM) before the shares are taken.
@@ -20,10 +28,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from streamback.model.formats import StreamFormat
 from streamback.model.swallow import swallow_counts, swallow_fractions
 
 ENVELOPE_KEYS = ("stream_absmax", "stream_max", "stream_min")
 SIGNAL_KEYS = ("swallowed_fraction", "lost_mass_fraction", "update_mean_abs", "stream_spacing")
+SHADOW_KEYS = ("shadow_stream", "shadow_absmax", "shadow_gap", "shadow_loss")
+
+
+def shadow_format(model, device) -> StreamFormat | None:
+    """The shadow's stream: fp64 on the CPU, fp32 on CUDA; None for a run whose stream is that already."""
+    fmt = StreamFormat.parse("fp64" if torch.device(device).type == "cpu" else "fp32")
+    return None if fmt == model.stream_format else fmt
 
 
 def _envelope(h: torch.Tensor) -> torch.Tensor:
@@ -39,6 +55,7 @@ class StreamRecord:
         self.model, self.signals = model, signals
         self.envelope = None  # [boundaries, 3]: max |h|, max h, -min h
         self.counts = None  # [layers, 4]: swallow counts of each layer's two adds
+        self.shadowed = None  # (format, [boundaries] max |h|, loss summed over micro-batches, micro-batches)
 
     def capture(self):
         return self.model.capture(("residual",), fn=_envelope, add_fn=swallow_counts if self.signals else None)
@@ -49,6 +66,26 @@ class StreamRecord:
         if self.signals:
             counts = torch.stack(stream["adds"]).unflatten(0, (-1, 2)).sum(1)
             self.counts = counts if self.counts is None else self.counts + counts
+
+    def shadow(self, batches: list[torch.Tensor], fmt: StreamFormat) -> None:
+        """The full-precision shadow of this step: `batches` (its micro-batches, [B, T + 1] tokens)
+        through the model without gradients, with the stream in `fmt`."""
+        from torch.distributed.fsdp import FSDPModule
+
+        from streamback.train.validation import next_token_loss
+
+        envelope, loss = None, 0.0
+        with torch.no_grad(), self.model.stream_as(fmt), self.model.capture(("residual",), fn=lambda h: h.abs().amax().float()) as seen:
+            for batch in batches:
+                loss = loss + next_token_loss(self.model(batch[:, :-1]), batch[:, 1:]).float()  # as validation: the logits
+                absmax = torch.stack(seen["residual"])
+                envelope = absmax if envelope is None else torch.maximum(envelope, absmax)
+        # FSDP2 leaves the root's parameters unsharded after a forward (for the backward it expects):
+        # the optimizer step updates the shards, so the next forward would read stale gathered copies
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        self.shadowed = fmt, envelope, loss, len(batches)
 
     def finish(self, env) -> dict:
         """The record's stream fields (see the module docstring)."""
@@ -66,6 +103,11 @@ class StreamRecord:
                 stream_spacing=self.model.stream_format.spacing(torch.tensor(absmax)).tolist(),
             )
         record["norm_gain_absmax"] = norm_gain_absmax(self.model)
+        if self.shadowed is not None:
+            fmt, envelope, loss, micro = self.shadowed
+            shadow = env.all_reduce(envelope, op=dist.ReduceOp.MAX).tolist()
+            record.update(shadow_stream=fmt.label, shadow_absmax=shadow, shadow_gap=[abs(a - s) / s for a, s in zip(absmax, shadow)],
+                          shadow_loss=env.all_reduce(loss.reshape(1)).item() / (micro * env.world_size))
         return record
 
 

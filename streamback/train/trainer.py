@@ -72,7 +72,7 @@ from streamback.train.metrics import MetricsLog
 from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
-from streamback.train.signals import StreamRecord
+from streamback.train.signals import StreamRecord, shadow_format
 from streamback.train.tensorboard import open_writer
 from streamback.train.watch import Watch
 from streamback.train.validation import window_losses
@@ -211,6 +211,7 @@ class Trainer:
             model_cfg, spec.shape, self.train_data.vocab_size, block=spec.block, stream=spec.stream, reversible=is_reversible(cfg, spec)
         )
         self.model = self._build_model()
+        self.shadow_format = shadow_format(self.model, env.device)  # None: the run's stream is the shadow's
         self.params = list(self.model.parameters())
         opt = cfg["optimizer"]
         self.optimizer = torch.optim.AdamW(
@@ -334,13 +335,17 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         torch.manual_seed(_seed(self.seed, step, env.rank, 0))
-        record_stream = (step + 1) % cfg["log"]["stream_every"] == 0
+        shadow = self.shadow_format if cfg["log"]["shadow_every"] and (step + 1) % cfg["log"]["shadow_every"] == 0 else None
+        record_stream = (step + 1) % cfg["log"]["stream_every"] == 0 or shadow is not None  # the shadow is compared with the step's record
         windows = train_windows(self.seed, step, self.batch_size, self.n_train)
         loss_sum = torch.zeros((), device=env.device)
         stream_record = StreamRecord(self.model, cfg["log"]["signals"]) if record_stream else None
+        batches = []  # this step's micro-batches, kept for the shadow
         with stream_record.capture() if record_stream else contextlib.nullcontext() as stream:
             for micro in rank_micro_batches(windows, env.rank, env.world_size, self.micro_batch_size):
                 batch = read_windows(self.train_data, micro, self.seq_len).to(env.device, non_blocking=True)
+                if shadow is not None:
+                    batches.append(batch)
                 loss = self.model(batch[:, :-1], targets=batch[:, 1:])  # next_token_loss, fused with the output head
                 if watch is not None:
                     watch.check_and_remove()
@@ -349,6 +354,8 @@ class Trainer:
                 loss_sum += loss.detach()
                 if record_stream:
                     stream_record.add(stream)
+        if shadow is not None:
+            stream_record.shadow(batches, shadow)
         # one all-reduce per step: the mean loss over the global batch and whether any rank was signalled
         agreed = env.all_reduce(torch.stack([loss_sum / self.accum, torch.tensor(float(stop.signal is not None), device=env.device)]))
         loss_value, stop_now = agreed[0].item() / env.world_size, agreed[1].item() > 0
