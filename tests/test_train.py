@@ -603,3 +603,19 @@ def test_compiled_training_on_a_gpu(tokens, tmp_path):
     assert any("val_loss" in r for r in records) and any("stream_absmax" in r for r in records)
     summary = json.loads((tmp_path / "out" / layout.SUMMARY_FILE).read_text())
     assert summary["device"] == "cuda" and summary["processes"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_the_shadow_of_a_compiled_baseline_on_a_gpu(tokens, tmp_path):
+    """The full-precision shadow where the paper would run it: compiled blocks on CUDA, whose
+    shadow (an fp32 stream through the same compiled blocks, recompiled once for it) must leave the
+    run's own steps alone and show the bf16 stream's gap to it."""
+    assert run_inprocess(tokens, tmp_path / "off", run="micro-baseline", compile=True, log={**TRAIN["log"], "shadow_every": 0}) == 0
+    assert run_inprocess(tokens, tmp_path / "on", run="micro-baseline", compile=True) == 0
+    off, on = (read_metrics(tmp_path / side / "out" / layout.METRICS_FILE) for side in ("off", "on"))
+    # CUDA's kernels need not repeat a run bit for bit (the CPU test, test_watch's, asks for the same bits)
+    assert np.allclose([r["loss"] for r in off], [r["loss"] for r in on], rtol=0, atol=2e-3)
+    shadows = [r for r in on if "shadow_gap" in r]
+    assert shadows and all(r["shadow_stream"] == "fp32" and r["shadow_gap"][0] == 0 and 0 < max(r["shadow_gap"]) < 0.05 for r in shadows)
+    assert all(abs(r["shadow_loss"] - r["loss"]) < 0.05 for r in shadows)
