@@ -58,7 +58,7 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
         assert [r["step"] for r in read_metrics(study / layout.metrics_file(run)) if "swallowed_fraction" in r] == [10, 20, 30], run
         assert list((study / layout.tensorboard_dir(run)).glob("recipe-*/events.out.tfevents.*")), run
-    assert "<h3>Live precision signals</h3>" in text and "<h3>Warnings</h3>" in text
+    assert "<h3>Live precision signals</h3>" in text and "<h3>Warnings</h3>" in text and "<h3>Full-precision shadow</h3>" in text
     assert re.search(r"tiny-medium-streamback-mxfp8</td>\s*<td>10</td>\s*<td>spacing", text)
     variance = pd.read_csv(study / layout.table(layout.SEED_TABLE))
     assert (variance[variance.block == "baseline"].seeds == 2).all() and (variance[variance.stream == "nvfp4"].seeds == 1).all()

@@ -383,3 +383,20 @@ def test_a_shadow_step_records_the_stream_and_shadow_every_off_changes_no_rule_p
     off = jobs.train(micro_config(log={**TRAIN["log"], "shadow_every": 0}), "micro-baseline")["train"]["log"]
     assert "shadow_every" not in off  # the schema's 0: the params of every run trained before the key are unchanged
     assert jobs.train(micro_config(log={**TRAIN["log"], "shadow_every": 8}), "micro-baseline")["train"]["log"]["shadow_every"] == 8
+
+
+def test_the_page_sums_up_each_run_s_shadow(tmp_path, monkeypatch):
+    from streamback.report.page import Study, live_signals
+
+    config = validate_config({})
+    monkeypatch.chdir(tmp_path)
+    shadowed, plain = list(Study(config, []).runs)[:2]
+    for run, gaps in ((shadowed, [[0.0, 1e-3, 2e-3], [0.0, 4e-3, 3e-3]]), (plain, [])):
+        layout.run_dir(run).mkdir(parents=True)
+        lines = [{"step": 50 * (i + 1), "tokens": 100, "loss": 2.0, "shadow_stream": "fp64", "shadow_absmax": [1.0, 2.0, 3.0], "shadow_gap": g,
+                  "shadow_loss": 2.0 - 1e-3 * (i + 1)} for i, g in enumerate(gaps)] or [{"step": 1, "tokens": 100, "loss": 2.0}]
+        layout.metrics_file(run).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    blocks = live_signals(Study(config, []))
+    at = blocks.index("Full-precision shadow")
+    assert blocks[at + 1].to_dict("records") == [{"run": shadowed, "shadow_stream": "fp64", "shadowed_steps": 2, "max_gap": "4.00e-03", "max_gap_step": 100,
+                                                  "max_gap_boundary": 1, "last_max_gap": "4.00e-03", "loss_minus_shadow": "+1.50e-03"}]

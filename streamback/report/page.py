@@ -180,7 +180,7 @@ def live_signals(study: Study) -> list:
     """What the runs' trainers watched: the live swallowed share over training, and every warning
     that fired (`streamback.train.signals`, `streamback.train.watch`), from each run's metrics.jsonl."""
     from streamback.train.metrics import read_metrics
-    from streamback.train.signals import signals_table, swallowed_chart
+    from streamback.train.signals import shadow_table, signals_table, swallowed_chart
     from streamback.train.watch import warnings_table
 
     records = {run: read_metrics(layout.metrics_file(run)) for run in study.runs if layout.metrics_file(run).exists()}
@@ -192,6 +192,13 @@ def live_signals(study: Study) -> list:
         blocks.append("No run logged live signals (train.log.signals is off, or no run reached train.log.stream_every steps).")
     else:
         blocks += [swallowed_chart(table), caption("training_signals")]
+    shadows = shadow_table(records)
+    blocks.append(Subheading("Full-precision shadow"))
+    if len(shadows):
+        formats = {"max_gap": ".2e", "last_max_gap": ".2e", "loss_minus_shadow": "+.2e"}
+        blocks += [shadows.assign(**{k: [f"{v:{f}}" for v in shadows[k]] for k, f in formats.items()}), caption("training_shadow")]
+    else:
+        blocks.append("No run logged a full-precision shadow (train.log.shadow_every is 0, or no run reached it).")
     events = warnings_table(records)
     quiet = [run for run in records if run not in set(events.run)]
     blocks.append(Subheading("Warnings"))

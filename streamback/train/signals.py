@@ -122,6 +122,25 @@ def signals_table(records_by_run: dict[str, list[dict]]):
     return pd.DataFrame(rows, columns=["run", "step", "tokens", "layer", "swallowed_fraction", "lost_mass_fraction"])
 
 
+def shadow_table(records_by_run: dict[str, list[dict]]):
+    """Per run with a full-precision shadow: its format, how many steps it shadowed, the largest
+    `shadow_gap` over training with its step and boundary, the largest at the last shadowed step,
+    and the mean of loss - shadow_loss (columns as named), from the runs' metrics records."""
+    import pandas as pd
+
+    rows = []
+    for run, records in records_by_run.items():
+        shadowed = [r for r in records if "shadow_gap" in r]
+        if not shadowed:
+            continue
+        step, boundary, gap = max(((r["step"], b, g) for r in shadowed for b, g in enumerate(r["shadow_gap"])), key=lambda t: t[2])
+        rows.append({"run": run, "shadow_stream": shadowed[0]["shadow_stream"], "shadowed_steps": len(shadowed), "max_gap": gap,
+                     "max_gap_step": step, "max_gap_boundary": boundary, "last_max_gap": max(shadowed[-1]["shadow_gap"]),
+                     "loss_minus_shadow": sum(r["loss"] - r["shadow_loss"] for r in shadowed) / len(shadowed)})
+    return pd.DataFrame(rows, columns=["run", "shadow_stream", "shadowed_steps", "max_gap", "max_gap_step", "max_gap_boundary", "last_max_gap",
+                                       "loss_minus_shadow"])
+
+
 def swallowed_chart(table):
     """The live swallowed share against tokens, a panel per run and a line per layer."""
     import altair as alt
