@@ -23,7 +23,7 @@ from streamback.model.weights import read_model
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import read_metrics
-from streamback.train.signals import SIGNAL_KEYS
+from streamback.train.signals import SHADOW_KEYS, SIGNAL_KEYS
 from streamback.train.watch import Watch, steady_rise
 
 from test_train import MODEL, TRAIN, deterministic
@@ -328,7 +328,7 @@ def test_the_shadow_is_the_step_s_batch_through_its_weights_with_an_fp64_stream(
     from streamback.train.validation import next_token_loss
 
     records = train_micro(tokens, tmp_path, "micro-baseline", tensorboard=False, **SHADOWED)
-    assert all(r["shadow_stream"] == "fp64" and len(r["shadow_absmax"]) == len(r["shadow_gap"]) == 3 for r in records)
+    assert all(set(SHADOW_KEYS) <= set(r) and r["shadow_stream"] == "fp64" and len(r["shadow_absmax"]) == len(r["shadow_gap"]) == 3 for r in records)
     cfg = micro_config(**SHADOWED)
     data = TokenDataset(tokens, "train")
     args = ModelArgs.from_config(cfg["model"], "micro", data.vocab_size, block="baseline")

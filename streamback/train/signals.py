@@ -31,7 +31,6 @@ import torch.distributed as dist
 from streamback.model.formats import StreamFormat
 from streamback.model.swallow import swallow_counts, swallow_fractions
 
-ENVELOPE_KEYS = ("stream_absmax", "stream_max", "stream_min")
 SIGNAL_KEYS = ("swallowed_fraction", "lost_mass_fraction", "update_mean_abs", "stream_spacing")
 SHADOW_KEYS = ("shadow_stream", "shadow_absmax", "shadow_gap", "shadow_loss")
 
@@ -55,7 +54,7 @@ class StreamRecord:
         self.model, self.signals = model, signals
         self.envelope = None  # [boundaries, 3]: max |h|, max h, -min h
         self.counts = None  # [layers, 4]: swallow counts of each layer's two adds
-        self.shadowed = None  # (format, [boundaries] max |h|, loss summed over micro-batches, micro-batches)
+        self.shadowed = None  # (format, its envelope [boundaries, 3], loss summed over micro-batches, micro-batches)
 
     def capture(self):
         return self.model.capture(("residual",), fn=_envelope, add_fn=swallow_counts if self.signals else None)
@@ -75,7 +74,7 @@ class StreamRecord:
         from streamback.train.validation import next_token_loss
 
         envelope, loss = None, 0.0
-        with torch.no_grad(), self.model.stream_as(fmt), self.model.capture(("residual",), fn=lambda h: h.abs().amax().float()) as seen:
+        with torch.no_grad(), self.model.stream_as(fmt), self.model.capture(("residual",), fn=_envelope) as seen:
             for batch in batches:
                 loss = loss + next_token_loss(self.model(batch[:, :-1]), batch[:, 1:]).float()  # as validation: the logits
                 absmax = torch.stack(seen["residual"])
@@ -105,7 +104,7 @@ class StreamRecord:
         record["norm_gain_absmax"] = norm_gain_absmax(self.model)
         if self.shadowed is not None:
             fmt, envelope, loss, micro = self.shadowed
-            shadow = env.all_reduce(envelope, op=dist.ReduceOp.MAX).tolist()
+            shadow = env.all_reduce(envelope, op=dist.ReduceOp.MAX)[:, 0].tolist()  # its max |h|
             record.update(shadow_stream=fmt.label, shadow_absmax=shadow, shadow_gap=[abs(a - s) / s for a, s in zip(absmax, shadow)],
                           shadow_loss=env.all_reduce(loss.reshape(1)).item() / (micro * env.world_size))
         return record
