@@ -1,9 +1,11 @@
 """bf16 compute on the CPU: native bf16 kernels against bf16 on fp32 kernels (streamback.model.compute).
 
-Prints, on one thread, a 512x512 matmul's rate and a tiny shape's training step (the default
-study's micro-batch and sequence, a 2048-word vocabulary, forward + backward) on three paths measured in
-the same process, interleaved: native bf16, bf16 on fp32 kernels ("emulated"), and fp32 compute
-(the speed the emulated path aims at); then the ratios. With `--avx2` it runs the same in a child
+Prints, on one thread, a 512x512 matmul's rate and a tiny shape's training step as the trainer
+runs it (the default study's micro-batch and sequence, the config's 2048-word vocabulary bound:
+forward, backward, gradient clipping and AdamW's step) on three paths measured in the same
+process, interleaved: native bf16, bf16 on fp32 kernels ("emulated"), and fp32 compute (the speed
+the emulated path aims at); then the ratios. The process's heap is set as every `streamback`
+stage sets it (`streamback.heap`). With `--avx2` it runs the same in a child
 process whose oneDNN and ATen are capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2
 ATEN_CPU_CAPABILITY=avx2`), so a machine with native bf16 also measures the AVX2 machine's case;
 `--both` prints this machine's figures and then the AVX2 ones.
@@ -24,6 +26,7 @@ import time
 import torch
 
 from streamback.config import DEFAULT_CONFIG, load_config
+from streamback.heap import keep_freed_memory
 from streamback.measure.step import random_tokens, training_step
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer
@@ -69,20 +72,36 @@ def step_times(shape: str, steps: int, rounds: int) -> dict[str, float]:
     cfg = load_config(DEFAULT_CONFIG)
     args = ModelArgs.from_config(cfg["model"], shape, 2048, block="baseline")
     tokens = random_tokens(2048, *step_tokens())
-    models = {}
+    steps_of = {}
     for name, (dtype, _) in PATHS.items():
-        models[name] = Transformer(args, compute_dtype=dtype)
-        models[name].init_weights(0)
+        model = Transformer(args, compute_dtype=dtype)
+        model.init_weights(0)
+        steps_of[name] = trainer_step(model, cfg["train"])
     times = {name: [] for name in PATHS}
     for _ in range(rounds):
         for name, (_, mode) in PATHS.items():
             with compute.use(mode):
-                training_step(models[name], tokens)  # warm
-                times[name].append(median_seconds(lambda: training_step(models[name], tokens), steps))
+                steps_of[name](tokens)  # warm
+                times[name].append(median_seconds(lambda: steps_of[name](tokens), steps))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def trainer_step(model, train_cfg: dict):
+    """One step as streamback.train.trainer takes it on the CPU: forward and backward
+    (`training_step`), the gradients clipped to the config's norm, AdamW (foreach) steps."""
+    params, opt = list(model.parameters()), train_cfg["optimizer"]
+    optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"], foreach=True)
+
+    def step(tokens):
+        training_step(model, tokens)
+        torch.nn.utils.clip_grad_norm_(params, opt["grad_clip"], foreach=True).item()
+        optimizer.step()
+
+    return step
+
+
 def report(args) -> None:
+    keep_freed_memory()
     torch.set_num_threads(1)
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16 matmuls: {compute.cpu_has_native_bf16()}, "
           f"auto takes: {compute.path('cpu')}; one thread")

@@ -139,6 +139,32 @@ def test_depth_scaled_init_and_seed():
     assert not torch.equal(model.layers[0].attention.wq.weight, again.layers[0].attention.wq.weight)
 
 
+def test_a_model_built_on_the_meta_device_is_the_model_built_on_the_cpu():
+    """Built on meta, moved with to_empty and initialised: the same weights and RoPE tables as a
+    model built on the CPU with the same seed. Building it imports no torch._dynamo (a second of
+    every process that only reads a model in; meta arithmetic goes through torch._refs)."""
+    import subprocess
+    import sys
+
+    args = tiny()
+    with torch.device("meta"):
+        model = Transformer(args, torch.float32)
+    assert all(t.is_meta for t in model.state_dict().values()) and model.rope_cos.is_meta
+    model.to_empty(device="cpu")
+    model.init_weights(seed=5)
+    cpu = Transformer(args, torch.float32)
+    cpu.init_weights(seed=5)
+    for (name, a), b in zip(model.state_dict().items(), cpu.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert torch.equal(model.rope_cos, cpu.rope_cos) and torch.equal(model.rope_sin, cpu.rope_sin)
+    probe = ("import sys, torch\n"
+             "from streamback.model.model import ModelArgs, Transformer\n"
+             "with torch.device('meta'):\n"
+             "    Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, vocab_size=97, multiple_of=32))\n"
+             "print('torch._dynamo' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split() == ["False"]
+
+
 def test_tied_embeddings_share_one_matrix():
     model = Transformer(tiny(tied_embeddings=True))
     assert model.output.weight is model.tok_embeddings.weight

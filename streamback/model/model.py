@@ -199,9 +199,10 @@ class Linear(nn.Linear):
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * theta**(-2i / head_dim), fp32, [max_seq_len, head_dim // 2]."""
-    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(max_seq_len).float(), freqs)
+    """cos and sin of position * theta**(-2i / head_dim), fp32, [max_seq_len, head_dim // 2]; on the CPU
+    whatever the default device (the meta device's arithmetic would import torch._dynamo)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device="cpu")[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, device="cpu").float(), freqs)
     return angles.cos(), angles.sin()
 
 
@@ -338,7 +339,9 @@ class Transformer(nn.Module):
             raise StreambackError(f"compute dtype must be one of {list(_DTYPE_FORMAT)}, got {compute_dtype}")
         self.args, self.compute_dtype = args, compute_dtype
         self.stream_format = args.stream_format(compute_dtype)
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # its values come from init_weights (nn.Embedding's own init, normal_, would import torch._dynamo on
+        # the meta device: a second per process that only builds a model there to read one in)
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, _weight=torch.empty(args.vocab_size, args.dim))
         self.layers = nn.ModuleList(TransformerBlock(i, args, self.stream_format, compute_dtype) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = Linear(args.dim, args.vocab_size)
@@ -359,8 +362,10 @@ class Transformer(nn.Module):
         `to_empty` is complete after this call. Call it before `apply_fsdp`.
         """
         device = self.tok_embeddings.weight.device
-        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
         self.init_buffers()
+        if device.type == "meta":  # no values to set (the same reason as the embedding's in __init__)
+            return
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
         with torch.no_grad():
             nn.init.normal_(self.tok_embeddings.weight, generator=generator)
             for layer in self.layers:

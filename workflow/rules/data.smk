@@ -19,6 +19,7 @@ rule corpus:
     benchmark:
         str(layout.timing_file("corpus")),
     threads: DATA["processes"]
+    priority: 1  # the corpus and its tokens gate every train job: before drift, which nothing waits for until the report
     resources:
         mem_mb=2000,
         runtime=30,
@@ -42,6 +43,7 @@ rule tokenize:
     benchmark:
         str(layout.timing_file("tokenize")),
     threads: DATA["processes"]
+    priority: 1
     resources:
         mem_mb=DATA["mem_mb"],
         runtime=DATA["runtime"],
