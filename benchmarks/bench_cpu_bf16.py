@@ -88,9 +88,9 @@ def step_times(shape: str, steps: int, rounds: int) -> dict[str, float]:
 
 def trainer_step(model, train_cfg: dict):
     """One step as streamback.train.trainer takes it on the CPU: forward and backward
-    (`training_step`), the gradients clipped to the config's norm, AdamW (foreach) steps."""
+    (`training_step`), the gradients clipped to the config's norm, AdamW (fused) steps."""
     params, opt = list(model.parameters()), train_cfg["optimizer"]
-    optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"], foreach=True)
+    optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"], fused=True)
 
     def step(tokens):
         training_step(model, tokens)
