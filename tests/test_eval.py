@@ -347,17 +347,26 @@ def test_lm_eval_runs_the_local_tasks_with_the_streamback_model(evaluated, runs,
         assert set(saved["results"]) == set(cfg["tasks"]) and saved["lm_eval_version"].startswith("0.4")
     samples = {t: [json.loads(x) for x in (root / layout.eval_samples("micro-baseline", t)).read_text().splitlines()] for t in cfg["tasks"]}
     assert len(samples["streamback_pairs_agreement"]) == 5 * 6 and len(samples["streamback_cloze"]) == 8
-    tol = 1e-3  # bf16 compute in other batches: the last-bit noise of other matmul shapes
+    def tol(tokens):
+        """bf16 compute in other batches: the last-bit noise of other matmul shapes, which now and then
+        flips a rounding and moves each scored token's log-probability a little (measured: 1.4e-3 nats on
+        a counting sentence that scores -140 nats, about 60 tokens); a misaligned or wrong score is off by nats."""
+        return 1e-3 + 5e-5 * len(tokens)
+
     for pair in samples["streamback_pairs_counting"]:
         saved = [float(r[0][0]) for r in pair["resps"]]
-        assert saved == pytest.approx([sc.loglikelihood([([run.eos_id], sc.encode(s))])[0][0] for s in pair["doc"]["choices"]], abs=tol)
+        for value, choice in zip(saved, pair["doc"]["choices"], strict=True):
+            tokens = sc.encode(choice)
+            assert value == pytest.approx(sc.loglikelihood([([run.eos_id], tokens)])[0][0], abs=tol(tokens))
         assert pair["acc"] == float(saved[0] > saved[1])
     for cloze in samples["streamback_cloze"]:
         context = sc.encode(cloze["doc"]["context"])
-        ll, greedy = sc.loglikelihood([(context, sc.encode(cloze["doc"]["context"] + cloze["doc"]["target"])[len(context):])])[0]
-        assert float(cloze["resps"][0][0][0]) == pytest.approx(ll, abs=tol) and cloze["acc"] == int(greedy)
+        target = sc.encode(cloze["doc"]["context"] + cloze["doc"]["target"])[len(context):]
+        ll, greedy = sc.loglikelihood([(context, target)])[0]
+        assert float(cloze["resps"][0][0][0]) == pytest.approx(ll, abs=tol(target)) and cloze["acc"] == int(greedy)
     for story in samples["streamback_perplexity"]:
-        assert float(story["resps"][0][0]) == pytest.approx(sc.rolling([sc.encode(story["doc"]["text"])])[0], abs=tol)
+        tokens = sc.encode(story["doc"]["text"])
+        assert float(story["resps"][0][0]) == pytest.approx(sc.rolling([tokens])[0], abs=tol(tokens))
 
 
 @pytest.mark.slow
