@@ -4,9 +4,11 @@ torch allocates CPU tensors with the C library's malloc. glibc returns a freed b
 when it was mmapped (at first every block above 128 KiB) or when the free space at the top of
 the heap exceeds its trim threshold (twice the largest block freed so far). A training step on
 the CPU frees a few MiB of activations and gradients at its end and allocates them again in the
-next step, so every step pays again for the pages it touches first: a tiny-skinny-tall step took
-about 2,000 minor page faults, which cost 8% of its time with bf16 on fp32 kernels and 5% with
-fp32 compute (`benchmarks/bench_cpu_bf16.py`). `keep_freed_memory` sets glibc's thresholds so
+next step, so every step pays again for the pages it touches first. Where the blocks outgrow
+glibc's adaptive threshold (a 2048-token vocabulary's 4 MiB logits; a process that steps several
+models, as `benchmarks/bench_cpu_bf16.py` does) a tiny-skinny-tall step took about 2,000 minor page
+faults, 8% of its time with bf16 on fp32 kernels and 5% with fp32 compute; the default study's
+runs (961 tokens, 2 MiB logits) stay under it and gain nothing measurable. `keep_freed_memory` sets glibc's thresholds so
 that blocks below `MMAP_THRESHOLD` come from the heap and up to `TRIM_THRESHOLD` of free heap is
 kept: the steps then reuse the same pages. Blocks above 32 MiB (a large model's tensors, a
 checkpoint's buffers) are still mmapped and returned at once, so a process holds at most
