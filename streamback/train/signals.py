@@ -46,6 +46,12 @@ def _envelope(h: torch.Tensor) -> torch.Tensor:
     return torch.stack([h.abs().amax(), h.amax(), -h.amin()]).float()
 
 
+def _widened(envelope: torch.Tensor | None, residuals: list[torch.Tensor]) -> torch.Tensor:
+    """`envelope` [boundaries, 3] widened by one forward pass's `_envelope` of each boundary."""
+    seen = torch.stack(residuals)
+    return seen if envelope is None else torch.maximum(envelope, seen)
+
+
 class StreamRecord:
     """One step's record of the stream: `capture()` around its micro-batches, `add` after each
     one's forward pass, `finish` once (a collective under several processes)."""
@@ -60,8 +66,7 @@ class StreamRecord:
         return self.model.capture(("residual",), fn=_envelope, add_fn=swallow_counts if self.signals else None)
 
     def add(self, stream) -> None:
-        seen = torch.stack(stream["residual"])
-        self.envelope = seen if self.envelope is None else torch.maximum(self.envelope, seen)
+        self.envelope = _widened(self.envelope, stream["residual"])
         if self.signals:
             counts = torch.stack(stream["adds"]).unflatten(0, (-1, 2)).sum(1)
             self.counts = counts if self.counts is None else self.counts + counts
@@ -77,8 +82,7 @@ class StreamRecord:
         with torch.no_grad(), self.model.stream_as(fmt), self.model.capture(("residual",), fn=_envelope) as seen:
             for batch in batches:
                 loss = loss + next_token_loss(self.model(batch[:, :-1]), batch[:, 1:]).float()  # as validation: the logits
-                absmax = torch.stack(seen["residual"])
-                envelope = absmax if envelope is None else torch.maximum(envelope, absmax)
+                envelope = _widened(envelope, seen["residual"])
         # FSDP2 leaves the root's parameters unsharded after a forward (for the backward it expects):
         # the optimizer step updates the shards, so the next forward would read stale gathered copies
         for module in self.model.modules():
