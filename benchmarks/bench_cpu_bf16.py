@@ -30,6 +30,7 @@ from streamback.heap import keep_freed_memory
 from streamback.measure.step import random_tokens, training_step
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer
+from streamback.train.trainer import adamw, clip_gradients
 
 AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 PATHS = {  # name -> (compute dtype, cpu_bf16 mode)
@@ -88,13 +89,13 @@ def step_times(shape: str, steps: int, rounds: int) -> dict[str, float]:
 
 def trainer_step(model, train_cfg: dict):
     """One step as streamback.train.trainer takes it on the CPU: forward and backward
-    (`training_step`), the gradients clipped to the config's norm, AdamW (fused) steps."""
+    (`training_step`), then the trainer's own clipping and optimizer step."""
     params, opt = list(model.parameters()), train_cfg["optimizer"]
-    optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"], fused=True)
+    optimizer = adamw(params, opt)
 
     def step(tokens):
         training_step(model, tokens)
-        torch.nn.utils.clip_grad_norm_(params, opt["grad_clip"], foreach=True).item()
+        clip_gradients(params, opt).item()
         optimizer.step()
 
     return step

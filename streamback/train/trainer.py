@@ -174,6 +174,18 @@ def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
+def adamw(params, opt: dict) -> torch.optim.AdamW:
+    """The optimizer of `train.optimizer` over `params`: AdamW, fused (one kernel per parameter
+    group on CUDA and the CPU alike; on the CPU 1.4 ms a tiny step against foreach's 3.4)."""
+    return torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"], fused=True)
+
+
+def clip_gradients(params, opt: dict) -> torch.Tensor:
+    """Clip the gradients' global norm to `train.optimizer.grad_clip` (0: no clipping); the norm before
+    clipping (a DTensor under FSDP2)."""
+    return torch.nn.utils.clip_grad_norm_(params, opt["grad_clip"] or math.inf, foreach=True)
+
+
 class Trainer:
     """One run: the model, its optimizer, the data, checkpoints and metrics, and the loop."""
 
@@ -213,11 +225,7 @@ class Trainer:
         self.model = self._build_model()
         self.shadow_format = shadow_format(self.model, env.device)  # None: the run's stream is the shadow's
         self.params = list(self.model.parameters())
-        opt = cfg["optimizer"]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"],
-            fused=True,  # one kernel per parameter group on CUDA and the CPU alike (on the CPU 1.4 ms a tiny step against foreach's 3.4)
-        )
+        self.optimizer = adamw(self.params, cfg["optimizer"])
         self.state = TrainState(self.model, self.optimizer)
         self.identity = {
             "run": spec.name,
@@ -361,8 +369,7 @@ class Trainer:
         loss_value, stop_now = agreed[0].item() / env.world_size, agreed[1].item() > 0
         if not math.isfinite(loss_value):
             raise Diverged(f"the training loss is {loss_value} at step {step + 1}")
-        clip = cfg["optimizer"]["grad_clip"] or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True)
+        grad_norm = clip_gradients(self.params, cfg["optimizer"])
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         grad_norm = grad_norm.item()
