@@ -8,11 +8,11 @@ next step, so every step pays again for the pages it touches first. Where the bl
 glibc's adaptive threshold (a 2048-token vocabulary's 4 MiB logits; a process that steps several
 models, as `benchmarks/bench_cpu_bf16.py` does) a tiny-skinny-tall step took about 2,000 minor page
 faults, 8% of its time with bf16 on fp32 kernels and 5% with fp32 compute; the default study's
-runs (961 tokens, 2 MiB logits) stay under it and gain nothing measurable. `keep_freed_memory` sets glibc's thresholds so
-that blocks below `MMAP_THRESHOLD` come from the heap and up to `TRIM_THRESHOLD` of free heap is
-kept: the steps then reuse the same pages. Blocks above 32 MiB (a large model's tensors, a
-checkpoint's buffers) are still mmapped and returned at once, so a process holds at most
-`TRIM_THRESHOLD` more than it uses. Every `streamback` stage calls it first (`streamback.cli`).
+runs (961 tokens, 2 MiB logits) stay under it and gain nothing measurable. `keep_freed_memory`
+sets glibc's thresholds so that blocks below `MMAP_THRESHOLD` come from the heap and up to
+`TRIM_THRESHOLD` of free heap is kept: the steps then reuse the same pages. Blocks above 32 MiB
+(a large model's tensors, a checkpoint's buffers) are still mmapped and returned at once, so a
+process holds at most `TRIM_THRESHOLD` more than it uses. Every `streamback` stage calls it first (`streamback.cli`).
 
 It does nothing where the C library is not glibc, or where the user has set glibc's malloc
 tunables (`GLIBC_TUNABLES` with a `glibc.malloc.` setting, or `MALLOC_TRIM_THRESHOLD_` /

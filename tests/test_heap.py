@@ -12,13 +12,14 @@ from streamback import heap
 
 # The median minor page faults of ten training steps of a tiny model with a 2048-token vocabulary
 # (its logits and their gradient are 4 MiB each), after ten more that warm up; keep_freed_memory
-# first where asked. The median, because the heap may still grow once in ten steps (4 and 8 MiB
-# in two runs of four with the setting): what the setting changes is what every step pays.
+# first (it sets nothing where the environment has malloc settings). The median, because the heap
+# may still grow once in ten steps (4 and 8 MiB in two runs of four with the setting): what the
+# setting changes is what every step pays.
 PROBE = """
-import resource, sys, torch
+import resource, torch
 from streamback.heap import keep_freed_memory
 from streamback.model.model import ModelArgs, Transformer
-kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+kept = keep_freed_memory()
 torch.set_num_threads(1)
 model = Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, vocab_size=2048, multiple_of=32), torch.float32)
 tokens = torch.randint(0, 2048, (4, 129), generator=torch.Generator().manual_seed(0))
@@ -36,8 +37,8 @@ print(kept, sorted(faults)[len(faults) // 2])
 """
 
 
-def probe(mode: str, **env) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True,
+def probe(**env) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
                          env={k: v for k, v in os.environ.items() if k not in (*heap.USER_SETTINGS, "GLIBC_TUNABLES")} | env)
     kept, faults = out.stdout.split()
     return kept, int(faults)
@@ -45,8 +46,8 @@ def probe(mode: str, **env) -> tuple[str, int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
-    kept, faults = probe("keep")
-    _, returned = probe("keep", MALLOC_TRIM_THRESHOLD_="0", MALLOC_MMAP_THRESHOLD_="131072")  # everything freed goes back
+    kept, faults = probe()
+    _, returned = probe(MALLOC_TRIM_THRESHOLD_="0", MALLOC_MMAP_THRESHOLD_="131072")  # everything freed goes back
     # measured: 0 faults a step with the setting, 7,500-8,400 when every freed page goes back. Plain
     # glibc lies between, by the heap's layout: 1-1,025 a step (medians of four runs; 2,021-17,774 over ten steps)
     assert kept == "True" and faults < 50 and returned > 2000, (faults, returned)
@@ -55,5 +56,5 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 @pytest.mark.parametrize("env", [{"MALLOC_TRIM_THRESHOLD_": "1000000"}, {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000000"}])
 def test_the_users_malloc_settings_win(env):
-    kept, faults = probe("keep", **env)
+    kept, faults = probe(**env)
     assert kept == "False" and faults > 2000  # a 1 MB trim threshold: measured 7,500-8,300 a step
