@@ -97,9 +97,10 @@ from streamback.model.model import ModelArgs, Transformer
 SHAPES = {"medium": dict(dim=106, n_layers=4, n_heads=4, n_kv_heads=1)}  # tiny: 106 % 32 = 10, 4 heads x 26 != 106
 VOCAB = 97
 TRAIN_SHAPE = "check-medium"  # SHAPES["medium"]'s name in the quick analysis
-# the test modules with CUDA cases (`pytest -m gpu`); tests/test_gpu_checks.py checks this is all of them
-GPU_TEST_FILES = ("tests/test_rounding.py", "tests/test_formats.py", "tests/test_model.py", "tests/test_reversible.py", "tests/test_train.py",
-                  "tests/test_eval.py")
+# the test modules with CUDA cases (`pytest -m gpu`); tests/workflow/test_gpu_checks.py checks this is all of them
+GPU_TEST_FILES = tuple(f"tests/{f}.py" for f in (
+    "unit/test_rounding", "unit/test_formats", "unit/test_model", "unit/test_reversible", "unit/test_train", "unit/test_eval",
+    "workflow/test_formats_end_to_end", "workflow/test_model_end_to_end", "workflow/test_reversible_end_to_end"))
 # Plain PyTorch on one H200, torch 2.11, micro-batch 4 x 2048 (issue 3): tokens/s and peak GiB.
 REFERENCE = {
     ("fat-short", "compiled", "baseline"): (55_966, 28.7),

@@ -21,7 +21,7 @@ from streamback.errors import DiskFull, StreambackError
 from streamback.heap import keep_freed_memory
 
 COMMANDS = {
-    "check": "streamback.config",
+    "check": "streamback.check",
     "drift": "streamback.drift.stage",
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",

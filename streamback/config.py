@@ -52,7 +52,7 @@ def validate_config(config: dict) -> dict:
     """Validate `config` (a copy is filled with the schema's defaults and returned).
 
     Uses jsonschema directly, so the CLI needs no Snakemake (a GPU node may have torch and
-    little else); tests/test_config.py checks that it fills the shipped configs exactly as
+    little else); tests/unit/test_config.py checks that it fills the shipped configs exactly as
     `snakemake.utils.validate` does.
     """
     if not SCHEMA.exists():
@@ -152,30 +152,3 @@ def merge_config(base: dict, override: dict) -> dict:
         else:
             merged[key] = copy.deepcopy(value)
     return merged
-
-
-# ---- `streamback check` ---------------------------------------------------------------------
-
-HELP = "check config files as the Snakefile does (YAML with file and line, the schema, every run's model and recipe, the eval task names)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("configfiles", nargs="*", type=Path, metavar="FILE",
-                        help=f"files merged key by key over {DEFAULT_CONFIG.relative_to(ROOT)}, in order, as `snakemake --configfile FILE ...`")
-
-
-def run(args: argparse.Namespace) -> int:
-    from streamback.data.settings import tokenized_train_split
-    from streamback.runs import check_runs, run_matrix
-
-    config = read_config_file(DEFAULT_CONFIG)
-    for path in args.configfiles:
-        config = merge_config(config, read_config_file(path))
-    config = validate_config(config)
-    check_runs(config["train"], config["model"], config["data"], tokenized=tokenized_train_split(config["data"]))
-    from streamback.eval.taskload import check_task_names
-
-    check_task_names(config["eval"]["tasks"], config["eval"]["include_path"])
-    runs = run_matrix(config["train"])
-    print(f"config OK ({' + '.join(map(str, [DEFAULT_CONFIG.relative_to(ROOT), *args.configfiles]))}): {len(runs)} runs: {', '.join(runs)}")
-    return 0

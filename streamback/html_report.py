@@ -19,7 +19,6 @@ from streamback.charts import VL_VERSION
 from streamback.io import write_text
 
 
-
 class Caption(str):
     """Text under a figure or table: what it shows and how to read it."""
 

@@ -19,6 +19,7 @@ Standard library only: the rule files import it.
 from __future__ import annotations
 
 from streamback.data.settings import shard_settings
+from streamback.eval.taskdata import LOCAL_TASKS
 from streamback.runs import is_reversible, run_matrix, run_setting
 
 # how a run executes, resolved per run (train.per_run may override them)
@@ -116,7 +117,6 @@ def analysis(config: dict, kind: str) -> dict:
 
 def eval_tasks(config: dict) -> dict:
     """Rule eval_tasks: the local tasks asked for and how their items are drawn."""
-    from streamback.eval.taskdata import LOCAL_TASKS
 
     cfg = config["eval"]
     return {"eval": {"tasks": [t for t in cfg["tasks"] if t in LOCAL_TASKS], "local": cfg["local"]}}

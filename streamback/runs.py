@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamback.errors import StreambackError
-from streamback.train.schedule import check_wsd
 
 
 @dataclass(frozen=True)
@@ -144,6 +143,17 @@ def token_budget_problem(train_cfg: dict, split_tokens: int, where: str) -> str 
             f"{steps * batch:,} windows, but {where} holds {split_tokens:,} tokens = {num_windows(split_tokens, seq_len):,} "
             f"windows: the run would read its data {passes:.2f} times. Lower train.tokens, tokenize more data "
             "(data.train_tokens), or set train.repeat_data: true to repeat it on purpose")
+
+
+def check_wsd(total_steps: int, warmup_steps: int, decay_steps: int) -> None:
+    """Raise if the phases do not fit in the run (`train.schedule` in the config)."""
+    if total_steps < 1:
+        raise StreambackError(f"train: the run has {total_steps} steps; it needs at least one (raise train.tokens)")
+    if warmup_steps + decay_steps > total_steps:
+        raise StreambackError(
+            f"train.schedule: warmup_steps ({warmup_steps}) + decay_steps ({decay_steps}) exceed the run's "
+            f"{total_steps} steps (train.tokens / tokens per step)"
+        )
 
 
 def shape_problems(dim: int, n_heads: int, n_kv_heads: int) -> list[str]:

@@ -13,6 +13,7 @@ import altair as alt
 import pandas as pd
 
 from streamback import layout
+from streamback.analysis.loss import ALL_SEEDS
 from streamback.model.formats import STREAM_FORMATS, STREAM_LABELS
 
 KIND_TITLES = {"activations": "activations (residual h_l)", "stream_gradients": "stream gradients (dloss/dh_l)",
@@ -133,7 +134,6 @@ def loss_difference_chart(curves: pd.DataFrame, final: pd.DataFrame, shape: str,
     mean of the smoothed differences (solid) with the seeds' range (shaded; one seed: its smoothed
     line), the +-band (grey); at the end the final difference: each seed's (small points) and over
     the seeds the mean with its t interval (one seed: that seed's paired interval over windows)."""
-    from streamback.analysis.loss import ALL_SEEDS
 
     data = curves[curves["shape"] == shape]
     over_seeds = data.seed.astype(str) == ALL_SEEDS

@@ -19,12 +19,19 @@ import pandas as pd
 import torch
 
 from streamback import layout
+from streamback.analysis.envelope import envelope, training_envelope
+from streamback.analysis.figures import charts
 from streamback.analysis.inputs import Subject, read_subject, subjects, validation_batch
+from streamback.analysis.loss import across_seeds_curves, final_differences, loss_curves, model_window_losses, split_windows, thin
+from streamback.analysis.precision import layer_error, swallowed
+from streamback.charts import save_figure
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
+from streamback.data.shards import TokenDataset
 from streamback.errors import StreambackError
 from streamback.io import write_csv
 from streamback.progress import Progress
 from streamback.runs import comparison_name, comparisons, run_matrix
+from streamback.train.metrics import read_metrics
 
 TRAINING_ENVELOPE_COLUMNS = ["run", "seed", "step", "tokens", "layer", "absmax", "max", "min"]
 HELP = "analyse trained runs: layer-error, envelope, swallowed or loss-difference (tables and figures)"
@@ -72,9 +79,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_figures(kind: str, tables: dict[str, pd.DataFrame], band: float) -> list[str]:
-    from streamback.analysis.figures import charts
-    from streamback.charts import save_figure
-
     drawn = charts(kind, tables, band)
     for name, chart in drawn.items():
         save_figure(chart, name)
@@ -99,25 +103,17 @@ def _per_model(todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, na
 
 
 def layer_error_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
-    from streamback.analysis.precision import layer_error
-
     table = _per_model(todo, cfg, train_cfg, tokens, "layer-error", len(cfg["variants"]) + 1, lambda trained, batch, progress: layer_error(
         trained, batch, cfg["reference"], cfg["variants"], device, cfg["seed"], progress=progress))
     return {"layer_error": table.drop(columns="shape")}
 
 
 def swallowed_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
-    from streamback.analysis.precision import swallowed
-
     return {"swallowed": _per_model(todo, cfg, train_cfg, tokens, "swallowed", len(cfg["variants"]), lambda trained, batch, progress: swallowed(
         trained, batch, cfg["variants"], device, cfg["seed"], progress=progress))}
 
 
 def envelope_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
-    from streamback.analysis.envelope import envelope, training_envelope
-    from streamback.analysis.loss import thin
-    from streamback.train.metrics import read_metrics
-
     def reach(trained, batch, progress):
         table = envelope(trained, batch, device).assign(stream=trained.stream)
         progress.update(1)
@@ -138,10 +134,6 @@ def envelope_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFr
 
 
 def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
-    from streamback.analysis.loss import across_seeds_curves, final_differences, loss_curves, model_window_losses, split_windows
-    from streamback.data.shards import TokenDataset
-    from streamback.train.metrics import read_metrics
-
     names = {s.name: s for s in todo}
     matrix = run_matrix(train_cfg)
     pairs = [(shape, a, b) for shape, a, b in comparisons(matrix) if b in names]

@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamback.io import atomic_path
+
 SG, PL = 0, 1
 
 # (singular, plural) forms. Animate nouns can see, like and follow; things cannot.
@@ -376,8 +378,6 @@ def corpus_table(seed: int, start: int, stop: int, file_path: str):
 def write_part(seed: int, start: int, stop: int, path: str | Path) -> None:
     """Write documents [start, stop) to one parquet file (atomically)."""
     import pyarrow.parquet as pq
-
-    from streamback.io import atomic_path
 
     path = Path(path)
     table = corpus_table(seed, start, stop, path.name)

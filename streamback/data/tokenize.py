@@ -30,19 +30,7 @@ from streamback import __version__, layout
 from streamback.config import add_config_arguments, section_from_args
 from streamback.data import tokenizer as tk
 from streamback.data import worker_pool
-from streamback.data.shards import (
-    FORMAT,
-    HEADER_BYTES,
-    SPLITS,
-    TokenDataset,
-    check_shard,
-    file_sha256,
-    np_dtype,
-    read_manifest,
-    shard_name,
-    token_dtype,
-    write_shard,
-)
+from streamback.data.shards import FORMAT, HEADER_BYTES, SPLITS, TokenDataset, check_shard, file_sha256, np_dtype, read_manifest, shard_name, token_dtype, write_shard
 from streamback.data.sources import is_validation, open_source
 from streamback.errors import StreambackError
 from streamback.io import output_dir, remove, write_json, write_text

@@ -15,7 +15,10 @@ import pandas as pd
 import torch
 
 from streamback import layout
+from streamback.charts import save_chart
 from streamback.drift.simulate import PATHS, REFERENCE, Simulation, spacing_table, summary_table, trajectory_table
+from streamback.html_report import write_report
+from streamback.io import atomic_path, write_csv
 from streamback.model.rounding import BF16, ulp
 
 
@@ -166,9 +169,6 @@ def overview_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 def write_outputs(cfg: dict, sim: Simulation, outdir: Path, seconds: float) -> None:
     """Write the tables, the figures (SVG and PNG) and the HTML report under `outdir`."""
-    from streamback.charts import save_chart
-    from streamback.html_report import write_report
-    from streamback.io import atomic_path, write_csv
 
     summary, trajectories, spacing = summary_table(cfg, sim), trajectory_table(cfg, sim), spacing_table()
     write_csv(outdir / layout.DRIFT_FILES["summary"], summary)

@@ -10,9 +10,9 @@ argument, an unreadable model file, a tokenizer of another corpus) is one line a
 
 import sys
 
-import streamback.eval.lm  # noqa: F401  (registers the model)
 from lm_eval.__main__ import cli_evaluate
 
+import streamback.eval.lm  # noqa: F401  (registers the model)
 from streamback.errors import StreambackError
 from streamback.eval.lm import model_arguments_help
 

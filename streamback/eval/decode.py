@@ -8,7 +8,7 @@ model's forward), and the output head (`logits`). Only attention differs from th
 keeps each layer's keys and values (after RoPE, in the compute dtype, as the model computes
 them) for the positions seen so far and lets a new token attend to them, instead of recomputing
 every position at every step. In exact arithmetic the logits are the model's; in floating point
-they differ by the rounding of other matmul shapes (tests/test_eval.py checks the logits against
+they differ by the rounding of other matmul shapes (tests/unit/test_eval.py checks the logits against
 the model's forward and the greedy tokens against the no-cache loop).
 
 Rows are right-padded: row b holds its context at positions 0..len_b - 1 and writes its k-th new

@@ -34,6 +34,9 @@ from pathlib import Path
 
 import torch
 
+from streamback import layout
+from streamback.config import ROOT, load_config
+from streamback.data import tokenizer as tk
 from streamback.errors import StreambackError
 from streamback.eval.decode import CachedDecoder
 from streamback.model.weights import TrainedModel, check_corpus, load_model, read_model
@@ -73,7 +76,6 @@ def open_run(model_file: str | Path, tokens_dir: str | Path | None = None) -> Ru
     """Read a trained model and the tokenizer of its corpus (`tokens_dir`/manifest.json names it;
     None: `find_tokens_dir`), checked to belong together (`weights.check_corpus`) before anything
     is scored."""
-    from streamback.data import tokenizer as tk
 
     model_file = Path(model_file)
     trained = read_model(model_file)
@@ -91,8 +93,6 @@ def find_tokens_dir(model_file: Path, trained: TrainedModel) -> Path:
     default config's token directory and every results/tokens/<corpus>/ are candidates, and the
     one whose manifest has the fingerprint the model file records is taken (a model file without
     that record takes the default config's directory)."""
-    from streamback import layout
-    from streamback.config import ROOT, load_config
 
     default = layout.tokens_dir(load_config()["data"])
     model_file = model_file.resolve()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args
+from streamback.eval.lm import StreambackLM
 from streamback.eval.taskload import load_tasks, task_manager
 from streamback.progress import plain_logs
 
@@ -61,8 +62,6 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.utils import make_table
-
-    from streamback.eval.lm import StreambackLM
 
     outdir = Path(outdir)
     for stale in (outdir / layout.EVAL_RESULTS_FILE, *(outdir / layout.EVAL_SAMPLES_FILE.format(task=n) for n in cfg["tasks"])):

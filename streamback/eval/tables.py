@@ -38,10 +38,9 @@ from collections import Counter
 
 import pandas as pd
 
-from streamback import layout
+from streamback import layout, stats
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
-from streamback import stats
 from streamback.io import read_json, write_csv
 from streamback.runs import RunSpec, comparison_name, comparisons, run_matrix
 

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 
 from streamback.errors import StreambackError
+from streamback.io import write_json
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # the built-in local tasks' YAML files (their items: `streamback eval-tasks`)
 
@@ -56,7 +57,6 @@ def lm_eval_task_names() -> dict[str, list[str]]:
     manager = TaskManager()
     names = {"tasks": sorted(manager.all_subtasks), "groups": sorted(set(manager.all_tasks) - set(manager.all_subtasks))}
     try:
-        from streamback.io import write_json
 
         write_json(path, {"installed": installed, **names})
     except OSError:  # an unwritable cache costs time, not correctness

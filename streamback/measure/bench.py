@@ -50,8 +50,6 @@ from streamback.errors import StreambackError
 from streamback.io import markdown_table as table_of
 from streamback.io import write_json, write_text
 from streamback.measure.memory import estimate_step_memory
-from streamback.model import compute
-from streamback.measure.traffic import signals_cost
 from streamback.measure.step import (
     CPU_SHAPES,
     GPU_SHAPES,
@@ -66,6 +64,12 @@ from streamback.measure.step import (
     step_sizes,
     training_step,
 )
+from streamback.measure.traffic import signals_cost
+from streamback.model import compute
+from streamback.model.model import Transformer
+from streamback.model.reversible import SavedTensorBytes
+from streamback.train.parallel import apply_compile
+from streamback.train.signals import StreamRecord
 
 HELP = "time a training step of every shape x block x eager/compiled; tokens/s, MFU, memory"
 
@@ -208,11 +212,6 @@ def median_noise(times: list[float]) -> float | None:
 
 
 def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
-    from streamback.model.model import Transformer
-    from streamback.model.reversible import SavedTensorBytes
-    from streamback.train.parallel import apply_compile
-    from streamback.train.signals import StreamRecord
-
     margs = model_args(model_cfg, shape, variant, args.vocab_size)
     tokens = random_tokens(args.vocab_size, args.batch, args.seq_len, device)
     model = None

@@ -17,6 +17,8 @@ import torch
 
 from streamback.config import DEFAULT_CONFIG
 from streamback.errors import StreambackError
+from streamback.model import compute
+from streamback.model.model import ModelArgs, Transformer, count_params
 
 VARIANTS = {  # name -> (block, reversible)
     "baseline": ("baseline", False),
@@ -68,7 +70,6 @@ def require_positive(args: argparse.Namespace, keys) -> None:
 
 def model_args(model_cfg: dict, shape: str, variant: str, vocab_size: int):
     """ModelArgs of `shape` as `variant` (a VARIANTS name) with `vocab_size` words."""
-    from streamback.model.model import ModelArgs
 
     block, reversible = VARIANTS[variant]
     return ModelArgs.from_config(model_cfg, shape, vocab_size, block=block, reversible=reversible)
@@ -92,9 +93,6 @@ def fake_training_step(margs, batch: int, seq_len: int, watch, compute_dtype: to
     arithmetic), run inside the context `watch(model)` returns (e.g. a dispatch mode). The step of
     a GPU: native bf16 kernels, whatever this CPU would run (streamback.model.compute)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from streamback.model import compute
-    from streamback.model.model import Transformer
 
     with torch.device("meta"):
         model = Transformer(margs, compute_dtype=compute_dtype)
@@ -126,7 +124,6 @@ def step_seconds(step, steps: int, device: torch.device) -> list[float]:
 def flops_per_token(model, seq_len: int) -> int:
     """TorchTitan's count: 6 x parameters but the token embedding + 12 x layers x heads x head_dim x
     seq_len (attention counted as if not causal)."""
-    from streamback.model.model import count_params
 
     a = model.args
     return 6 * count_params(model, exclude_embeddings=True) + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len

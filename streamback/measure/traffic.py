@@ -20,7 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from streamback.measure.step import fake_training_step, flops_per_token
+from streamback.model.model import Transformer
 from streamback.model.reversible import storage_id
+from streamback.train.signals import StreamRecord
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -49,7 +51,6 @@ class Traffic(TorchDispatchMode):
 def step_traffic(margs, batch: int, seq_len: int, signals: bool | None = None) -> Traffic:
     """The traffic of one eager forward + backward at `batch` x `seq_len`; with `signals` not None,
     inside the trainer's stream record (`StreamRecord`: the envelope, and the live signals if true)."""
-    from streamback.train.signals import StreamRecord
 
     traffic = Traffic()
 
@@ -68,7 +69,6 @@ def signals_cost(margs, batch: int, seq_len: int, stream_every: int) -> dict:
     with the counts behind them per signal step (`bytes`, `operations`) and the step's (`step_bytes`,
     `step_flops`). The signals' cost is the stream record with them minus without (the envelope
     was logged before them); per micro-batch, as the trainer measures every micro-batch."""
-    from streamback.model.model import Transformer
 
     plain = step_traffic(margs, batch, seq_len)
     without, with_signals = step_traffic(margs, batch, seq_len, False), step_traffic(margs, batch, seq_len, True)

@@ -13,7 +13,7 @@ path. Attention is torch's fused fp32 kernel on the bf16 q, k, v with its output
 flash kernel rounds inside (torch's CPU kernel rounds the probabilities to bf16 before they
 multiply v and sums dk and dv over its query blocks in bf16; GPU kernels round otherwise) it
 keeps in fp32, so its error against fp64 is at most the native kernel's (measured 0.56-0.88x of
-it, op by op), while the whole model's gradients have native's error to 0.2% (tests/test_compute.py).
+it, op by op), while the whole model's gradients have native's error to 0.2% (tests/unit/test_compute.py).
 An emulation of the CPU kernel's inner roundings too (written and measured: every op's error
 equal to native's to 0.5%) moved the model's gradient error by 1.4%, no closer, at 1.3-1.8x this
 path's step time on the tiny shapes, so it is not kept.

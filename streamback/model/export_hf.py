@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from streamback import layout
+from streamback.config import load_config
 from streamback.errors import StreambackError
 from streamback.io import atomic_path, output_dir, write_text
 from streamback.model.model import ModelArgs
@@ -70,8 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     default = None
     if args.data is None:
-        from streamback import layout
-        from streamback.config import load_config
 
         default = layout.tokens_dir(load_config()["data"])
     export(args.checkpoint, args.out, args.data, default_tokens=default)

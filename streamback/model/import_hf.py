@@ -30,6 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
+from streamback.data import tokenizer as tk
 from streamback.errors import StreambackError
 from streamback.model.export_hf import NAMES, _rotate_half_rows
 from streamback.model.model import ModelArgs, Transformer
@@ -162,7 +163,6 @@ def import_hf(directory: str | Path, out: str | Path) -> ModelArgs:
 def tokenizer_record(directory: Path) -> dict | None:
     """{"tokenizer_sha256"} of the directory's tokenizer.json as the data stage records a
     tokenizer (the sha256 of its canonical JSON), or None without one."""
-    from streamback.data import tokenizer as tk
 
     path = directory / "tokenizer.json"
     return {"tokenizer_sha256": tk.sha256_text(tk.load_file(path).to_str())} if path.is_file() else None

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from streamback import layout
+from streamback.data.shards import read_manifest
 from streamback.errors import StreambackError
 from streamback.io import atomic_path
 from streamback.model.model import ModelArgs, Transformer, model_args_from_dict
@@ -170,7 +171,6 @@ def check_corpus(trained: TrainedModel, model_file: str | os.PathLike, tokens_di
     the embedding, and the corpus fingerprint and tokenizer the model file records (all, some or
     none of them) are the manifest's. The one check of every command that reads a model and
     tokens together (evaluate, export-hf, the analyses); StreambackError names what differs."""
-    from streamback.data.shards import read_manifest
 
     model_file, tokens_dir = Path(model_file), Path(tokens_dir)
     manifest = read_manifest(tokens_dir)

@@ -17,7 +17,6 @@ import pandas as pd
 from streamback import layout
 from streamback.html_report import Missing
 
-
 ALL_SEEDS = "all"  # the seed column's value in a row over every seed
 
 

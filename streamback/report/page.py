@@ -18,11 +18,19 @@ from pathlib import Path
 import pandas as pd
 
 from streamback import layout
+from streamback.analysis.figures import charts
 from streamback.config import ROOT
+from streamback.drift.report import overview_table, ratio_chart, reading, spacing_chart, trajectory_chart
 from streamback.html_report import Caption, Missing, Subheading
 from streamback.io import read_json
+from streamback.measure import bench, memory
 from streamback.report import answer, provenance
+from streamback.report.seeds import differences, differences_chart
 from streamback.runs import comparisons, run_matrix
+from streamback.train.curves import grad_norm_chart, loss_chart
+from streamback.train.metrics import read_metrics
+from streamback.train.signals import shadow_table, signals_table, swallowed_chart
+from streamback.train.watch import warnings_table
 
 CAPTIONS = ROOT / "workflow" / "report"
 ALL_SEEDS = "all"  # the seed column's value in a row over every seed
@@ -127,7 +135,6 @@ def analysis(kind: str, study: Study) -> list:
     """The figures of one analysis kind (and, for loss-difference, its table: the rows over seeds
     first), each with its caption. Figures of one run are shown for the runs of train.seed; the
     other seeds' are in results/figures/."""
-    from streamback.analysis.figures import charts
 
     names = layout.ANALYSIS_TABLES[kind]
     tables = _read_tables(names)
@@ -155,7 +162,6 @@ def analysis(kind: str, study: Study) -> list:
 
 def seeds(study: Study) -> list:
     """Training's own randomness: every arm's spread over its seeds, and each comparison per seed (rule seed_variance)."""
-    from streamback.report.seeds import differences, differences_chart
 
     path = layout.table(layout.SEED_TABLE)
     sources = _read_tables(("loss_difference", "benchmark_pairs"))
@@ -167,8 +173,6 @@ def seeds(study: Study) -> list:
 
 
 def training_curves() -> list:
-    from streamback.train.curves import grad_norm_chart, loss_chart
-
     path = layout.table(layout.TRAINING_TABLE)
     if not path.exists():
         return [_missing("Training curves", "training_curves", [path])]
@@ -179,9 +183,6 @@ def training_curves() -> list:
 def live_signals(study: Study) -> list:
     """What the runs' trainers watched: the live swallowed share over training, and every warning
     that fired (`streamback.train.signals`, `streamback.train.watch`), from each run's metrics.jsonl."""
-    from streamback.train.metrics import read_metrics
-    from streamback.train.signals import shadow_table, signals_table, swallowed_chart
-    from streamback.train.watch import warnings_table
 
     records = {run: read_metrics(layout.metrics_file(run)) for run in study.runs if layout.metrics_file(run).exists()}
     if not records:
@@ -209,8 +210,6 @@ def live_signals(study: Study) -> list:
 
 
 def drift(study: Study) -> list:
-    from streamback.drift.report import overview_table, ratio_chart, reading, spacing_chart, trajectory_chart
-
     files = {k: layout.DRIFT_DIR / v for k, v in layout.DRIFT_FILES.items()}
     if not all(files[k].exists() for k in ("summary", "trajectories", "spacing")):
         return [_missing("The drift study", "drift", list(files.values()))]
@@ -227,7 +226,6 @@ def drift(study: Study) -> list:
 def speed_and_memory() -> list:
     """The GPU benchmark's table where `streamback bench` has run (it is not part of the DAG), and the
     memory estimate: each command's own table of its JSON (`streamback.measure.bench.table`, `.memory.table`)."""
-    from streamback.measure import bench, memory
 
     blocks = []
     for path, stage, command, what in ((layout.BENCH_FILE, bench, "bench", "training-step speed and memory (streamback bench, on a GPU)"),

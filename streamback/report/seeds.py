@@ -18,6 +18,7 @@ import argparse
 import pandas as pd
 
 from streamback import layout, stats
+from streamback.charts import save_figure
 from streamback.config import add_config_arguments, section_from_args
 from streamback.errors import StreambackError
 from streamback.io import write_csv
@@ -104,8 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamback.charts import save_figure
-
     train_cfg = section_from_args(args, "train")
     loss, pairs = _read("loss_difference", "analyze_loss_difference"), _read("benchmark_pairs", "benchmark_table")
     table = seed_variance(train_cfg, _read("benchmarks", "benchmark_table"), loss)

@@ -15,6 +15,7 @@ import argparse
 import pandas as pd
 
 from streamback import layout
+from streamback.charts import save_figure
 from streamback.config import add_config_arguments, section_from_args
 from streamback.errors import StreambackError
 from streamback.io import write_csv
@@ -93,8 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamback.charts import save_figure
-
     table = curves_table(section_from_args(args, "train"), args.runs)
     write_csv(layout.table(layout.TRAINING_TABLE), table)
     for name, chart in zip(layout.TRAINING_FIGURES, (loss_chart(table), grad_norm_chart(table))):

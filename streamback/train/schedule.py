@@ -14,19 +14,6 @@ from __future__ import annotations
 
 import math
 
-from streamback.errors import StreambackError
-
-
-def check_wsd(total_steps: int, warmup_steps: int, decay_steps: int) -> None:
-    """Raise if the phases do not fit in the run (`train.schedule` in the config)."""
-    if total_steps < 1:
-        raise StreambackError(f"train: the run has {total_steps} steps; it needs at least one (raise train.tokens)")
-    if warmup_steps + decay_steps > total_steps:
-        raise StreambackError(
-            f"train.schedule: warmup_steps ({warmup_steps}) + decay_steps ({decay_steps}) exceed the run's "
-            f"{total_steps} steps (train.tokens / tokens per step)"
-        )
-
 
 def wsd_lr(step: int, peak_lr: float, total_steps: int, warmup_steps: int, decay_steps: int) -> float:
     """The learning rate of update `step` (0-based) under the WSD schedule above."""

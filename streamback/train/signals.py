@@ -29,7 +29,9 @@ import torch
 import torch.distributed as dist
 
 from streamback.model.formats import StreamFormat
+from streamback.model.model import norm_gain_absmax
 from streamback.model.swallow import swallow_counts, swallow_fractions
+from streamback.train.validation import next_token_loss
 
 SIGNAL_KEYS = ("swallowed_fraction", "lost_mass_fraction", "update_mean_abs", "stream_spacing")
 SHADOW_KEYS = ("shadow_stream", "shadow_absmax", "shadow_gap", "shadow_loss")
@@ -76,8 +78,6 @@ class StreamRecord:
         through the model without gradients, with the stream in `fmt`."""
         from torch.distributed.fsdp import FSDPModule
 
-        from streamback.train.validation import next_token_loss
-
         envelope, loss = None, 0.0
         with torch.no_grad(), self.model.stream_as(fmt), self.model.capture(("residual",), fn=_envelope) as seen:
             for batch in batches:
@@ -92,7 +92,6 @@ class StreamRecord:
 
     def finish(self, env) -> dict:
         """The record's stream fields (see the module docstring)."""
-        from streamback.model.model import norm_gain_absmax
 
         absmax, top, negated_bottom = env.all_reduce(self.envelope, op=dist.ReduceOp.MAX).T.tolist()
         record = {"stream_absmax": absmax, "stream_max": top, "stream_min": [-v for v in negated_bottom]}

@@ -63,19 +63,21 @@ from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config,
 from streamback.data.shards import TokenDataset, read_record, write_record
 from streamback.errors import StreambackError
 from streamback.io import atomic_path, writable_dir, write_json, write_text
+from streamback.model import compute
+from streamback.model.model import ModelArgs, Transformer, count_params
 from streamback.model.weights import save_model
 from streamback.progress import Progress
 from streamback.runs import RunSpec, check_runs, data_passes, is_reversible, run_matrix, run_setting, token_budget_problem, train_steps
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
 from streamback.train.checkpoint import TrainState, load_newest, lock_run, recipe_fingerprint, remove_partial, save_checkpoint
-from streamback.train.metrics import MetricsLog
-from streamback.train.parallel import StreamDtypeWatch
+from streamback.train.metrics import MetricsLog, read_metrics
+from streamback.train.parallel import StreamDtypeWatch, apply_activation_checkpointing, apply_compile, apply_fsdp
 from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
 from streamback.train.signals import StreamRecord, shadow_format
 from streamback.train.tensorboard import open_writer
-from streamback.train.watch import Watch
 from streamback.train.validation import window_losses
+from streamback.train.watch import Watch
 
 HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
 
@@ -191,8 +193,6 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: Distributed,
                  tensorboard: Path | None = None):
-        from streamback.model.model import ModelArgs
-
         self.spec, self.cfg, self.env = spec, cfg, env
         self.outdir, self.ckpt_dir = outdir, ckpt_dir
         self.seq_len, self.batch_size, self.seed = cfg["seq_len"], cfg["batch_size"], spec.data_seed
@@ -269,9 +269,6 @@ class Trainer:
                  f"{seconds:.1f} s on {self.env.world_size} process(es){kept}")
 
     def _build_model(self):
-        from streamback.model.model import Transformer
-        from streamback.train.parallel import apply_activation_checkpointing, apply_compile, apply_fsdp
-
         with torch.device("meta"):
             model = Transformer(self.model_args)
         model.to_empty(device=self.env.device)
@@ -441,8 +438,6 @@ class Trainer:
         """Write the final model (fp32, unsharded), the metrics and the completion record."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from streamback.model.model import count_params
-
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.env.rank != 0:
             return
@@ -464,9 +459,6 @@ class Trainer:
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
     def _announce(self, start_step: int) -> None:
-        from streamback.model import compute
-        from streamback.model.model import count_params
-
         what = f"resuming from step {start_step}" if start_step else "starting"
         self.progress.write(
             f"[{self.spec.name}] {what}: {self.steps} steps of {self.tokens_per_step:,} tokens "
@@ -497,7 +489,5 @@ def _error_of(check, *args, **kwargs) -> str | None:
 
 
 def _last_record(path: Path) -> dict:
-    from streamback.train.metrics import read_metrics
-
     records = read_metrics(path)
     return records[-1] if records else {}

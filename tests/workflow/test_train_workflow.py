@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from streamback import layout
-from streamback.data.shards import TokenDataset
 from streamback.config import load_config
+from streamback.data.shards import TokenDataset
 from streamback.runs import train_steps
 from streamback.train.metrics import read_metrics
 

@@ -114,23 +114,23 @@ def test_bench_goals_on_hand_made_rows(gpu_checks):
 
 def test_pytest_outcomes_are_read_with_and_without_xdist(gpu_checks):
     lines = [
-        "tests/test_rounding.py::test_ulp_against_nextafter[cuda-fp32] PASSED                     [  3%]",
-        "[gw1] [ 12%] FAILED tests/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16] ",
-        "[gw0] [100%] SKIPPED tests/test_train.py::test_compiled_training_on_a_gpu ",
-        "tests/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4] ERROR                [ 50%]",
-        "FAILED tests/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16] - AssertionError: bf16: 2.1e-03 of the elements differ",
-        "ERROR tests/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]",
+        "tests/unit/test_rounding.py::test_ulp_against_nextafter[cuda-fp32] PASSED                     [  3%]",
+        "[gw1] [ 12%] FAILED tests/unit/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16] ",
+        "[gw0] [100%] SKIPPED tests/unit/test_train.py::test_compiled_training_on_a_gpu ",
+        "tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4] ERROR                [ 50%]",
+        "FAILED tests/unit/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16] - AssertionError: bf16: 2.1e-03 of the elements differ",
+        "ERROR tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]",
         "=== 1 failed, 1 passed in 3.2s ===",
     ]
     outcomes, reasons = gpu_checks.pytest_outcomes(lines)
     assert outcomes == {
-        "tests/test_rounding.py::test_ulp_against_nextafter[cuda-fp32]": "PASSED",
-        "tests/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16]": "FAILED",
-        "tests/test_train.py::test_compiled_training_on_a_gpu": "SKIPPED",
-        "tests/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR",
+        "tests/unit/test_rounding.py::test_ulp_against_nextafter[cuda-fp32]": "PASSED",
+        "tests/unit/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16]": "FAILED",
+        "tests/unit/test_train.py::test_compiled_training_on_a_gpu": "SKIPPED",
+        "tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR",
     }
-    assert reasons == {"tests/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16]": "AssertionError: bf16: 2.1e-03 of the elements differ",
-                       "tests/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR"}
+    assert reasons == {"tests/unit/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16]": "AssertionError: bf16: 2.1e-03 of the elements differ",
+                       "tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR"}
 
 
 def test_device_call_in_the_docstring_fits_the_device(gpu_checks):

@@ -140,16 +140,6 @@ def _assert_same_simulation(a, b):
     assert torch.equal(a.traj_mean, b.traj_mean) and torch.equal(a.traj_std, b.traj_std)
 
 
-@pytest.mark.slow
-def test_compiled_step_gives_the_eager_bits():
-    """torch.compile's fused kernel against the eager step: every path, stochastic rounding included
-    (both take the same random bits), bit for bit, over a few chunks of steps."""
-    cfg = config(coords=72, steps=45, settings=[{"mu": 0.2, "sigma": 0.5}, {"mu": 0.5, "sigma": 1.0}], seeds=[0, 5])
-    compiled = simulate(cfg, compiled=True)
-    assert compiled.compiled
-    _assert_same_simulation(compiled, simulate(cfg, compiled=False))
-
-
 def test_failed_compile_falls_back_to_the_eager_step(monkeypatch):
     def broken(*args):
         raise RuntimeError("no C++ compiler")

@@ -9,7 +9,6 @@ import hashlib
 import json
 import math
 import os
-import random
 import re
 import shutil
 import signal
@@ -27,13 +26,13 @@ from streamback import layout
 from streamback.config import validate_config
 from streamback.errors import StreambackError
 from streamback.model.weights import read_model
-from streamback.runs import run_matrix
+from streamback.runs import check_wsd, run_matrix
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
 from streamback.train.metrics import DETERMINISTIC, MetricsLog, read_metrics
 from streamback.train.parallel import StreamDtypeWatch
-from streamback.train.schedule import check_wsd, wsd_lr
+from streamback.train.schedule import wsd_lr
 
 from conftest import ROOT
 
@@ -296,32 +295,6 @@ def _resume_matches(reference, tokens, root):
     assert all(torch.equal(model[k], reference["model"][k]) for k in model)
 
 
-@pytest.mark.slow
-def test_sigkill_at_a_random_step_then_rerun_equals_uninterrupted(reference, tokens, tmp_path):
-    kill_at = random.randint(6, STEPS - 4)
-    proc = cli(tokens, tmp_path)
-    _wait_for_step(proc, live_recipe(reference, tmp_path) / "metrics.jsonl", kill_at)
-    proc.kill()
-    proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, f"killed at step {kill_at}"
-    assert ckpt.list_checkpoints(live_recipe(reference, tmp_path)) and not (tmp_path / "out" / layout.MODEL_FILE).exists()
-    _resume_matches(reference, tokens, tmp_path)
-
-
-@pytest.mark.slow
-def test_sigterm_saves_and_exits_resumable(reference, tokens, tmp_path):
-    proc = cli(tokens, tmp_path)
-    live = live_recipe(reference, tmp_path)
-    _wait_for_step(proc, live / "metrics.jsonl", 3)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == train_module.EXIT_REQUEUE, err
-    logged = read_metrics(live / "metrics.jsonl")[-1]["step"]
-    assert logged < STEPS and f"saved the checkpoint of step {logged}" in err
-    assert ckpt.list_checkpoints(live)[-1][0] == logged  # the last completed step
-    _resume_matches(reference, tokens, tmp_path)
-
-
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tokens, tmp_path, monkeypatch, capsys):
     from streamback.model.model import Transformer
 
@@ -355,87 +328,6 @@ def test_bad_settings_stop_before_training(tokens, tmp_path, overrides, run, wor
     with pytest.raises(StreambackError, match=words.replace("(", r"\(").replace(")", r"\)")):
         run_inprocess(tokens, tmp_path, run=run, **overrides)
     assert not (tmp_path / "ckpt").exists()
-
-
-def test_a_changed_recipe_trains_beside_the_old_one_which_resumes_at_its_end(reference, tokens, tmp_path, capsys, monkeypatch):
-    """A changed learning rate is another run: it trains from its first step in a directory of its
-    own and leaves the reference recipe's checkpoints as they were. Asked for again (what
-    `snakemake -R train` does), the reference recipe resumes at its end, says so, and writes the
-    same weights and metrics. `streamback checkpoints` says how the two differ; `--prune` keeps
-    the recipe the run's model came from."""
-    from streamback.cli import main
-
-    shutil.copytree(reference["root"] / "ckpt", tmp_path / "ckpt")
-    old = recipe_of(tmp_path)
-    untouched = {p: p.stat().st_mtime_ns for p in old.rglob("*")}
-    assert run_inprocess(tokens, tmp_path, optimizer={"lr": 1e-3}) == 0
-    new = next(p for p in layout.recipe_dirs(tmp_path / "ckpt") if p != old)
-    err = capsys.readouterr().err
-    assert "starting:" in err and f"checkpoints in {new}" in err and f"this run's other recipes are kept ({old.name})" in err
-    assert {p: p.stat().st_mtime_ns for p in old.rglob("*")} == untouched
-    assert [s for s, _ in ckpt.list_checkpoints(new)] == [25, 30]
-    assert not torch.equal(final_weights(tmp_path / "out" / layout.MODEL_FILE)["output.weight"], reference["model"]["output.weight"])
-
-    assert run_inprocess(tokens, tmp_path) == 0
-    err = capsys.readouterr().err
-    assert f"resuming from step {STEPS}:" in err and "this recipe was trained to its end" in err and f"delete {old} and rerun" in err
-    model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
-    assert all(torch.equal(model[k], reference["model"][k]) for k in model)
-    assert deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE)) == deterministic(reference["metrics"])
-
-    run = "micro-streamback"  # where the command looks: results/checkpoints/<run>, results/runs/<run>
-    monkeypatch.chdir(tmp_path)
-    for link, target in ((layout.checkpoint_dir(run), tmp_path / "ckpt"), (layout.run_dir(run), tmp_path / "out")):
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(target)
-    assert main(["checkpoints"]) == 0
-    out = capsys.readouterr().out
-    assert f"  {old.name}  step 30 of 30" in out and f"in use: the model of {layout.summary_file(run)}" in out
-    assert f"  {new.name}  step 30 of 30" in out and "differs in optimizer.lr 0.001 (in use: 0.003)" in out
-    assert main(["checkpoints", "--prune"]) == 0
-    assert f"removed {layout.checkpoint_dir(run) / new.name}" in capsys.readouterr().out
-    assert layout.recipe_dirs(tmp_path / "ckpt") == [old]
-
-
-@pytest.mark.slow
-def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
-    """torchrun, 2 CPU processes, FSDP2 (bf16 parameters, fp32 reduction) vs 1 process.
-
-    Each rank's micro-batch is one of the single process's two, and FSDP2's mean of the two
-    ranks' gradients is the single process's sum of halves, so the runs agree (here bit for bit;
-    the tolerance leaves room for reduction order). The trainer's stream-dtype watch stops the
-    run if FSDP2's input cast turned the fp32 StreamBack stream into bf16 at any block.
-    Midway, SIGUSR1 to torchrun (as the rule launches it) makes both ranks save and stop; one
-    process then resumes from their sharded checkpoint and finishes the run.
-    """
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
-    forward = {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120"}  # as rule train
-    proc = cli(tokens, tmp_path, launcher=torchrun, env=forward)
-    live = live_recipe(reference, tmp_path)  # micro_batch_size and processes are not the recipe
-    _wait_for_step(proc, live / "metrics.jsonl", 8)
-    proc.send_signal(signal.SIGUSR1)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode != 0 and f"exiting with status {train_module.EXIT_REQUEUE}" in err, err[-3000:]
-    assert "2 process(es) x 1 micro-batches" in err and "stream fp32" in err
-    stopped = read_metrics(live / "metrics.jsonl")
-    assert ckpt.list_checkpoints(live)[-1][0] == stopped[-1]["step"] < STEPS
-    ref = reference["metrics"]
-    assert np.allclose([r["loss"] for r in stopped], [r["loss"] for r in ref[:len(stopped)]], rtol=0, atol=1e-5)
-
-    proc = cli(tokens, tmp_path)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "1 process(es) x 2 micro-batches" in err, err[-3000:]
-    records = read_metrics(tmp_path / "out" / layout.METRICS_FILE)
-    assert [r["step"] for r in records] == [r["step"] for r in ref]
-    assert np.allclose([r["loss"] for r in records], [r["loss"] for r in ref], rtol=0, atol=1e-5)
-    assert records[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=1e-5)
-    # the shadow (fp64 stream; the fp32 StreamBack run's is the shadow's to 1e-6) runs through FSDP2's forward alike
-    shadows = [(r["shadow_absmax"], r["shadow_loss"]) for r in stopped if "shadow_loss" in r]
-    assert shadows and np.allclose(shadows[0][0], ref[3]["shadow_absmax"], rtol=1e-5) and abs(shadows[0][1] - ref[3]["shadow_loss"]) < 1e-5
-    assert max(g for r in stopped if "shadow_gap" in r for g in r["shadow_gap"]) < 1e-5
-    model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
-    for key, value in reference["model"].items():
-        assert torch.allclose(model[key], value, rtol=0, atol=1e-5), key
 
 
 # ---- integrity --------------------------------------------------------------------------------

@@ -71,17 +71,6 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(scalar)
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml"])
-def test_same_filled_config_as_snakemake_validate(name):
-    """The package's validator (jsonschema) and the Snakefile's (Snakemake's) agree on defaults."""
-    from snakemake.utils import validate
-
-    raw = yaml.safe_load((ROOT / "config" / name).read_text())
-    by_snakemake = copy.deepcopy(raw)
-    validate(by_snakemake, str(SCHEMA))
-    assert validate_config(raw) == by_snakemake
-
-
 def test_every_error_is_listed_with_its_key_path():
     config = _base()
     config["drift"].update(steps=0, coords="x")
@@ -157,4 +146,3 @@ def test_repeating_data_is_a_choice():
     check_runs(config["train"], config["model"], config["data"])
     assert data_passes(config["train"], 100_000) == 60 * 16 / ((100_000 - 1) // 128)
     assert data_passes(config["train"], 1_000_000) < 1
-

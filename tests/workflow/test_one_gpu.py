@@ -6,7 +6,6 @@ import re
 
 import pytest
 import torch
-import yaml
 
 from streamback.config import load_config
 from streamback.model.model import ModelArgs, Transformer, count_params

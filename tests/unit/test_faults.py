@@ -148,10 +148,10 @@ def test_the_analyses_refuse_a_model_of_another_corpus_before_writing_anything(a
 
 def test_an_imported_model_records_its_tokenizer_and_the_analyses_check_it(analysis_dir, tmp_path, capsys):
     """import-hf records the tokenizer of the directory it reads; the analyses then refuse the tokens of another."""
+    import yaml
+
     from streamback.data.tokenizer import train_bpe
     from streamback.model.export_hf import export
-
-    import yaml
 
     config, corpus = analysis_dir
     tokens = yaml.safe_load(config.read_text())["data"]["dir"]

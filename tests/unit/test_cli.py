@@ -44,17 +44,6 @@ def test_unknown_stage_is_an_argparse_error():
     assert "invalid choice" in result.stderr
 
 
-def test_bad_params_name_the_problem():
-    result = subprocess.run([sys.executable, "-m", "streamback", "drift", "--params", "{not json"],
-                            capture_output=True, text=True)
-    assert result.returncode == 2
-    assert "--params is not valid JSON" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "streamback", "drift", "--params", '{"stepz": 1}'],
-                            capture_output=True, text=True)
-    assert result.returncode == 2
-    assert "stepz" in result.stderr
-
-
 def test_check_names_the_file_and_line_of_invalid_yaml(tmp_path, capsys):
     """What Snakemake cannot say about a --configfile: `streamback check FILE` reads the files as
     Snakemake merges them and names the file, line and column of a YAML error."""
@@ -69,15 +58,3 @@ def test_check_names_the_file_and_line_of_invalid_yaml(tmp_path, capsys):
     assert main(["check", str(bad)]) == 0
     assert capsys.readouterr().out == (f"config OK (config/config.yaml + {bad}): 5 runs: tiny-medium-baseline, tiny-medium-baseline-seed1, "
                                        "tiny-medium-streamback, tiny-medium-streamback-seed1, tiny-medium-streamback-mxfp8\n")
-
-
-def test_check_merges_config_files_as_snakemake_does():
-    from snakemake.utils import update_config as snakemake_update
-
-    from streamback.config import merge_config
-
-    base = {"a": {"b": 1, "c": {"d": 2, "e": [1, 2]}}, "f": 3}
-    override = {"a": {"c": {"d": 5}, "g": None}, "f": {"h": 1}}
-    expected = {"a": {"b": 1, "c": {"d": 2, "e": [1, 2]}}, "f": 3}
-    snakemake_update(expected, override)
-    assert merge_config(base, override) == expected and base["a"]["c"]["d"] == 2

@@ -48,7 +48,7 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     assert "each trained with 2 training seeds (0, 1" in text
     pairs = pd.read_csv(study / layout.table("benchmark_pairs"))
     over = pairs[pairs.seed == "all"]
-    assert f"Over 2 training seeds, " in text and f"of {len(over)} benchmark comparisons of a run against its shape&#x27;s baseline" in text
+    assert "Over 2 training seeds, " in text and f"of {len(over)} benchmark comparisons of a run against its shape&#x27;s baseline" in text
     assert f"Within single seeds, of {len(pairs) - len(over)} benchmark comparisons" in text
     assert text.index("Over 2 training seeds, ") < text.index("Within single seeds, of ")  # across seeds first
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():

@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from streamback import layout
 from streamback.config import validate_config
 from streamback.data import shards as shards_module
 from streamback.data import tokenize as tokenize_module
@@ -385,20 +384,3 @@ def test_cli_reports_bad_input(tmp_path):
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 2
     assert "streamback tokenize: error: empty corpus: data.local.files matched no files" in result.stderr
-
-
-@pytest.mark.slow
-def test_snakemake_rules_corpus_and_tokenize(run_snakemake, tmp_path):
-    data = {"synthetic": {"documents": 300, "files": 2}, "shard_tokens": SHARD, "tokenizer": {"vocab_size": 600}}
-    (tmp_path / "tiny.yaml").write_text(json.dumps({"data": data}))  # JSON is YAML
-    tokens = layout.tokens_dir({"corpus": "synthetic"})
-    result = run_snakemake(tokens / "manifest.json", "--cores", "2", "--directory", tmp_path,
-                           "--configfile", tmp_path / "tiny.yaml")
-    assert result.returncode == 0, result.stderr + result.stdout
-    manifest = read_manifest(tmp_path / tokens)
-    assert [f["path"] for f in manifest["source"]["files"]] == [
-        str(p) for p in layout.corpus_files({"corpus": "synthetic", "synthetic": {"files": 2}})]
-    assert TokenDataset(tmp_path / tokens, "train", verify=True).num_tokens > 2 * SHARD
-    log = (tmp_path / "logs/tokenize/synthetic.log").read_text()
-    assert "300 documents" in log and "tokens/s" in log
-    assert "wrote 300 documents to 2 files" in (tmp_path / "logs/corpus/synthetic.log").read_text()

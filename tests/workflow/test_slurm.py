@@ -180,7 +180,7 @@ def _weights(root):
 
 
 def _same_weights(a, b):
-    """As tests/test_train.py judges FSDP2 on two processes against one: reduction order aside."""
+    """As tests/unit/test_train.py judges FSDP2 on two processes against one: reduction order aside."""
     import torch
 
     return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=1e-5) for k in a)
