@@ -100,7 +100,8 @@ TRAIN_SHAPE = "check-medium"  # SHAPES["medium"]'s name in the quick analysis
 # the test modules with CUDA cases (`pytest -m gpu`); tests/test_gpu_checks.py checks this is all of them
 GPU_TEST_FILES = ("tests/test_rounding.py", "tests/test_formats.py", "tests/test_model.py", "tests/test_reversible.py", "tests/test_train.py",
                   "tests/test_eval.py")
-# Plain PyTorch on one H200, torch 2.11, micro-batch 4 x 2048 (issue 3): tokens/s and peak GiB.
+# A plain PyTorch Llama 3 block stack on one H200, torch 2.11, micro-batch 4 x 2048: tokens/s and peak GiB
+# (docs/measurements.md; tests/unit/test_docs.py keeps the two the same).
 REFERENCE = {
     ("fat-short", "compiled", "baseline"): (55_966, 28.7),
     ("fat-short", "compiled", "streamback"): (55_344, 31.6),
@@ -109,7 +110,7 @@ REFERENCE = {
     ("medium", "eager", "baseline"): (35_146, None),
     ("medium", "eager", "streamback"): (33_302, None),
 }
-MFU_GOALS = {"fat-short": 0.72, "medium": 0.58, "skinny-tall": 0.58}  # the compiled baseline's (issue 15)
+MFU_GOALS = {"fat-short": 0.72, "medium": 0.58, "skinny-tall": 0.58}  # the MFU the compiled baseline should reach
 VARIANTS = ("baseline", "streamback", "streamback-reversible")
 LISTED = 20  # failures, findings and skipped items listed in the summary, each
 

@@ -25,8 +25,8 @@ Writes `--out` (JSON) and a Markdown table beside it (same name, .md), both atom
 prints the table. A configuration that fails (out of memory, a compiler error) is reported as
 such and the others still run. Runs unchanged on a CUDA machine with torch alone.
 
-Defaults by device: on a GPU the study's step (4 x 2048 tokens, Llama 3's vocabulary) of the
-study's shapes, eager and compiled; on the CPU the tiny shapes at 2 x 64 tokens and a 2048-word
+Defaults by device: on a GPU the paper's step (4 x 2048 tokens, Llama 3's vocabulary) of the
+paper's shapes, eager and compiled; on the CPU the tiny shapes at 2 x 64 tokens and a 2048-word
 vocabulary, eager only, on one thread (on a shared CPU, threads make the step times erratic:
 slowest over fastest of 10-60x measured with two threads under load, 1.2-1.6x with one), which
 takes seconds. A warning says when the timed steps are too few (under MIN_STEPS) or too uneven for

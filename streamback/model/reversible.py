@@ -12,7 +12,7 @@ top h_L (the final norm's input): the reversible StreamBack model then saves exa
 the baseline (bf16 stream) saves, 2 bytes per element per residual, and its memory estimate
 (`streamback.measure.memory`) equals the baseline's.
 
-How (the first seed document's scheme, made robust): the model's forward runs inside
+How (the paper's scheme, made robust): the model's forward runs inside
 `ReversibleStream`, a `torch.autograd.graph.saved_tensors_hooks` context. Every tensor autograd
 saves is wrapped in a `_Saved`. After each block (`step`), the wrappers holding that block's
 two residuals (matched by storage, offset, shape, stride and dtype, so a view or a copy is never
