@@ -283,8 +283,8 @@ class TransformerBlock(nn.Module):
     partitioner keeps the first delta instead and recomputes the residual from the block's
     input in two backward kernels; Inductor (2.11-2.13) then fuses the two norms' weight-gradient
     sums together, which splits the norms' backward into a looped reduction and an over-fused
-    one (measured on an H200: +3.6 ms per medium step for an fp32 stream; the baseline's bf16
-    rounding chain is kept anyway). Keeping it costs an fp32 stream 2 more bytes an element per
+    one (measured on an H200: docs/measurements.md; the baseline's bf16 rounding chain is kept
+    anyway). Keeping it costs an fp32 stream 2 more bytes an element per
     layer (a bf16 one none) and gives the baseline's kernels (see `_kept_for_backward`).
     """
 

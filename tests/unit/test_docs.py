@@ -118,3 +118,12 @@ def test_the_warning_thresholds_in_the_train_docs_are_the_schema_defaults():
 def test_the_default_study_s_model_count_is_the_run_matrix_s():
     runs = len(run_matrix(load_config(ROOT / "config" / "config.yaml")["train"]))
     assert f"{runs} tiny models" in _flat(ROOT / "docs" / "costs.md")
+
+
+def test_the_drift_page_states_the_default_grid():
+    drift = load_config(ROOT / "config" / "config.yaml")["drift"]
+    text = _flat(ROOT / "docs" / "stages" / "drift.md")
+    assert f"{drift['coords']} coordinates start at {drift['start']:g} and take {drift['steps']} steps" in text
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+    assert f"summed along {words[len(drift['paths'])]} paths: " + ", ".join(f"`{p}`" for p in drift["paths"][:2]) in text
+    assert all(f"`{p}`" in text for p in drift["paths"])
