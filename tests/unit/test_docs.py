@@ -127,3 +127,11 @@ def test_the_drift_page_states_the_default_grid():
     words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
     assert f"summed along {words[len(drift['paths'])]} paths: " + ", ".join(f"`{p}`" for p in drift["paths"][:2]) in text
     assert all(f"`{p}`" in text for p in drift["paths"])
+
+
+def test_stream_traffic_s_example_step_time_is_the_measured_reference_s():
+    """benchmarks/stream_traffic.py's example `--step-ms` is a compiled fat-short step of plain
+    PyTorch on the H200: 4 x 2048 tokens at the tokens/s docs/measurements.md records."""
+    (tps,) = re.findall(r"\| fat-short compiled baseline: ([\d,]+) tok/s", MEASUREMENTS)
+    (step_ms,) = re.findall(r"--shapes fat-short --step-ms ([\d.]+)", (ROOT / "benchmarks" / "stream_traffic.py").read_text())
+    assert float(step_ms) == round(4 * 2048 / _number(tps) * 1e3, 1)
