@@ -101,7 +101,8 @@ TRAIN_SHAPE = "check-medium"  # SHAPES["medium"]'s name in the quick analysis
 GPU_TEST_FILES = tuple(f"tests/{f}.py" for f in (
     "unit/test_rounding", "unit/test_formats", "unit/test_model", "unit/test_reversible", "unit/test_train", "unit/test_eval",
     "workflow/test_formats_end_to_end", "workflow/test_model_end_to_end", "workflow/test_reversible_end_to_end"))
-# Plain PyTorch on one H200, torch 2.11, micro-batch 4 x 2048 (issue 3): tokens/s and peak GiB.
+# A plain PyTorch Llama 3 block stack on one H200, torch 2.11, micro-batch 4 x 2048: tokens/s and peak GiB
+# (docs/measurements.md; tests/unit/test_docs.py keeps the two the same).
 REFERENCE = {
     ("fat-short", "compiled", "baseline"): (55_966, 28.7),
     ("fat-short", "compiled", "streamback"): (55_344, 31.6),
@@ -110,7 +111,7 @@ REFERENCE = {
     ("medium", "eager", "baseline"): (35_146, None),
     ("medium", "eager", "streamback"): (33_302, None),
 }
-MFU_GOALS = {"fat-short": 0.72, "medium": 0.58, "skinny-tall": 0.58}  # the compiled baseline's (issue 15)
+MFU_GOALS = {"fat-short": 0.72, "medium": 0.58, "skinny-tall": 0.58}  # the MFU the compiled baseline should reach
 VARIANTS = ("baseline", "streamback", "streamback-reversible")
 LISTED = 20  # failures, findings and skipped items listed in the summary, each
 

@@ -8,8 +8,9 @@ so the sum is the traffic of the unfused step, and the difference between the St
 baseline blocks is what the fp32 stream costs when nothing fuses it away. FLOPs are the bench's
 count (`streamback.bench.flops_per_token`, TorchTitan's). Printed per shape: FLOPs and the time they take at
 `--tflops`, bytes moved and their time at `--bandwidth`, and the StreamBack - baseline extra
-bytes as a share of the baseline step time `--step-ms` if given (e.g. the issue's measured
-146 ms for fat-short compiled), else of the FLOP floor.
+bytes as a share of the baseline step time `--step-ms` if given (e.g. a compiled fat-short step
+of plain PyTorch on an H200: its 4 x 2048 tokens at the tokens/s in docs/measurements.md), else of
+the FLOP floor.
 
 With `--signals`, then what the trainer's live precision signals add (`streamback.measure.traffic.
 signals_cost`, on one step in `train.log.stream_every` of `--config`): bytes per signal step and

@@ -1,6 +1,6 @@
 """The run matrix of the `train` config section: which models are trained, and their names.
 
-Every shape is trained with every block (`{shape}-{block}`, the study's six runs for three shapes
+Every shape is trained with every block (`{shape}-{block}`, the paper's six runs for three shapes
 and two blocks); every extra stream format adds, per shape of `stream_shapes` (default: every
 shape), a StreamBack run whose stream is held in that format (`{shape}-streamback-{format}`,
 e.g. `medium-streamback-mxfp8`, `fat-short-streamback-bf16_sr`). These are the run *arms*; each

@@ -2,7 +2,7 @@
 
 On the validation batch, each model as trained (its own stream and compute dtype): per boundary
 (0 = the embedding, L = the last block's output) the largest and smallest value of h (signed: the
-first seed document's "reach", which found the skinny-tall StreamBack model's negative reach
+paper's "reach", which found the skinny-tall StreamBack model's negative reach
 collapsed) and the 99.9th percentile of |h| (what the bulk of the stream reaches, apart from
 its few massive activations). Over training, the same maximum and minimum as the trainer logged
 them every `train.log.stream_every` steps (`streamback.train.metrics`), against tokens.

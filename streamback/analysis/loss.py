@@ -1,6 +1,5 @@
 """Loss differences: baseline minus the other run of the same shape (StreamBack, or a StreamBack run
-with another stream format), so a positive difference means the other run is better, as in the
-first seed document.
+with another stream format), so a positive difference means the other run is better, as in the paper.
 
 Curves: from the two runs' metrics.jsonl, step by step (both runs see the same batches at the same
 step: batches are a pure function of (seed, step)), the training loss difference and, where both

@@ -1,6 +1,6 @@
 """Precision of the stream, measured on the same weights: per-layer error and sign flips against a
-ground truth (the first seed document's motivation figures), and the updates each rounded add
-swallows (the second seed document's mechanism, inside the trained models).
+ground truth (the paper's motivation figures), and the updates each rounded add
+swallows (the drift note's mechanism, inside the trained models).
 
 Layer error. The ground truth is one forward and backward pass of the validation batch with every
 step in full precision: compute and stream in fp64 (`reference: fp64`, tiny shapes) or fp32 (the

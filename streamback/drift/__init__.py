@@ -1,1 +1,1 @@
-"""The drift stage: a long running sum kept in a narrow float format (the second seed document), simulated and reported."""
+"""The drift stage: a long running sum kept in a narrow float format (the drift note), simulated and reported."""

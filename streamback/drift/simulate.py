@@ -1,4 +1,4 @@
-"""Drift of a long running sum kept in a narrow float format (the second seed document).
+"""Drift of a long running sum kept in a narrow float format (the drift note).
 
 Every coordinate starts at `start` and, for `steps` steps, has `mu + sigma * N(0, 1)` added to
 it, the way a residual stream has each block's output added to it. Each *path* keeps that sum

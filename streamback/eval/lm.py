@@ -6,7 +6,7 @@ A thin adapter over `streamback.eval.scoring.Scorer` (which does the batching, t
 identical model inputs, the rolling windows and greedy generation with a key/value cache). Its
 model arguments, with their defaults, are `MODEL_ARGUMENTS` (`python -m streamback.eval --help`
 prints them). Requests are scored task by task: a batch never mixes two tasks, so a task's
-numbers do not depend on which other tasks run beside it (see the README on bf16 and batches).
+numbers do not depend on which other tasks run beside it (see docs/stages/eval.md on bf16 and batches).
 
 From Python (importing this module registers the model):
 

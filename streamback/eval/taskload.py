@@ -4,9 +4,9 @@
   of eval.tasks must be a task that lm-eval's TaskManager finds, offline, in the local tasks
   (streamback/eval/tasks/), eval.include_path or lm-eval's own; an unknown one is named with the
   closest names, a group or tag is refused (samples are kept per task). Indexing lm-eval's own
-  ~15,000 task names takes about 4 s (2 cores), so their names are kept in the user's cache
+  task names takes seconds, so their names are kept in the user's cache
   (`$XDG_CACHE_HOME/streamback/`, else ~/.cache/streamback/), once per lm-eval version and
-  installation; the local tasks and include_path are indexed each time (a few files, ~10 ms).
+  installation; the local tasks and include_path are indexed each time (a few files).
 - `task_manager`: the TaskManager that loads them (lm-eval's own tasks indexed only if a name is one).
 - `load_tasks`: each task's data as lm-eval loads them, `datasets.load_dataset(dataset_path,
   dataset_name, **dataset_kwargs)`, so whatever lm-eval accepts passes (parquet, arrow, csv,

@@ -25,11 +25,10 @@ Writes `--out` (JSON) and a Markdown table beside it (same name, .md), both atom
 prints the table. A configuration that fails (out of memory, a compiler error) is reported as
 such and the others still run. Runs unchanged on a CUDA machine with torch alone.
 
-Defaults by device: on a GPU the study's step (4 x 2048 tokens, Llama 3's vocabulary) of the
-study's shapes, eager and compiled; on the CPU the tiny shapes at 2 x 64 tokens and a 2048-word
-vocabulary, eager only, on one thread (on a shared CPU, threads make the step times erratic:
-slowest over fastest of 10-60x measured with two threads under load, 1.2-1.6x with one), which
-takes seconds. A warning says when the timed steps are too few (under MIN_STEPS) or too uneven for
+Defaults by device: on a GPU the paper's step (4 x 2048 tokens, Llama 3's vocabulary) of the
+paper's shapes, eager and compiled; on the CPU the tiny shapes at 2 x 64 tokens and a 2048-word
+vocabulary, eager only, on one thread (on a shared CPU, threads make the step times erratic far
+more than one thread does; docs/measurements.md), which takes seconds. A warning says when the timed steps are too few (under MIN_STEPS) or too uneven for
 a stable ratio to the baseline: when the 95% interval of a configuration's median step time (from
 its order statistics, distribution-free) is wider than +-NOISE_LIMIT of it.
 """
@@ -74,7 +73,7 @@ from streamback.train.signals import StreamRecord
 HELP = "time a training step of every shape x block x eager/compiled; tokens/s, MFU, memory"
 
 MODES = ("eager", "compiled")
-MIN_STEPS = 10  # fewer timed steps give no stable median (a 2-step CPU run put StreamBack at 1.87x the baseline)
+MIN_STEPS = 10  # fewer timed steps give no stable median (a 2-step CPU run put StreamBack far off the baseline)
 NOISE_LIMIT = 0.05  # half-width of the median's 95% interval, relative to it, beyond which a speed is uncertain
 
 

@@ -3,7 +3,7 @@
 bf16 compute means: every GEMM and the attention take bf16 inputs, accumulate in fp32 and round
 their outputs to bf16. CPUs with native bf16 (AVX512-BF16 or AMX, where torch hands bf16 matmuls
 to oneDNN) do exactly that. Elsewhere (AVX2 only, as most laptops; torch 2.13 then runs bf16
-matmuls in a generic fallback about 25x slower than fp32) the same numbers come from fp32
+matmuls in a generic fallback many times slower than fp32) the same numbers come from fp32
 kernels: the inputs are already bf16 values, so upcasting them is exact, a product of two bf16
 values is exact in fp32, and the fp32 GEMM's result differs from a native bf16 GEMM's only in the
 order of its fp32 summation; the output is rounded to bf16 as the native kernel rounds it. The
@@ -12,11 +12,10 @@ rounded to bf16 by the casts' backward). So every tensor the sublayers hand on i
 path. Attention is torch's fused fp32 kernel on the bf16 q, k, v with its output rounded: what a
 flash kernel rounds inside (torch's CPU kernel rounds the probabilities to bf16 before they
 multiply v and sums dk and dv over its query blocks in bf16; GPU kernels round otherwise) it
-keeps in fp32, so its error against fp64 is at most the native kernel's (measured 0.56-0.88x of
-it, op by op), while the whole model's gradients have native's error to 0.2% (tests/unit/test_compute.py).
-An emulation of the CPU kernel's inner roundings too (written and measured: every op's error
-equal to native's to 0.5%) moved the model's gradient error by 1.4%, no closer, at 1.3-1.8x this
-path's step time on the tiny shapes, so it is not kept.
+keeps in fp32, so its error against fp64 is at most the native kernel's, op by op, while the
+whole model's gradients have native's error (test_compute.py; the figures: docs/measurements.md).
+An emulation of the CPU kernel's inner roundings too (written and measured) brought the model's
+gradient error no closer to native's, at a longer step time, so it is not kept.
 
 torch offers no switch for this direction (its `float32_matmul_precision` and oneDNN's fpmath
 mode make fp32 matmuls run in bf16, not the reverse; autocast picks bf16 kernels), hence the

@@ -4,10 +4,10 @@ Input: a directory with `config.json` and the weights as safetensors (`model.saf
 shards listed in `model.safetensors.index.json`), a `LlamaForCausalLM` or a `MistralForCausalLM`
 without sliding window (what `streamback export-hf` writes, and most public Llama-family models).
 Output: a model file (`streamback.model.weights.save_model`, fp32 weights) that every analysis
-and `load_model` read like a trained run's, so the analyses run on a public model too (the first
-seed document measured an 80-layer one). When the directory holds a `tokenizer.json`, the file
-records that tokenizer (as the data stage identifies one), so an analysis refuses the tokens of
-another tokenizer (`weights.check_corpus`).
+and `load_model` read like a trained run's, so the analyses run on a public model too (the paper
+measured an 80-layer one). When the directory holds a `tokenizer.json`, the file records that
+tokenizer (as the data stage identifies one), so an analysis refuses the tokens of another tokenizer
+(`weights.check_corpus`).
 
 Conversion: `export_hf.NAMES` read backwards, and wq/wk rows put back from transformers'
 rotate-half layout to this model's interleaved RoPE pairs (the inverse of export_hf's

@@ -1,6 +1,6 @@
-"""The Llama 3 decoder of the study, with the residual stream in a chosen format.
+"""The Llama 3 decoder of the paper, with the residual stream in a chosen format.
 
-TorchTitan's Llama 3 (the study's reference implementation): token embedding, `n_layers` blocks
+TorchTitan's Llama 3 (the paper's reference implementation): token embedding, `n_layers` blocks
 of RMSNorm -> grouped-query attention with RoPE -> residual add -> RMSNorm -> SwiGLU -> residual
 add, a final RMSNorm and an untied output projection; parameter names are TorchTitan's, so its
 state-dict conversions (e.g. to Hugging Face, `streamback.model.export_hf`) apply unchanged.
@@ -29,7 +29,7 @@ whatever the stream's dtype (as torch's fused rms_norm does) and rounds once, to
 dtype; RoPE is applied in fp32 (as TorchTitan does); logits are returned in fp32. An fp64 compute
 dtype (with the `fp64` stream) is the analyses' ground truth: every step then runs in fp64.
 
-Choices the study leaves open (also documented in config/config.yaml and the schema):
+Choices the paper leaves open (also documented in config/config.yaml and the schema):
 - RoPE: theta 500000, no Llama 3.1 frequency scaling (TorchTitan's current flavours apply it;
   it only rescales frequencies whose wavelength exceeds 8192 positions, i.e. less than a
   quarter turn over a 2048-token context). Pairs are interleaved (TorchTitan's complex-number
@@ -283,8 +283,8 @@ class TransformerBlock(nn.Module):
     partitioner keeps the first delta instead and recomputes the residual from the block's
     input in two backward kernels; Inductor (2.11-2.13) then fuses the two norms' weight-gradient
     sums together, which splits the norms' backward into a looped reduction and an over-fused
-    one (measured on an H200: +3.6 ms per medium step for an fp32 stream; the baseline's bf16
-    rounding chain is kept anyway). Keeping it costs an fp32 stream 2 more bytes an element per
+    one (measured on an H200: docs/measurements.md; the baseline's bf16 rounding chain is kept
+    anyway). Keeping it costs an fp32 stream 2 more bytes an element per
     layer (a bf16 one none) and gives the baseline's kernels (see `_kept_for_backward`).
     """
 

@@ -12,7 +12,7 @@ top h_L (the final norm's input): the reversible StreamBack model then saves exa
 the baseline (bf16 stream) saves, 2 bytes per element per residual, and its memory estimate
 (`streamback.measure.memory`) equals the baseline's.
 
-How (the first seed document's scheme, made robust): the model's forward runs inside
+How (the paper's scheme, made robust): the model's forward runs inside
 `ReversibleStream`, a `torch.autograd.graph.saved_tensors_hooks` context. Every tensor autograd
 saves is wrapped in a `_Saved`. After each block (`step`), the wrappers holding that block's
 two residuals (matched by storage, offset, shape, stride and dtype, so a view or a copy is never
@@ -20,20 +20,19 @@ mistaken for one) let go of their tensor and keep a slot number instead. On the 
 the unpack hook rebuilds a slot by walking down from the lowest slot rebuilt so far, popping one
 delta per step, so at most three rebuilt residuals and the deltas not yet consumed are alive.
 
-Rebuilding is not exact: fp32 subtraction does not undo fp32 addition bit for bit. Measured
-(benchmarks/reversible_error.py, random init, 2 x 128 tokens, bf16 compute): with 80 layers
-the rebuilt residuals are off by 1 to 8 fp32 ulps of max |h| (growing from the top layer down;
-9 ulps when the stream reaches ~400); the gradients of the reversible model differ from the
-plain model's by at most 1.7e-6 relative per layer (exactly 0 in 79 of 80 layers: bf16 compute
-rounds the difference away; 1.6e-7 with fp32 compute), while the baseline (bf16 stream) and
-StreamBack gradients, the effect the study measures, differ by 1e-2 to 2e-2.
+Rebuilding is not exact: fp32 subtraction does not undo fp32 addition bit for bit.
+`benchmarks/reversible_error.py` measures it (its figures: docs/measurements.md): the rebuilt
+residuals are off by a few fp32 ulps of max |h|, growing from the top layer down, and the
+reversible model's gradients differ from the plain model's by orders of magnitude less than the
+baseline's (bf16 stream) differ from StreamBack's, the effect under study; bf16 compute mostly
+rounds the difference away.
 
 No exact variant is offered. Exactness needs each addition's fp32 rounding error (TwoSum's
 error term): up to 8 significant bits while |delta| < |h|, up to 24 where the stream is small.
 Kept even as bf16 (then not always exact), two per layer cost 4 bytes per element, exactly the
 4 bytes the reversible stream saves over the plain model's two fp32 residuals (8 bytes vs 2 x 2
 for the deltas): nothing would be left of the saving. Kahan-style compensation of the rebuild
-chain cannot recover bits the forward addition already rounded away. And an error 4 orders of
+chain cannot recover bits the forward addition already rounded away. And an error orders of
 magnitude below the effect under study, and below bf16 compute's own resolution (2^-8), does
 not need removing.
 

@@ -71,13 +71,13 @@ def loss(config: dict) -> list[str]:
                        f"{'lower' if d > 0 else 'higher'} than the baseline's on average ({confidence:.0%} t interval over seeds "
                        f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to "
                        f"{row.boot_high:+.4f}; the baseline's own loss varies by sd {row.baseline_sd:.4f} from seed to seed): "
-                       f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the seed study's band of ±{band:g}.")
+                       f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the paper's band of ±{band:g}.")
         else:
             seed = per_seed[(per_seed["shape"] == row.shape) & (per_seed.comparison == "streamback")].iloc[0]
             out.append(f"On {row.shape}, StreamBack's final validation loss is {abs(d):.4f} nats {'lower' if d > 0 else 'higher'} than "
                        f"the baseline's ({confidence:.0%} CI of the difference {seed.ci_low:+.4f} to {seed.ci_high:+.4f}, paired over "
                        f"the same validation windows): {_verdict(seed.ci_low, seed.ci_high)}, {'inside' if abs(d) <= band else 'outside'} "
-                       f"the seed study's band of ±{band:g}.")
+                       f"the paper's band of ±{band:g}.")
     if len(out) and (over.seeds <= 1).all():
         out.append(f"These intervals cover the validation windows only: each run was trained once, from seed {config['train']['seed']}, "
                    "so a difference near the band may also be the two training runs' own randomness, which no interval here includes "

@@ -10,7 +10,7 @@ number is drawn, the forward computes what it always does):
   non-zero updates (the typical update); per boundary, `stream_spacing`, the stream format's grid
   step at its max |h| (`StreamFormat.spacing`): an update below half of it is lost there;
 - `norm_gain_absmax`: max |gain| of every norm (what multiplies the stream), by module name;
-- every `train.log.shadow_every` steps, the full-precision shadow (the second seed document's
+- every `train.log.shadow_every` steps, the full-precision shadow (the drift note's
   short full-precision reference along the trajectory, without a second training run): the
   step's micro-batches once more, after its backward and before its optimizer step, so through
   the same weights and compute dtype, without gradients, with the stream in fp64 on the CPU or

@@ -1,5 +1,5 @@
-"""Early warnings of a long run, read from its metrics records as they are written (the second seed
-document's "watch the residual and gate maxima over time, not only the loss").
+"""Early warnings of a long run, read from its metrics records as they are written (the drift
+note's "watch the residual and gate maxima over time, not only the loss").
 
 `Watch.observe(record)` returns the warnings of that step, each an event
 `{"warning", "step", "layer", "value", "threshold", "message"}`; the trainer prints each message in

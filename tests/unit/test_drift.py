@@ -167,7 +167,7 @@ NOTE_BF16_RATIO = {(0.2, 0.5): (0.002, 0.0045), (0.2, 1.0): (0.40, 0.47), (0.5, 
 
 
 def assert_note_findings(summary: pd.DataFrame) -> None:
-    """The second seed document's findings, within seed noise, on a drift summary table."""
+    """The drift note's findings, within seed noise, on a drift summary table."""
     mean = summary.groupby(["mu", "sigma", "path"]).mean(numeric_only=True)
     n = summary.coords.iloc[0] * summary.seed.nunique()
     start = summary.start.iloc[0]

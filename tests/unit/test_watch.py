@@ -108,7 +108,7 @@ def test_spacing_is_the_grid_step_at_the_stream_s_max():
         x = torch.tensor(values, dtype=dtype)
         gap = torch.nextafter(x, torch.tensor(math.inf, dtype=dtype)).double() - x.double()
         assert StreamFormat.parse(name).spacing(-x).tolist() == gap.tolist(), name
-    assert StreamFormat.parse("bf16").spacing(torch.tensor(600.0)).item() == 4.0  # the seed's step at 600
+    assert StreamFormat.parse("bf16").spacing(torch.tensor(600.0)).item() == 4.0  # the drift note's step at 600
     assert StreamFormat.parse("fp8_e4m3").spacing(torch.tensor([300.0, 1.0, 2.0**-9])).tolist() == [32.0, 0.125, 2.0**-9]
     block = torch.zeros(32)
     block[:2] = torch.tensor([300.0, 5.0])
@@ -193,7 +193,7 @@ def test_a_slow_grad_norm_rise_fires_only_while_the_loss_is_flat():
     assert [(e["warning"], e["layer"]) for e in events] == [("grad_norm_rise", None)]
     assert events[0]["step"] >= 400 and events[0]["value"] > 0.25 and "while the loss stayed within 1.0%" in events[0]["message"]
     falling = np.linspace(4.0, 3.0, n)
-    assert watched(steps(falling, norms), trend_window=400) == []  # the loss moves with it: not the seed's sign
+    assert watched(steps(falling, norms), trend_window=400) == []  # the loss moves with it: not the drift note's sign
     assert watched(steps(flat, 0.5 * np.exp(rng.normal(0, 0.1, n))), trend_window=400) == []  # noise alone
     single = np.full(n, 0.5)
     single[500] = 5.0  # one step's jump is no trend

@@ -207,7 +207,7 @@ def test_a_delete_never_leaves_the_directory_it_belongs_to(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_a_token_budget_larger_than_the_tokenized_data_stops_the_dry_run(hostile, run_snakemake):
-    """README: such a run stops before any job starts. The dry run reads the data's manifest when
+    """docs/stages/train.md: such a run stops before any job starts. The dry run reads the data's manifest when
     it is current (made with these settings, from these files); when tokenize will run again, it
     cannot know the count, and the train job refuses it before its first step."""
     root, data = hostile
@@ -226,11 +226,11 @@ def test_a_token_budget_larger_than_the_tokenized_data_stops_the_dry_run(hostile
             assert result.returncode == 0, out[-2000:]
 
 
-def test_a_missing_configfile_is_what_the_readme_says_snakemake_prints(run_snakemake, tmp_path):
+def test_a_missing_configfile_is_what_troubleshooting_says_snakemake_prints(run_snakemake, tmp_path):
     """Snakemake reads --configfile before the Snakefile runs, so the Snakefile cannot name it: the
-    README's Troubleshooting says what Snakemake prints, and this keeps it true."""
+    troubleshooting table (docs/troubleshooting.md) says what Snakemake prints, and this keeps it true."""
     result = run_snakemake("-n", "--directory", tmp_path, "--configfile", "missing.yaml")
     assert result.returncode != 0
     printed = "FileNotFoundError: [Errno 2] No such file or directory: 'missing.yaml'"
     assert printed in result.stdout + result.stderr
-    assert f"`{printed}`" in (ROOT / "README.md").read_text()
+    assert f"`{printed}`" in (ROOT / "docs" / "troubleshooting.md").read_text()

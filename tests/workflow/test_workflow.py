@@ -86,7 +86,7 @@ def test_an_invalid_yaml_config_is_named_with_its_line(run_snakemake, tmp_path):
 
 
 def test_override_file_merges_over_the_default(run_snakemake, tmp_path):
-    """`--configfile small.yaml` updates config/config.yaml key by key (the README's advice)."""
+    """`--configfile small.yaml` updates config/config.yaml key by key (docs/rerunning.md's advice)."""
     small = tmp_path / "small.yaml"
     small.write_text("drift: {steps: 0}\n")
     result = run_snakemake("-n", "--directory", tmp_path, "--configfile", small)

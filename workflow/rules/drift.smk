@@ -1,4 +1,4 @@
-# Drift of a long running sum kept in a narrow float format (second seed document).
+# Drift of a long running sum kept in a narrow float format (the drift note).
 # One job: the simulation is vectorised and takes seconds, so it is not split per setting.
 # Outputs: results/drift/ (streamback/layout.py: DRIFT_FILES, and DRIFT_FIGURES as .svg and .png).
 
