@@ -51,4 +51,4 @@ include: "workflow/rules/report.smk"  # last: the study page takes every other s
 rule all:
     default_target: True
     input:
-        TARGETS,
+        final_outputs(),

@@ -20,86 +20,34 @@ ANALYSIS_SHELL = (
 )
 
 
-rule analyze_layer_error:
-    input:
-        **analysis_inputs(ANALYSIS_RUNS, metrics=False),
-    output:
-        analysis_output("layer-error", ANALYSIS_RUNS, ANALYSIS_SHAPES),
-    conda:
-        "../../envs/analysis.yaml"
-    log:
-        "logs/analysis/layer-error.log",
-    benchmark:
-        str(layout.timing_file("analyze_layer_error")),
-    threads: ANALYSIS_RES["threads"]
-    resources:
-        **analysis_resources(),
-    params:
-        **analysis_params("layer-error", ANALYSIS_RUNS),
-    shell:
-        ANALYSIS_SHELL
 
+# One rule per kind, alike but for its runs and whether it reads the runs' metrics logs.
+ANALYSES = {  # kind: (runs, shapes, reads metrics.jsonl)
+    "layer-error": (ANALYSIS_RUNS, ANALYSIS_SHAPES, False),
+    "envelope": (ANALYSIS_RUNS, ANALYSIS_SHAPES, True),
+    "swallowed": (ANALYSIS_RUNS, ANALYSIS_SHAPES, False),
+    "loss-difference": (COMPARED_RUNS, COMPARED_SHAPES, True),
+}
+for kind, (kind_runs, kind_shapes, metrics) in ANALYSES.items():
 
-rule analyze_envelope:
-    input:
-        **analysis_inputs(ANALYSIS_RUNS, metrics=True),
-    output:
-        analysis_output("envelope", ANALYSIS_RUNS, ANALYSIS_SHAPES),
-    conda:
-        "../../envs/analysis.yaml"
-    log:
-        "logs/analysis/envelope.log",
-    benchmark:
-        str(layout.timing_file("analyze_envelope")),
-    threads: ANALYSIS_RES["threads"]
-    resources:
-        **analysis_resources(),
-    params:
-        **analysis_params("envelope", ANALYSIS_RUNS),
-    shell:
-        ANALYSIS_SHELL
+    rule:
+        name:
+            f"analyze_{kind.replace('-', '_')}"
+        input:
+            **analysis_inputs(kind_runs, metrics=metrics),
+        output:
+            analysis_output(kind, kind_runs, kind_shapes),
+        conda:
+            "../../envs/analysis.yaml"
+        log:
+            f"logs/analysis/{kind}.log",
+        benchmark:
+            str(layout.timing_file(f"analyze_{kind.replace('-', '_')}")),
+        threads: ANALYSIS_RES["threads"]
+        resources:
+            **analysis_resources(),
+        params:
+            **analysis_params(kind, kind_runs),
+        shell:
+            ANALYSIS_SHELL
 
-
-rule analyze_swallowed:
-    input:
-        **analysis_inputs(ANALYSIS_RUNS, metrics=False),
-    output:
-        analysis_output("swallowed", ANALYSIS_RUNS, ANALYSIS_SHAPES),
-    conda:
-        "../../envs/analysis.yaml"
-    log:
-        "logs/analysis/swallowed.log",
-    benchmark:
-        str(layout.timing_file("analyze_swallowed")),
-    threads: ANALYSIS_RES["threads"]
-    resources:
-        **analysis_resources(),
-    params:
-        **analysis_params("swallowed", ANALYSIS_RUNS),
-    shell:
-        ANALYSIS_SHELL
-
-
-rule analyze_loss_difference:
-    input:
-        **analysis_inputs(COMPARED_RUNS, metrics=True),
-    output:
-        analysis_output("loss-difference", COMPARED_RUNS, COMPARED_SHAPES),
-    conda:
-        "../../envs/analysis.yaml"
-    log:
-        "logs/analysis/loss-difference.log",
-    benchmark:
-        str(layout.timing_file("analyze_loss_difference")),
-    threads: ANALYSIS_RES["threads"]
-    resources:
-        **analysis_resources(),
-    params:
-        **analysis_params("loss-difference", COMPARED_RUNS),
-    shell:
-        ANALYSIS_SHELL
-
-
-TARGETS.extend(rules.analyze_layer_error.output + rules.analyze_envelope.output + rules.analyze_swallowed.output)
-if COMPARED:  # a matrix without a baseline, or without anything beside it, has no loss difference
-    TARGETS.extend(rules.analyze_loss_difference.output)

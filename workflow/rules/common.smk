@@ -33,8 +33,25 @@ shell.prefix(
     'log_tail() {{ local status=$?; echo "--- the end of $1:" >&2; tail -n 5 "$1" >&2; return "$status"; }}; set -euo pipefail; '
 )
 
-# Each stage file appends the final outputs of its stage; `rule all` asks for all of them.
-TARGETS = []
+
+
+def final_outputs(page: bool = True) -> list[str]:
+    """Every stage's final outputs: `rule all` asks for them, the study page (page=False) reads
+    them. Called once the stage files are included: it names their rules."""
+    outputs = [
+        rules.tokenize.output.manifest,
+        *rules.drift.output,
+        *expand(list(rules.train.output), run=list(RUNS)),
+        *rules.training_curves.output,
+        *rules.analyze_layer_error.output,
+        *rules.analyze_envelope.output,
+        *rules.analyze_swallowed.output,
+        # a matrix without a baseline, or without anything beside it, has no loss difference
+        *(rules.analyze_loss_difference.output if COMPARED else []),
+        *rules.benchmark_table.output,
+        *rules.seed_variance.output,
+    ]
+    return [*outputs, rules.study_report.output[0]] if page else outputs
 
 
 # ---- what a job is given (streamback/jobs.py) --------------------------------------------------

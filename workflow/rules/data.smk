@@ -55,5 +55,3 @@ rule tokenize:
         "streamback tokenize --params {params.data} --execution {params.execution} --out {params.out:q} --processes {threads} "
         "--inputs {input:q} > {log:q} 2>&1 || log_tail {log:q}"
 
-
-TARGETS.append(rules.tokenize.output.manifest)

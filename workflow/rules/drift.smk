@@ -31,5 +31,3 @@ rule drift:
     shell:
         "OMP_NUM_THREADS={threads} streamback drift --params {params.drift} --outdir {params.outdir:q} > {log:q} 2>&1 || log_tail {log:q}"
 
-
-TARGETS.extend(rules.drift.output)

@@ -95,5 +95,3 @@ rule benchmark_table:
     shell:
         "streamback benchmark-table --params {params.eval} --train-params {params.train} > {log:q} 2>&1 || log_tail {log:q}"
 
-
-TARGETS.extend(rules.benchmark_table.output)

@@ -1,5 +1,5 @@
 # The study page (streamback/report/): results/study.html from everything the other stages make
-# (TARGETS, filled by the rule files included before this one) and the merged config.
+# (final_outputs in common.smk) and the merged config.
 
 from pathlib import Path
 
@@ -38,12 +38,10 @@ rule seed_variance:
         "streamback seed-variance --params {params.train} > {log:q} 2>&1 || log_tail {log:q}"
 
 
-TARGETS.extend(rules.seed_variance.output)
-
 
 rule study_report:
     input:
-        list(TARGETS),
+        final_outputs(page=False),
     output:
         report(str(layout.STUDY_PAGE), caption="../report/study_report.rst", category="0. Start here"),
     conda:
@@ -62,5 +60,3 @@ rule study_report:
     shell:
         "streamback study-report --config-json {params.config} --config-files {params.files} --out {output:q} > {log:q} 2>&1 || log_tail {log:q}"
 
-
-TARGETS.append(rules.study_report.output[0])

@@ -85,8 +85,6 @@ rule train:
         'if [ "$status" -ne 0 ]; then echo "--- the end of $log:" >&2; tail -n 5 "$history" >&2; fi; exit "$status"'
 
 
-TARGETS.extend(expand(list(rules.train.output), run=list(RUNS)))
-
 
 # The runs' curves, from their metrics.jsonl: a table and figures (streamback/train/curves.py).
 rule training_curves:
@@ -115,5 +113,3 @@ rule training_curves:
     shell:
         "streamback training-curves --params {params.train} --runs {params.runs} > {log:q} 2>&1 || log_tail {log:q}"
 
-
-TARGETS.extend(rules.training_curves.output)
