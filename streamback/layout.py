@@ -163,6 +163,7 @@ MEMORY_FILE = BENCH_DIR / "memory.json"  # and memory.md beside it
 
 EVAL_DIR = RESULTS / "eval"
 TABLES_DIR = RESULTS / "tables"
+ALL_SEEDS = "all"  # a table's seed column in a row over every seed (loss_difference, benchmark_pairs, seed_variance)
 FIGURES_DIR = RESULTS / "figures"
 STUDY_PAGE = RESULTS / "study.html"
 TIMING_DIR = RESULTS / "timing"  # Snakemake's benchmark records: timing/<rule>/<job>.tsv

@@ -13,7 +13,6 @@ import altair as alt
 import pandas as pd
 
 from streamback import layout
-from streamback.analysis.loss import ALL_SEEDS
 from streamback.model.formats import STREAM_FORMATS, STREAM_LABELS
 
 KIND_TITLES = {"activations": "activations (residual h_l)", "stream_gradients": "stream gradients (dloss/dh_l)",
@@ -136,10 +135,10 @@ def loss_difference_chart(curves: pd.DataFrame, final: pd.DataFrame, shape: str,
     the seeds the mean with its t interval (one seed: that seed's paired interval over windows)."""
 
     data = curves[curves["shape"] == shape]
-    over_seeds = data.seed.astype(str) == ALL_SEEDS
+    over_seeds = data.seed.astype(str) == layout.ALL_SEEDS
     per_seed, across = data[~over_seeds], data[over_seeds]
     ends = final[final["shape"] == shape]
-    end_over = ends.seed.astype(str) == ALL_SEEDS
+    end_over = ends.seed.astype(str) == layout.ALL_SEEDS
     seeds = per_seed.seed.nunique()
     comparisons = list(dict.fromkeys(data.comparison))
     color = alt.Color("comparison:N", sort=comparisons, title="baseline minus", scale=alt.Scale(scheme="dark2"))

@@ -26,7 +26,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from streamback import stats
+from streamback import layout, stats
 from streamback.errors import StreambackError
 from streamback.model.weights import load_model
 from streamback.runs import comparison_name
@@ -76,7 +76,6 @@ def model_window_losses(trained, dataset, windows: np.ndarray, seq_len: int, mic
     return window_losses(model, dataset, windows, seq_len, micro_batch_size, device).cpu().numpy()
 
 
-ALL_SEEDS = "all"  # the seed column's value in a row over every seed
 BOOTSTRAP_RESAMPLES = 10000
 
 
@@ -106,7 +105,7 @@ def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, confide
         _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap([d for d, _, _ in seeds], confidence, BOOTSTRAP_RESAMPLES)
         baseline_sd = stats.across_seeds([m for _, m, _ in seeds], confidence)["sd"]
         text = stats.seed_verdict(summary, [r for *_, r in seeds], baseline_sd, _nats, f"{comparison} lower", f"{comparison} higher")
-        rows.append({"shape": shape, "comparison": comparison, "seed": ALL_SEEDS, "split": split, "final_difference": summary["mean"],
+        rows.append({"shape": shape, "comparison": comparison, "seed": layout.ALL_SEEDS, "split": split, "final_difference": summary["mean"],
                      "ci_low": summary["low"], "ci_high": summary["high"], "boot_low": summary["boot_low"], "boot_high": summary["boot_high"],
                      "seeds": summary["n"], "sd": summary["sd"], "baseline_sd": baseline_sd, "windows": windows,
                      "baseline_loss": float(np.mean([m for _, m, _ in seeds])), "verdict": text})
@@ -123,4 +122,4 @@ def across_seeds_curves(curves: pd.DataFrame) -> pd.DataFrame:
     grouped = curves.assign(seeds=seeds).groupby(keys, sort=False)
     out = grouped.agg(difference=("difference", "mean"), smoothed=("smoothed", "mean"), band_low=("smoothed", "min"),
                       band_high=("smoothed", "max"), logged=("seed", "nunique"), seeds=("seeds", "first")).reset_index()
-    return out[out.logged == out.seeds].drop(columns=["logged", "seeds"]).assign(seed=ALL_SEEDS)
+    return out[out.logged == out.seeds].drop(columns=["logged", "seeds"]).assign(seed=layout.ALL_SEEDS)

@@ -50,7 +50,6 @@ BENCHMARK_COLUMNS = ["run", "shape", "block", "stream", "seed", "task", "filter"
 PAIR_COLUMNS = ["shape", "comparison", "seed", "task", "filter", "metric", "baseline", "run", "stream", "n", "baseline_value", "value",
                 "diff", "ci_low", "ci_high", "boot_low", "boot_high", "seeds", "sd", "baseline_sd", "baseline_only", "run_only", "p_mcnemar",
                 "p_seeds", "p_holm", "tests", "family", "mdd", "verdict"]
-ALL_SEEDS = "all"  # the seed column's value in a row over every seed
 SAMPLE_KEYS = ("doc_id", "doc_hash", "filter")  # what pairing reads of each sample, besides its metrics
 
 
@@ -248,7 +247,7 @@ def across_seeds_rows(rows: list[dict], benchmarks: list[dict], pairs_cfg: dict)
             [r["_items"] for r in seeds], confidence, pairs_cfg["resamples"], pairs_cfg["seed"])
         baseline_sd = stats.across_seeds([r["baseline_value"] for r in seeds], confidence)["sd"]
         first = seeds[0]
-        out.append({"shape": shape, "comparison": comparison, "seed": ALL_SEEDS, "task": task, "filter": filt, "metric": metric,
+        out.append({"shape": shape, "comparison": comparison, "seed": layout.ALL_SEEDS, "task": task, "filter": filt, "metric": metric,
                     "baseline": first["baseline"].removesuffix(f"-seed{first['seed']}"), "run": first["run"].removesuffix(f"-seed{first['seed']}"),
                     "stream": first["stream"], "n": first["n"], "baseline_value": sum(r["baseline_value"] for r in seeds) / len(seeds),
                     "value": sum(r["value"] for r in seeds) / len(seeds), "diff": summary["mean"], "ci_low": summary["low"],

@@ -69,7 +69,6 @@ def save_model(path: str | os.PathLike, args: ModelArgs, state: dict[str, torch.
 
 
 HASH = "sha256"  # the record's key for content_sha256
-_UNHASHED_WARNED: set[str] = set()
 
 
 def content_sha256(record: dict) -> str:
@@ -126,13 +125,10 @@ def read_model(path: str | os.PathLike) -> TrainedModel:
 
 
 def _check_hash(path: Path, record: dict) -> None:
-    """The file's contents against the sha256 it records; a file without one gets a warning (once per process)."""
+    """The file's contents against the sha256 it records; a file that records none is refused."""
     if HASH not in record:
-        if str(path) not in _UNHASHED_WARNED:
-            _UNHASHED_WARNED.add(str(path))
-            print(f"warning: model file {path} records no sha256 (written by an older streamback): read without verification; "
-                  f"rebuild it with {rebuild(path)} to add one", file=sys.stderr, flush=True)
-        return
+        raise StreambackError(f"model file {path} records no sha256, so its contents cannot be verified: "
+                              f"rebuild it with {rebuild(path)}")
     try:
         actual = content_sha256(record)
     except (AttributeError, TypeError, RuntimeError, ValueError):  # a field that is no longer a tensor or JSON

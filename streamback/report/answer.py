@@ -17,8 +17,6 @@ import pandas as pd
 from streamback import layout
 from streamback.html_report import Missing
 
-ALL_SEEDS = "all"  # the seed column's value in a row over every seed
-
 
 def _table(name: str) -> pd.DataFrame | None:
     path = layout.table(name)
@@ -30,7 +28,7 @@ def _table(name: str) -> pd.DataFrame | None:
 
 def _seeds(table: pd.DataFrame) -> str:
     """'3 seeds' / 'one seed': the training seeds the per-run rows of `table` come from."""
-    n = table.seed[table.seed != ALL_SEEDS].nunique() if "seed" in table.columns else 1
+    n = table.seed[table.seed != layout.ALL_SEEDS].nunique() if "seed" in table.columns else 1
     return "one seed" if n == 1 else f"{n} seeds"
 
 
@@ -61,7 +59,7 @@ def loss(config: dict) -> list[str]:
     if table is None:
         return [Missing("The loss differences are not available: the loss-difference analysis has not run.")]
     val = table[table.split == "val"]
-    over, per_seed = val[val.seed == ALL_SEEDS], val[val.seed != ALL_SEEDS]
+    over, per_seed = val[val.seed == layout.ALL_SEEDS], val[val.seed != layout.ALL_SEEDS]
     confidence, band = config["analysis"]["confidence"], config["analysis"]["band"]
     out = []
     for row in over[over.comparison == "streamback"].itertuples():
@@ -104,7 +102,7 @@ def benchmarks(config: dict) -> list[str]:
     if pairs is None:
         return [Missing("The benchmark comparison is not available: the evaluation has not run.")]
     alpha = config["eval"]["pairs"]["alpha"]
-    over, per_seed = pairs[pairs.seed == ALL_SEEDS], pairs[pairs.seed != ALL_SEEDS]
+    over, per_seed = pairs[pairs.seed == layout.ALL_SEEDS], pairs[pairs.seed != layout.ALL_SEEDS]
     out = []
     if len(over) and (over.seeds > 1).any():
         consistent = over[over.verdict.str.startswith("consistent") & (over.p_holm <= alpha)]

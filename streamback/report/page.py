@@ -33,7 +33,6 @@ from streamback.train.signals import shadow_table, signals_table, swallowed_char
 from streamback.train.watch import warnings_table
 
 CAPTIONS = ROOT / "workflow" / "report"
-ALL_SEEDS = "all"  # the seed column's value in a row over every seed
 
 
 @dataclass
@@ -119,7 +118,7 @@ def benchmarks() -> list:
     wide.columns = [f"{task} ({metric})" for task, metric in wide.columns]
     blocks = [wide.reset_index(), caption("benchmarks")]
     seeds = pairs.seed.astype(str) if "seed" in pairs.columns else pd.Series("0", index=pairs.index)
-    over, per_seed = pairs[seeds == ALL_SEEDS], pairs[seeds != ALL_SEEDS]
+    over, per_seed = pairs[seeds == layout.ALL_SEEDS], pairs[seeds != layout.ALL_SEEDS]
     if len(over) and (over.seeds > 1).any():
         shown = ["shape", "comparison", "task", "filter", "metric", "seeds", "baseline_value", "value", "diff", "ci_low", "ci_high",
                  "boot_low", "boot_high", "sd", "baseline_sd", "p_holm", "verdict"]
@@ -143,7 +142,7 @@ def analysis(kind: str, study: Study) -> list:
     blocks = []
     if kind == "loss-difference":
         table = tables["loss_difference"]
-        order = (table.seed.astype(str) != ALL_SEEDS).argsort(kind="stable")
+        order = (table.seed.astype(str) != layout.ALL_SEEDS).argsort(kind="stable")
         blocks += [table.iloc[order].round(5), caption("analysis_loss_difference")]
     matrix = run_matrix(study.config["train"])
     shown = {name for name, spec in matrix.items() if spec.seed == study.config["train"]["seed"]}

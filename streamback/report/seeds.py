@@ -25,7 +25,6 @@ from streamback.io import write_csv
 from streamback.runs import run_matrix
 
 HELP = "the seed-to-seed spread of every run arm's losses and benchmark scores (seed_variance.csv) and the per-seed differences' figure"
-ALL_SEEDS = "all"  # the seed column's value in a row over every seed (loss_difference.csv, benchmark_pairs.csv)
 COLUMNS = ["arm", "shape", "block", "stream", "task", "filter", "metric", "mean", "sd", "min", "max", "seeds"]
 
 
@@ -41,7 +40,7 @@ def seed_variance(train_cfg: dict, benchmarks: pd.DataFrame, loss_difference: pd
     matrix = run_matrix(train_cfg)
     by_seed = {(spec.arm, str(spec.seed)): name for name, spec in matrix.items()}
     scores = []
-    for row in loss_difference[loss_difference.seed.astype(str) != ALL_SEEDS].itertuples():
+    for row in loss_difference[loss_difference.seed.astype(str) != layout.ALL_SEEDS].itertuples():
         for arm, value in ((f"{row.shape}-baseline", row.baseline_loss), (f"{row.shape}-{row.comparison}", row.compared_loss)):
             run = by_seed.get((arm, str(row.seed)))
             if run is not None:
@@ -72,7 +71,7 @@ def differences(loss_difference: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFr
                          quantity=pairs.task + " " + pairs.metric + pairs["filter"].map(lambda f: "" if f == "none" else f" ({f})"),
                          difference=100 * pairs["diff"], low=100 * pairs.ci_low, high=100 * pairs.ci_high)
     both = pd.concat([loss, bench], ignore_index=True)
-    both["level"] = both.seed.astype(str).map(lambda s: "over seeds" if s == ALL_SEEDS else "one seed")
+    both["level"] = both.seed.astype(str).map(lambda s: "over seeds" if s == layout.ALL_SEEDS else "one seed")
     return both[["shape", "comparison", "kind", "quantity", "seed", "level", "difference", "low", "high"]]
 
 

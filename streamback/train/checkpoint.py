@@ -262,12 +262,12 @@ def read_meta(path: Path) -> dict:
 def verify_checkpoint(path: Path) -> dict:
     """Check every file of the checkpoint at `path` against the sizes and sha256 its meta.json
     recorded (a collective: the ranks share the files); returns the meta.json, or raises
-    CorruptCheckpoint naming each file that is missing, has another size or other contents.
-    A checkpoint written before hashes were recorded has no "files" and is returned unchecked."""
+    CorruptCheckpoint naming each file that is missing, has another size or other contents, or
+    that meta.json records no file hashes (nothing could be verified)."""
     meta = read_meta(path)
     files = meta.get("files")
     if files is None:
-        return meta
+        raise CorruptCheckpoint(path, [f"{META} records no file hashes, so its files cannot be verified"])
     names = sorted(files)
     mine = names[_rank()::_world()]
     problems = []
@@ -346,8 +346,6 @@ def load_newest(root: str | os.PathLike, state: TrainState, accept=None, say=pri
             continue
         if accept is not None:
             accept(path, meta)
-        if "files" not in meta:
-            say(f"checkpoint {path} has no content hashes (written by an older streamback): loaded without verification")
         _load(path, state)
         for err in failed:
             aside = _set_aside(err.path)

@@ -85,16 +85,14 @@ def test_a_model_file_records_the_sha256_of_its_contents_and_a_changed_bit_is_re
         read_model(tmp_path / "edited.pt")
 
 
-def test_a_model_file_written_before_models_were_hashed_is_read_with_one_warning(tmp_path, capsys):
+def test_a_model_file_that_records_no_sha256_is_refused(tmp_path):
     args, state = tiny()
     save_model(tmp_path / "model.pt", args, state)
     record = torch.load(tmp_path / "model.pt", weights_only=True)
     del record["sha256"]
     torch.save(record, tmp_path / "old.pt")
-    for _ in range(2):
-        assert all(torch.equal(read_model(tmp_path / "old.pt").state[k], state[k]) for k in state)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"warning: model file {tmp_path / 'old.pt'} records no sha256")
+    with pytest.raises(StreambackError, match=r"old\.pt records no sha256, so its contents cannot be verified: rebuild it"):
+        read_model(tmp_path / "old.pt")
 
 
 # ---- a model and tokens that do not belong together ---------------------------------------------
@@ -285,7 +283,7 @@ def test_a_full_disk_while_a_figure_is_written_is_named_and_leaves_nothing(full_
 
 
 def test_an_expected_os_error_is_one_line_and_a_bug_keeps_its_traceback(monkeypatch, capsys):
-    import streamback.config
+    import streamback.check
 
     faults = iter([OSError(errno.ENOSPC, "No space left on device"), PermissionError(errno.EACCES, "Permission denied", "results/x"),
                    KeyboardInterrupt(), OSError(errno.EBADF, "Bad file descriptor")])
@@ -293,7 +291,7 @@ def test_an_expected_os_error_is_one_line_and_a_bug_keeps_its_traceback(monkeypa
     def run(args):
         raise next(faults)
 
-    monkeypatch.setattr(streamback.config, "run", run)
+    monkeypatch.setattr(streamback.check, "run", run)
     assert main(["check"]) == 2
     assert capsys.readouterr().err == ("streamback check: error: no space left on device while writing a file the system does not "
                                        "name: free space there (or write elsewhere), then rerun\n")
