@@ -4,8 +4,7 @@ Prints, on one thread, a 512x512 matmul's rate and a tiny shape's training step 
 runs it (the default study's micro-batch and sequence, the config's 2048-word vocabulary bound:
 forward, backward, gradient clipping and AdamW's step) on three paths measured in the same
 process, interleaved: native bf16, bf16 on fp32 kernels ("emulated"), and fp32 compute (the speed
-the emulated path aims at); then the ratios. The process's heap is set as every `streamback`
-stage sets it (`streamback.heap`). With `--avx2` it runs the same in a child
+the emulated path aims at); then the ratios. With `--avx2` it runs the same in a child
 process whose oneDNN and ATen are capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2
 ATEN_CPU_CAPABILITY=avx2`), so a machine with native bf16 also measures the AVX2 machine's case;
 `--both` prints this machine's figures and then the AVX2 ones.
@@ -26,7 +25,6 @@ import time
 import torch
 
 from streamback.config import DEFAULT_CONFIG, load_config
-from streamback.heap import keep_freed_memory
 from streamback.measure.step import random_tokens, training_step
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer
@@ -102,7 +100,6 @@ def trainer_step(model, train_cfg: dict):
 
 
 def report(args) -> None:
-    keep_freed_memory()
     torch.set_num_threads(1)
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16 matmuls: {compute.cpu_has_native_bf16()}, "
           f"auto takes: {compute.path('cpu')}; one thread")

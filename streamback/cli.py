@@ -2,8 +2,7 @@
 
 Each stage module defines `HELP` (one line), `add_arguments(parser)` and `run(args)`. Only the
 chosen stage's module is imported, so `streamback drift` does not pay for torch.distributed,
-datasets or lm-eval imports it does not use. Before any stage, the process's C heap is set to keep
-freed memory for reuse (`streamback.heap`).
+datasets or lm-eval imports it does not use.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import textwrap
 from pathlib import Path
 
 from streamback.errors import DiskFull, StreambackError
-from streamback.heap import keep_freed_memory
 
 COMMANDS = {
     "check": "streamback.check",
@@ -78,7 +76,6 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    keep_freed_memory()  # before the stage allocates anything (streamback.heap)
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = _parser(command if command in COMMANDS else None).parse_args(argv)

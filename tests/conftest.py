@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from streamback.heap import keep_freed_memory
 
-keep_freed_memory()  # the test process's heap as every streamback stage's (streamback.heap)
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # the default study, smaller: every stage and every run of config/config.yaml, on less data, fewer steps and two seeds
