@@ -1,7 +1,11 @@
-"""Every measurement and check of the project that needs a GPU, in one call that fits a lent machine's budget.
+"""Every check and measurement of the project that needs a GPU, in one command of about 8 minutes:
 
     PYTHONPATH=. python benchmarks/gpu_checks.py --out DIR                 # on a CUDA machine
     PYTHONPATH=. python benchmarks/gpu_checks.py --device cpu --quick --out DIR   # CPU, tiny sizes
+
+It prints each item as it finishes (PASS, FAIL, INFO or SKIP, with its figure) and, last, a
+summary: checks by group, what failed, the bench table against plain PyTorch and the goals met
+or missed; the same goes to DIR (below). Exit status 1 if a check failed.
 
 The correctness checks are tests (tests/conftest.py): every test that takes the `device` fixture
 has a CUDA case, marked `gpu`, and a test that needs CUDA alone is marked `gpu` itself; where no
@@ -13,7 +17,7 @@ the others:
    events, result checked against fp32) and device-to-device copy bandwidth (bytes read + written).
 2. tests: `python -m pytest -m gpu` over `GPU_TEST_FILES` (the modules with CUDA cases; the other
    modules import what the device lacks: Snakemake, lm-eval, altair), in 4 processes where
-   pytest-xdist is installed (it is on the H200), one item per test, for at most `Sizes.tests_s`
+   pytest-xdist is installed, one item per test, for at most `Sizes.tests_s`
    seconds (what finished by then is reported). Among them: rounding against
    torch's casts and `ulp` against torch.nextafter, stochastic rounding unbiased (eager and
    compiled), NVFP4 against NVIDIA's recipe, every stream format's dtype and grid (eager, FSDP2 on
@@ -50,33 +54,18 @@ summary.json (everything), summary.md (the table printed last), tests.log (pytes
 profile.md, bench.json/.md (all rows and goals), plus the caller's tee'd log. Exit status 1 if any
 check failed (goals, findings and skipped items are reported, not failures), 0 otherwise.
 
-On the lent H200 (torch 2.11, Python 3.12 with pytest, no internet, no snakemake/datasets/
-jsonschema). Once, here, in the repository root: the jsonschema stack as wheels (0.5 MB, ignored
-by .gitignore; attrs and typing-extensions, which jsonschema and referencing require, are already
-on the device). The tests make their own token shards (conftest's `tokens`: the data stage's code).
-
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
-
-Then one `run`, carry [".whl"], timeout_s 540, command:
-
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit; set -o pipefail; python3 benchmarks/gpu_checks.py --out $OUT 2>&1 | tee $OUT/gpu_checks.log
-
-It takes the 420 s budget plus the last item's overrun and ~20 s of installing and importing, so
-with the machine's start about 9 of the session's 15 minutes. A rerun of what was skipped is
-possible only at once, while the machine is still warm (30 s), e.g. the same command with
-`--parts bench --bench-groups medium:eager --budget 150` and timeout_s 240.
+Needs torch with CUDA, pytest and jsonschema (pytest-xdist optional); not Snakemake, lm-eval,
+datasets or altair. The tests make their own token shards (conftest's `tokens`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import json
 import math
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -87,6 +76,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.gpu_report import Report, met_text, pytest_outcomes, summary_text
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config
 from streamback.io import markdown_table, write_json, write_text
 from streamback.measure import kernels
@@ -169,53 +159,6 @@ QUICK = Sizes(
 )
 
 
-# ---- bookkeeping ---------------------------------------------------------------------------------
-
-
-class Report:
-    """Checks, findings and skipped items as they happen; the time budget."""
-
-    def __init__(self, budget: float, out: Path):
-        self.start, self.budget, self.out = time.perf_counter(), budget, out
-        self.checks: list[dict] = []
-        self.env: dict = {}
-        self.tests: dict = {}
-        self.profile: list[str] = []
-        self.bench: dict = {}
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def left(self) -> float:
-        return self.budget - self.elapsed()
-
-    def record(self, group: str, name: str, ok: bool | None, value: str) -> None:
-        """ok: True/False for a check, None for a finding (reported, never a failure), "skipped"."""
-        status = {True: "PASS", False: "FAIL", None: "INFO", "skipped": "SKIP"}[ok]
-        self.checks.append({"group": group, "name": name, "status": status, "value": value, "at_s": round(self.elapsed(), 1)})
-        print(f"[{self.elapsed():6.1f} s] {status} {group}/{name}: {value}", flush=True)
-
-    @contextlib.contextmanager
-    def guard(self, group: str, name: str):
-        """Run a check's body; an exception is that check's failure, and the others go on."""
-        try:
-            yield
-        except Exception as err:  # a check that breaks is a failed check, not the end of the run
-            text = str(err).strip().splitlines()
-            self.record(group, name, False, f"{type(err).__name__}: {text[0][:300] if text else ''}")
-        finally:
-            gc.collect()
-
-    def failed(self) -> list[dict]:
-        return [c for c in self.checks if c["status"] == "FAIL"]
-
-    def save(self) -> None:
-        write_json(self.out / "summary.json", {
-            "env": self.env, "checks": self.checks, "tests": self.tests, "profile": self.profile, "bench": self.bench,
-            "elapsed_s": round(self.elapsed(), 1), "budget_s": self.budget, "failed": len(self.failed()),
-        })
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -265,24 +208,6 @@ def environment(report: Report, device: torch.device, sizes: Sizes) -> None:
 
 
 # ---- 2. tests: the CUDA cases of the test suite ---------------------------------------------
-
-
-_OUTCOMES = "PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS"
-# pytest -v: "tests/x.py::test[a] PASSED [ 10%]"; with xdist: "[gw0] [ 10%] PASSED tests/x.py::test[a]"
-_RESULT = re.compile(rf"^(?:(tests/\S+::\S+) ({_OUTCOMES})\b|\[gw\d+\] \[\s*\d+%\] ({_OUTCOMES}) (tests/\S+::\S+))")
-_REASON = re.compile(r"^(FAILED|ERROR) (tests/\S+::\S+)(?: - (.*))?$")
-
-
-def pytest_outcomes(lines) -> tuple[dict[str, str], dict[str, str]]:
-    """({test id: outcome}, {test id: failure message}) read off pytest's -v and -rfE lines."""
-    outcomes, reasons = {}, {}
-    for line in lines:
-        if m := _RESULT.match(line):
-            test, outcome = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
-            outcomes[test] = outcome
-        elif m := _REASON.match(line):
-            reasons[m.group(2)] = m.group(3) or m.group(1)
-    return outcomes, reasons
 
 
 def run_tests(report: Report, device, sizes: Sizes, work: Path) -> None:
@@ -602,7 +527,7 @@ def save_bench(report: Report, results: list[dict], rows: list[dict], calls: lis
     merged = {**(results[0] if results else {}), "rows": rows}
     write_json(report.out / "bench.json", {**merged, "calls": calls, "goals": report.bench["goals"]})
     table = bench_table(merged) if rows else "No bench row yet.\n"
-    goals = [[g["goal"], g["where"], g["value"], _met(g["met"])] for g in report.bench["goals"]]
+    goals = [[g["goal"], g["where"], g["value"], met_text(g["met"])] for g in report.bench["goals"]]
     write_text(report.out / "bench.md", table + "\n" + markdown_table(["goal", "where", "value", "met"], goals))
     report.save()
 
@@ -638,61 +563,6 @@ def bench_goals(rows: list[dict]) -> list[dict]:
             value += f"; peak {row['peak_mem_gib']:.1f} vs {ref_peak} GiB"
         goals.append({"goal": "tok/s (MFU) above the reference", "where": " ".join(key), "value": value, "met": row["tokens_per_s"] >= ref_tps})
     return goals
-
-
-# ---- summary -------------------------------------------------------------------------------------
-
-
-def _met(met) -> str:
-    return {True: "met", False: "MISSED", None: "n/a"}[met]
-
-
-def _num(value, fmt: str) -> str:
-    """`value` formatted as a number; None is blank and anything else (e.g. a log's "nan") is shown as is."""
-    if isinstance(value, (int, float)):
-        return format(value, fmt)
-    return "" if value is None else str(value)
-
-
-def summary_text(report: Report, args) -> str:
-    env, parts = report.env, []
-    parts.append(f"# gpu_checks: {env.get('name', '?')} (capability {env.get('capability', 'n/a')}), torch {env.get('torch')}, "
-                 f"{'quick' if args.quick else 'full'} sizes, parts {','.join(args.parts)}\n")
-    if "matmul_bf16_tflops" in env or "copy_tb_s" in env:
-        parts.append(f"bf16 matmul {_num(env.get('matmul_bf16_tflops'), '.1f')} TFLOP/s; device copy {_num(env.get('copy_tb_s'), '.2f')} TB/s (read + write)\n")
-    counts: dict[str, dict[str, int]] = {}
-    for c in report.checks:
-        counts.setdefault(c["group"], {"PASS": 0, "FAIL": 0, "INFO": 0, "SKIP": 0})[c["status"]] += 1
-    parts.append(markdown_table(["group", "pass", "fail", "info", "skipped"], [[g, *n.values()] for g, n in counts.items()]))
-    for status, title in (("FAIL", "Failed"), ("INFO", "Findings"), ("SKIP", "Skipped")):
-        items = [c for c in report.checks if c["status"] == status]
-        if items:  # at most LISTED each, cut short: the device call returns only the output's last 12,000 characters
-            lines = [f"- {c['group']}/{c['name']}: {c['value'][:160]}\n" for c in items[:LISTED]]
-            more = f"- ... and {len(items) - LISTED} more in summary.json\n" if len(items) > LISTED else ""
-            parts.append(f"{title}:\n" + "".join(lines) + more)
-    if report.tests.get("counts") is not None:
-        t = report.tests
-        parts.append(f"Tests (pytest {t['selection']}, {len(GPU_TEST_FILES)} modules): exit {t['exit_status']} after {t['seconds']} s; "
-                     + (", ".join(f"{n} {o.lower()}" for o, n in t["counts"].items()) or "none ran") + "\n")
-    rows = report.bench.get("rows", [])
-    if rows:
-        table = []
-        for r in rows:
-            ref = REFERENCE.get((r.get("shape"), r.get("mode"), r.get("variant")))
-            base = next((b for b in rows if (b.get("shape"), b.get("mode"), b.get("variant")) == (r.get("shape"), r.get("mode"), "baseline")
-                         and b.get("tokens_per_s")), None)
-            ratio = r["tokens_per_s"] / base["tokens_per_s"] if base and r.get("tokens_per_s") else None
-            table.append([r.get("shape"), r.get("mode"), r.get("variant"), r.get("error") or _num(r.get("tokens_per_s"), ",.0f"),
-                          _num(ratio, ".3f"), _num(r.get("mfu") and 100 * r["mfu"], ".1f"), _num(r.get("peak_mem_gib"), ".1f"),
-                          _num(r.get("est_peak_gib"), ".1f"), f"{ref[0]:,}" if ref else "", _num(ref and ref[1], ".1f"), r.get("call_s")])
-        parts.append(markdown_table(["shape", "mode", "variant", "tok/s", "vs base", "MFU %", "peak GiB", "est GiB", "ref tok/s", "ref GiB", "call s"], table))
-    goals = report.bench.get("goals", [])
-    if goals:
-        parts.append(markdown_table(["goal", "where", "value", "met"], [[g["goal"], g["where"], g["value"], _met(g["met"])] for g in goals]))
-    failed = len(report.failed())
-    parts.append(f"{len(report.checks)} checks, {failed} failed; {report.elapsed():.0f} s of a {report.budget:.0f} s budget; "
-                 f"exit status {1 if failed else 0}; files in {report.out}\n")
-    return "\n".join(parts)
 
 
 # ---- main ------------------------------------------------------------------------------------------
@@ -769,7 +639,7 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             run.report.save()
-    text = summary_text(run.report, args)
+    text = summary_text(run.report, args, GPU_TEST_FILES, REFERENCE, LISTED)
     write_text(args.out / "summary.md", text)
     print("\n" + text, flush=True)
     return 1 if run.report.failed() else 0

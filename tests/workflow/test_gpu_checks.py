@@ -133,17 +133,12 @@ def test_pytest_outcomes_are_read_with_and_without_xdist(gpu_checks):
                        "tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR"}
 
 
-def test_device_call_in_the_docstring_fits_the_device(gpu_checks):
+def test_the_docstring_tells_a_gpu_user_the_command_and_what_it_prints(gpu_checks):
+    """The first lines are the command and what it prints; no machine's own launch steps."""
     doc = gpu_checks.__doc__
-    command = next(line.strip() for line in doc.splitlines() if "benchmarks/gpu_checks.py --out $OUT" in line)
-    assert len(command) < 2000 and command.startswith("python3 -m pip install") and "--target /tmp/site .whl/*.whl" in command
-    assert "PYTHONPATH=/tmp/site:$PWD" in command and "tee $OUT/" in command
-    carry = json.loads(re.search(r"carry (\[.*?\])", doc).group(1))
-    assert carry == [".whl"]
-    timeout = int(re.search(r"timeout_s (\d+)", doc).group(1))
-    assert gpu_checks.GPU.budget + 60 <= timeout <= 600  # room past the budget for the last item and the summary
-    # the wheels named for download are the whole jsonschema stack (attrs is on the device)
-    assert re.findall(r"(\S+)==", doc) == ["jsonschema", "jsonschema-specifications", "referencing", "rpds-py"]
+    assert "python benchmarks/gpu_checks.py --out DIR" in doc.split("\n\n")[1]
+    assert "Exit status 1 if a check failed" in doc
+    assert not re.search(r"carry|timeout_s|\.whl|session|lent", doc)
 
 
 @pytest.mark.slow
