@@ -12,13 +12,18 @@ reached, a local data file that is missing, empty or unreadable, named with task
 Outputs, in results/eval/<run>/ (`--outdir`): lm-eval's results JSON as its EvaluationTracker
 writes it (`results.json`) and its per-item samples (`samples_<task>.jsonl`, `log_samples`).
 They are written in a temporary directory and renamed into place, results.json last, so a
-results.json is never half-written and always has its samples beside it.
+results.json is never half-written and always has its samples beside it. lm-eval's environment
+record in results.json (torch's collect_env, which runs pip and the like, and the versions) is
+taken once per machine and software and kept beside the runs' outputs (`environment_record`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import platform
 import shutil
 import sys
 import time
@@ -28,6 +33,7 @@ from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args
 from streamback.eval.lm import StreambackLM
 from streamback.eval.taskload import load_tasks, task_manager
+from streamback.io import write_json
 from streamback.progress import plain_logs
 
 HELP = "evaluate a trained run with lm-evaluation-harness (the `streamback` model): results.json and per-item samples"
@@ -60,6 +66,7 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
     and returns lm-eval's results (without the samples)."""
     os.environ.setdefault("DISABLE_MULTIPROC", "1")  # lm-eval's bootstrap stderrs in this process, on its threads
     import lm_eval
+    import lm_eval.evaluator  # its add_env_info, taken once per machine (environment_record)
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.utils import make_table
 
@@ -75,6 +82,8 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
     staging = outdir / f".staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     tracker = EvaluationTracker(output_path=str(staging / "results.json"))
+    real_add_env_info = lm_eval.evaluator.add_env_info
+    lm_eval.evaluator.add_env_info = lambda storage: storage.update(environment_record(outdir.parent, real_add_env_info))
     try:
         results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks.values()), task_manager=manager, log_samples=True,
                                           bootstrap_iters=cfg["bootstrap_iters"], evaluation_tracker=tracker)
@@ -88,8 +97,37 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
         (written,) = staging.glob("results_*.json")
         os.replace(written, outdir / layout.EVAL_RESULTS_FILE)
     finally:
+        lm_eval.evaluator.add_env_info = real_add_env_info
         shutil.rmtree(staging, ignore_errors=True)
     print(make_table(results))
     print(f"evaluate: {lm.run.name} in {time.perf_counter() - began:.1f} s; wrote {outdir / layout.EVAL_RESULTS_FILE} and the samples of "
           f"{len(cfg['tasks'])} tasks", file=sys.stderr)
     return results
+
+
+def environment_record(cache_dir: Path, add_env_info) -> dict:
+    """What lm-eval's `add_env_info` adds to results.json, computed once per machine, Python and
+    package versions (its key) and kept in `cache_dir`/.lm_eval_environment/: every run of a study
+    on that machine gets the same record, without running torch's collect_env again."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    versions = {name: installed(name) for name in ("torch", "lm_eval", "transformers", "datasets")}
+    identity = {"host": platform.node(), "python": sys.executable, "versions": versions,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "cwd": os.getcwd()}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / ".lm_eval_environment" / f"{key}.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())["record"]
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged record is taken again
+    record: dict = {}
+    add_env_info(record)
+    write_json(path, {"identity": identity, "record": record})
+    return record

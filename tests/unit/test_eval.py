@@ -325,6 +325,29 @@ def test_lm_eval_runs_the_local_tasks_with_the_streamback_model(evaluated, runs,
         assert float(story["resps"][0][0]) == pytest.approx(sc.rolling([tokens])[0], abs=tol(tokens))
 
 
+def test_lm_evals_environment_record_is_taken_once_and_is_lm_evals_own(evaluated, tmp_path):
+    """Both runs' results.json hold lm-eval's environment record (its own add_env_info, computed
+    here again) from one record kept for the study; a second run on the machine does not take it."""
+    from lm_eval.loggers.utils import add_env_info
+
+    root = evaluated["root"]
+    kept = list((root / layout.EVAL_DIR / ".lm_eval_environment").glob("*.json"))
+    assert len(kept) == 1
+    own: dict = {}
+    add_env_info(own)
+    for name in RUNS:
+        saved = json.loads((root / layout.eval_results(name)).read_text())
+        assert {k: saved[k] for k in own} == own
+    calls = []
+
+    def counted(storage):
+        calls.append(1)
+        storage["pretty_env_info"] = "taken"
+
+    assert stage.environment_record(tmp_path, counted) == {"pretty_env_info": "taken"}
+    assert stage.environment_record(tmp_path, counted) == {"pretty_env_info": "taken"} and len(calls) == 1
+
+
 def test_export_carries_the_runs_tokenizer(runs, tokens, tmp_path):
     """`streamback export-hf --data` writes tokenizer files that transformers' AutoTokenizer loads as
     the run's tokenizer (same ids, the end-of-text token, no BOS); a run's export without them is refused."""

@@ -12,7 +12,7 @@ from streamback.cli import main as cli_main
 from streamback.errors import StreambackError
 from streamback.model.export_hf import export
 from streamback.model.model import ModelArgs, Transformer
-from streamback.model.weights import load_model, read_model, save_model
+from streamback.model.weights import HASH, content_sha256, load_model, read_model, save_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,8 +82,8 @@ def test_bad_checkpoints_are_named(tmp_path, content, words):
     path = tmp_path / "bad.pt"
     if isinstance(content, str):
         path.write_text(content)
-    else:
-        torch.save(content, path)
+    else:  # sealed with its content hash, as save_model seals a record: the structure is what is wrong
+        torch.save({**content, HASH: content_sha256(content)}, path)
     with pytest.raises(StreambackError, match=words):
         read_model(path)
 
@@ -92,7 +92,8 @@ def test_checkpoint_shape_mismatch_is_named(tmp_path):
     model = random_model()
     state = model.state_dict()
     state["norm.weight"] = torch.ones(3)
-    torch.save({"model_args": {**vars(model.args)}, "model": state}, tmp_path / "m.pt")
+    record = {"model_args": {**vars(model.args)}, "model": state}
+    torch.save({**record, HASH: content_sha256(record)}, tmp_path / "m.pt")
     with pytest.raises(StreambackError, match=r"norm.weight has shape \(3,\)"):
         read_model(tmp_path / "m.pt")
     assert cli_main(["export-hf", "--checkpoint", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "o")]) == 2

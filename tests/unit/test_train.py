@@ -191,7 +191,7 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
 
     fresh_model, fresh_opt, fresh_state = _linear_state(1)
     path = ckpt.checkpoint_dir(tmp_path, 15)
-    meta = ckpt.load_checkpoint(path, fresh_state)
+    meta = ckpt.load_newest(tmp_path, fresh_state)  # step 15, the newest
     assert (meta["tag"], meta["step"]) == (15, 15)
     files = sorted(p.name for p in path.iterdir() if p.name != "meta.json")
     assert files == [".metadata", "__0_0.distcp"] and sorted(meta["files"]) == files
