@@ -53,6 +53,16 @@ def compared(config: dict) -> str:
     return text + ". Differences are baseline minus the other run: positive means the other run is better, as in the seed."
 
 
+def resolution(mde: float, seeds: float, unit: str, band: str, scale: float = 1.0, digits: int = 4) -> str:
+    """'this tier resolves |Δ| ≥ X; <band> would take N seeds at this spread', from a row over seeds:
+    its `mde` and the seeds `band` (e.g. "the paper's band of ±0.001 nats") takes; differences
+    times `scale` in `unit`."""
+    if pd.isna(mde):
+        return "what this tier resolves needs two seeds or more"
+    needed = "more than 100,000 seeds" if pd.isna(seeds) else f"{int(seeds):,} seeds"
+    return f"this tier resolves |Δ| ≥ {scale * mde:.{digits}f} {unit}; {band} would take {needed} at this spread"
+
+
 def _verdict(lo: float, hi: float) -> str:
     return "distinguishable from zero" if lo > 0 or hi < 0 else "not distinguishable from zero"
 
@@ -72,13 +82,14 @@ def loss(config: dict) -> list[str]:
                        f"{'lower' if d > 0 else 'higher'} than the baseline's on average ({confidence:.0%} t interval over seeds "
                        f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to "
                        f"{row.boot_high:+.4f}; the baseline's own loss varies by sd {row.baseline_sd:.4f} from seed to seed): "
-                       f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the seed study's band of ±{band:g}.")
+                       f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the paper's band of ±{band:g}; "
+                       + resolution(row.mde, row.seeds_for_band, "nats", f"the paper's band of ±{band:g} nats") + ".")
         else:
             seed = per_seed[(per_seed["shape"] == row.shape) & (per_seed.comparison == "streamback")].iloc[0]
             out.append(f"On {row.shape}, StreamBack's final validation loss is {abs(d):.4f} nats {'lower' if d > 0 else 'higher'} than "
                        f"the baseline's ({confidence:.0%} CI of the difference {seed.ci_low:+.4f} to {seed.ci_high:+.4f}, paired over "
                        f"the same validation windows): {_verdict(seed.ci_low, seed.ci_high)}, {'inside' if abs(d) <= band else 'outside'} "
-                       f"the seed study's band of ±{band:g}.")
+                       f"the paper's band of ±{band:g}; what this tier resolves needs two seeds or more.")
     if len(out) and (over.seeds <= 1).all():
         out.append(f"These intervals cover the validation windows only: each run was trained once, from seed {config['train']['seed']}, "
                    "so a difference near the band may also be the two training runs' own randomness, which no interval here includes "
@@ -108,17 +119,31 @@ def benchmarks(config: dict) -> list[str]:
     over, per_seed = pairs[pairs.seed == ALL_SEEDS], pairs[pairs.seed != ALL_SEEDS]
     out = []
     if len(over) and (over.seeds > 1).any():
-        consistent = over[over.verdict.str.startswith("consistent") & (over.p_holm <= alpha)]
-        head = (f"Over {int(over.seeds.max())} training seeds, {len(consistent)} of {len(over)} benchmark comparisons of a run against "
-                f"its shape's baseline ({over.task.nunique()} tasks) are consistent across seeds after Holm's correction over each "
-                f"comparison's tasks (alpha {alpha:g})")
+        n, tests = int(over.seeds.max()), int(over.tests.max())
+        consistent = over[over.verdict.str.startswith("consistent")]
+        head = (f"Over {n} training seeds, {len(consistent)} of {len(over)} benchmark comparisons of a run against its shape's "
+                f"baseline ({over.task.nunique()} tasks) are consistent across seeds: the t interval over seeds and the bootstrap "
+                "over seeds then items both exclude 0")
         floor = f"the baselines' own scores vary by a median sd of {100 * over.baseline_sd.median():.1f} points from seed to seed"
         if consistent.empty:
-            out.append(f"{head}: every difference is within seed noise; {floor}.")
+            out.append(f"{head}: none; {floor}.")
         else:
             listed = "; ".join(f"{r.run} on {r.task} {r.metric} ({100 * r['diff']:+.1f} points, {100 * r.ci_low:+.1f} to {100 * r.ci_high:+.1f} "
                                f"over seeds)" for _, r in consistent.iterrows())
             out.append(f"{head}: {listed}; {floor}.")
+        enough = next(k for k in range(2, 64) if tests * 2.0 / 2 ** k <= alpha)
+        significant = int((over.p_holm <= alpha).sum())
+        out.append(f"The exact sign-flip test over {n} seeds cannot give p below {2 / 2 ** n:.2g}, so after Holm over a comparison's "
+                   f"{tests} tests {'no difference can reach' if tests * 2 / 2 ** n > alpha else f'{significant} reach'} alpha {alpha:g}"
+                   f"{f' (that takes {enough} seeds)' if tests * 2 / 2 ** n > alpha else ''}.")
+        mde = 100 * over.mde.dropna()
+        target = config["eval"]["pairs"]["target"]
+        needed = over.seeds_for_target.dropna()
+        if len(mde):
+            out.append(f"Over the seeds this tier resolves |Δ| ≥ {mde.min():.1f} to {mde.max():.1f} points, by task (median "
+                       f"{mde.median():.1f}); a target of {100 * target:g} points (eval.pairs.target) would take "
+                       + (f"{int(needed.min()):,} to {int(needed.max()):,} seeds at these spreads" if len(needed) else "more than 100,000 seeds")
+                       + ".")
     real = per_seed[per_seed.p_holm <= alpha]
     seeds = per_seed.seed.nunique()
     head = (f"{'Within single seeds, of' if seeds > 1 else 'Of'} {len(per_seed)} benchmark comparisons of a run against its shape's baseline "
@@ -130,8 +155,7 @@ def benchmarks(config: dict) -> list[str]:
                       "would be found 80% of the time" if len(smallest) else "")
         out.append(head + detectable + ".")
     else:
-        listed = "; ".join(f"{r.run} on {r.task} ({100 * r['diff']:+.1f} points, p = {r.p_holm:.2g})" for _, r in real.iterrows())
-        out.append(f"{head}: {listed}.")
+        out.append(f"{head}; the table of per-seed tests under Benchmarks lists them.")
     if seeds == 1:
         out.append("Each run was trained once, so these tests cover the items only, not training's own randomness (train.runs.seeds).")
     return out + above_chance()
@@ -202,6 +226,44 @@ def envelope(config: dict, pairs) -> list[str]:
         return []
     return [f"The stream's reach on a validation batch (its minimum and maximum over all layer boundaries, and over {_seeds(table)}): "
             + "; ".join(f"{shape}: {', '.join(p)}" for shape, p in parts.items()) + "."]
+
+
+def verdicts() -> pd.DataFrame | None:
+    """The verdict table: a row per comparison and quantity over the seeds (final losses in nats,
+    benchmarks in points), with its intervals, its minimum detectable effect, the seeds a band
+    takes (the paper's for losses, eval.pairs.target for benchmarks) and the verdict's first words;
+    None where neither table is there."""
+    loss, pairs = _table("loss_difference"), _table("benchmark_pairs")
+    rows = []
+    for r in ([] if loss is None else loss[loss.seed == ALL_SEEDS].to_dict("records")):
+        rows.append({"shape": r["shape"], "comparison": r["comparison"], "quantity": f"final {r['split']} loss (nats)", "seeds": r["seeds"],
+                     "difference": r["final_difference"], "t interval": _interval(r["ci_low"], r["ci_high"], 1, 4),
+                     "bootstrap": _interval(r.get("boot_low"), r.get("boot_high"), 1, 4), "resolves |Δ| ≥": _value(r.get("mde"), 1, 4),
+                     "seeds for the band": _seeds_cell(r.get("seeds_for_band"), r.get("band"), 1, "nats", r["seeds"]),
+                     "verdict": str(r["verdict"]).split(":")[0]})
+    for r in ([] if pairs is None else pairs[pairs.seed == ALL_SEEDS].to_dict("records")):
+        filt = "" if r["filter"] == "none" else f" ({r['filter']})"
+        rows.append({"shape": r["shape"], "comparison": r["comparison"], "quantity": f"{r['task']} {r['metric']}{filt} (points)",
+                     "seeds": r["seeds"], "difference": 100 * r["diff"], "t interval": _interval(r["ci_low"], r["ci_high"], 100, 1),
+                     "bootstrap": _interval(r["boot_low"], r["boot_high"], 100, 1), "resolves |Δ| ≥": _value(r.get("mde"), 100, 1),
+                     "seeds for the band": _seeds_cell(r.get("seeds_for_target"), r.get("target"), 100, "points", r["seeds"]),
+                     "verdict": str(r["verdict"]).split(":")[0]})
+    return pd.DataFrame(rows).round({"difference": 4}) if rows else None
+
+
+def _value(x, scale: float, digits: int) -> str:
+    return "" if x is None or pd.isna(x) else f"{scale * x:.{digits}f}"
+
+
+def _interval(low, high, scale: float, digits: int) -> str:
+    return "" if low is None or pd.isna(low) else f"{scale * low:+.{digits}f} to {scale * high:+.{digits}f}"
+
+
+def _seeds_cell(seeds, band, scale: float, unit: str, measured: int) -> str:
+    """'±0.001 nats: 12': the seeds `band` takes, from a row over `measured` seeds."""
+    if band is None or pd.isna(band) or measured < 2:
+        return ""
+    return f"±{scale * band:g} {unit}: " + ("more than 100,000" if pd.isna(seeds) else f"{int(seeds):,}")
 
 
 def sentences(config: dict, pairs) -> list:

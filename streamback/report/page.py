@@ -154,16 +154,12 @@ def analysis(kind: str, study: Study) -> list:
 
 
 def seeds(study: Study) -> list:
-    """Training's own randomness: every arm's spread over its seeds, and each comparison per seed (rule seed_variance)."""
-    from streamback.report.seeds import differences, differences_chart
-
+    """Training's own randomness: every arm's spread over its seeds (rule seed_variance; each
+    comparison per seed is the answer's forest plot)."""
     path = layout.table(layout.SEED_TABLE)
-    sources = _read_tables(("loss_difference", "benchmark_pairs"))
-    if not path.exists() or sources is None:
-        return [_missing("The seed-to-seed spread", "seed_variance", [path, *(layout.table(n) for n in ("loss_difference", "benchmark_pairs"))])]
-    table = pd.read_csv(path)
-    return [table.round(5), caption("seed_variance"),
-            differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"])), caption("seed_differences")]
+    if not path.exists():
+        return [_missing("The seed-to-seed spread", "seed_variance", [path])]
+    return [pd.read_csv(path).round(5), caption("seed_variance")]
 
 
 def training_curves() -> list:
@@ -239,12 +235,29 @@ def speed_and_memory() -> list:
                               f"{layout.BENCH_FILE}, `streamback memory` writes {layout.MEMORY_FILE}.")]
 
 
+def the_answer(study: Study) -> list:
+    """The answer, drawn first: the forest plot of every comparison over the seeds, the verdict
+    table under it, then the answer in sentences."""
+    from streamback.report.seeds import differences, differences_chart
+
+    sources = _read_tables(("loss_difference", "benchmark_pairs"))
+    blocks = []
+    if sources is None:
+        blocks.append(_missing("The forest plot of the comparisons", "seed_variance",
+                               [layout.table(n) for n in ("loss_difference", "benchmark_pairs")]))
+    else:
+        blocks += [differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"])), caption("seed_differences")]
+    table = answer.verdicts()
+    if table is not None:
+        blocks += [Subheading("Verdicts over the training seeds"), table, caption("verdicts")]
+    return blocks + answer.sentences(study.config, comparisons(run_matrix(study.config["train"])))
+
+
 def sections(study: Study) -> list[tuple[str, list]]:
     """The page, in the order a reader needs it."""
-    pairs = comparisons(run_matrix(study.config["train"]))
     return [
+        ("The answer", the_answer(study)),
         ("What was run", what_was_run(study)),
-        ("The answer", answer.sentences(study.config, pairs)),
         ("Benchmarks", benchmarks()),
         ("Loss difference", analysis("loss-difference", study)),
         ("Training seeds", seeds(study)),
