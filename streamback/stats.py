@@ -26,6 +26,8 @@ each seed gives one paired difference):
   seeds" needs the t interval and the bootstrap to exclude zero, and a spread over seeds;
 - `seed_mde`, `seeds_needed`: the smallest difference n seeds detect at a given power, and the
   seeds a target difference needs, from the spread of the per-seed differences.
+Per task, over models (`task_snr`): signal-and-noise's signal-to-noise ratio, the decision
+accuracy it implies and whether the task can rank the models at all.
 Binomial probabilities are computed in log space from log-factorials (numpy only); t quantiles
 come from scipy. The tests check every function against scipy, statsmodels, simulation or hand
 computation.
@@ -322,3 +324,34 @@ def seed_verdict(summary: dict, per_seed_significant: Sequence[bool], noise_sd: 
     else:
         why = "the bootstrap over seeds then items includes 0"
     return f"within seed noise: {fmt(mean)} on average, {why} ({interval}; {p}; {spread}{floor})"
+
+
+RANK_Z = 1.959964 * math.sqrt(2)  # SNR below which the two most distant models are not told apart (see task_snr)
+
+
+def task_snr(scores: dict[str, Sequence[float]]) -> dict:
+    """Signal-and-noise (allenai/signal-and-noise, 2025) for one task: `scores` holds each model's
+    repeated scores (its last checkpoints, or its training seeds). signal = max_jk |m_j - m_k| /
+    mean(m) over the models' mean scores m; noise = the models' sd of their own scores (np.std,
+    ddof 0, as the reference; pooled: the root mean of their variances) / the mean of all scores;
+    snr = signal / noise. `decision_accuracy`: the chance that one evaluation of each of two
+    models ranks them as their means do, Phi(|m_j - m_k| / (sd sqrt 2)), averaged over the pairs.
+    `can_rank`: snr >= 1.96 sqrt 2 (about 2.77): below it even the two most distant models'
+    scores differ by less than 1.96 sd of a difference, so no pair is told apart at 5% and the
+    task cannot rank these models. NaN (and can_rank False) with fewer than two models or no
+    repeated score."""
+    from scipy import stats as sps  # imported here: a second of import time most callers need not pay
+
+    arrays = [np.asarray(v, dtype=np.float64) for v in scores.values()]
+    out = {"models": len(arrays), "signal": math.nan, "noise": math.nan, "snr": math.nan, "decision_accuracy": math.nan, "can_rank": False}
+    if len(arrays) < 2 or any(a.size < 2 for a in arrays):
+        return out
+    means = np.array([a.mean() for a in arrays])
+    sd = math.sqrt(np.mean([a.var() for a in arrays]))
+    grand = float(np.concatenate(arrays).mean())
+    signal = float((means.max() - means.min()) / means.mean())
+    noise = sd / grand
+    gaps = np.abs(means[:, None] - means[None, :])[np.triu_indices(len(means), 1)]
+    accuracy = float(np.mean(sps.norm.cdf(gaps / (sd * math.sqrt(2))))) if sd > 0 else 1.0
+    snr = signal / noise if noise > 0 else math.inf
+    return {**out, "signal": signal, "noise": noise, "snr": snr, "decision_accuracy": accuracy, "can_rank": bool(snr >= RANK_Z)}

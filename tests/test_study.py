@@ -67,6 +67,9 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     variance = pd.read_csv(study / layout.table(layout.SEED_TABLE))
     assert (variance[variance.block == "baseline"].seeds == 2).all() and (variance[variance.stream == "nvfp4"].seeds == 1).all()
     assert "Each run arm&#x27;s final losses and benchmark scores over its training seeds" in text  # the seeds section's caption
+    snr = pd.read_csv(study / layout.table(layout.TASK_SNR_TABLE))
+    assert "<h3>Which tasks can rank these models</h3>" in text and set(snr.task) <= set(pairs.task) | {"streamback_perplexity"}
+    assert "Over the 6 run arms, with each arm&#x27;s noise from its training seeds" in text  # the benchmark answer leads with them
 
 
 @pytest.mark.slow

@@ -111,13 +111,34 @@ def loss(config: dict) -> list[str]:
     return out
 
 
+def task_signal() -> list[str]:
+    """Which tasks can rank the study's models, from task_snr.csv: those that can first, by SNR,
+    then those that cannot, named."""
+    table = _table("task_snr")
+    if table is None or table.snr.isna().all():
+        return []
+    table = table.dropna(subset=["snr"])
+    label = table.task + " " + table.metric + table["filter"].map(lambda f: "" if f == "none" else f" ({f})")
+    decide = [f"{name} (SNR {snr:.1f}, decision accuracy {100 * acc:.0f}%)" for name, snr, acc, ok
+              in zip(label, table.snr, table.decision_accuracy, table.can_rank) if ok]
+    cannot = [f"{name} (SNR {snr:.1f}, {100 * acc:.0f}%)" for name, snr, acc, ok in zip(label, table.snr, table.decision_accuracy, table.can_rank)
+              if not ok]
+    source = table.noise_from.iloc[0]
+    text = (f"Over the {int(table.models.max())} run arms, with each arm's noise from its {source} (signal-and-noise's SNR: the arms' "
+            f"spread over their own sd), {len(decide)} of {len(table)} task metrics can rank these models: "
+            + ("; ".join(decide) if decide else "none"))
+    if cannot:
+        text += f". Cannot rank at this scale (SNR below {1.96 * 2 ** 0.5:.2f}): " + "; ".join(cannot)
+    return [text + "."]
+
+
 def benchmarks(config: dict) -> list[str]:
     pairs = _table("benchmark_pairs")
     if pairs is None:
         return [Missing("The benchmark comparison is not available: the evaluation has not run.")]
     alpha = config["eval"]["pairs"]["alpha"]
     over, per_seed = pairs[pairs.seed == ALL_SEEDS], pairs[pairs.seed != ALL_SEEDS]
-    out = []
+    out = task_signal()
     if len(over) and (over.seeds > 1).any():
         n, tests = int(over.seeds.max()), int(over.tests.max())
         consistent = over[over.verdict.str.startswith("consistent")]

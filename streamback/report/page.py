@@ -110,6 +110,9 @@ def benchmarks() -> list:
     wide = wide.pivot_table(index=index, columns=["task", "metric"], values="score", aggfunc="first", sort=False)
     wide.columns = [f"{task} ({metric})" for task, metric in wide.columns]
     blocks = [wide.reset_index(), caption("benchmarks")]
+    snr = layout.table(layout.TASK_SNR_TABLE)
+    if snr.exists():
+        blocks += [Subheading("Which tasks can rank these models"), pd.read_csv(snr).round(4), caption("task_snr")]
     seeds = pairs.seed.astype(str) if "seed" in pairs.columns else pd.Series("0", index=pairs.index)
     over, per_seed = pairs[seeds == ALL_SEEDS], pairs[seeds != ALL_SEEDS]
     if len(over) and (over.seeds > 1).any():

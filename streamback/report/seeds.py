@@ -6,6 +6,10 @@
   final model's mean loss on the same windows of that split, as loss_difference.csv has them for
   every compared run) and every benchmark task, filter and metric (benchmarks.csv). The sd is the
   noise floor a difference between two arms must clear.
+- results/tables/task_snr.csv: per benchmark task, filter and metric, signal-and-noise's
+  signal-to-noise ratio over the run arms with two seeds or more (`streamback.stats.task_snr`:
+  the arms are the models, their seeds the repeated scores; `noise_from` says so), the decision
+  accuracy it implies and `can_rank`, false where the task cannot rank these models.
 - results/figures/seed_differences.{svg,png}: the forest plot of every comparison: its per-seed
   paired differences (the final losses from loss_difference.csv, the 0/1 benchmark metrics from
   benchmark_pairs.csv, in points) and, over the seeds, their mean with its t interval, the
@@ -27,6 +31,7 @@ from streamback.runs import run_matrix
 HELP = "the seed-to-seed spread of every run arm's losses and benchmark scores (seed_variance.csv) and the per-seed differences' figure"
 ALL_SEEDS = "all"  # the seed column's value in a row over every seed (loss_difference.csv, benchmark_pairs.csv)
 COLUMNS = ["arm", "shape", "block", "stream", "task", "filter", "metric", "mean", "sd", "min", "max", "seeds"]
+SNR_COLUMNS = ["task", "filter", "metric", "noise_from", "models", "signal", "noise", "snr", "decision_accuracy", "can_rank"]
 
 
 def _read(name: str, rule: str) -> pd.DataFrame:
@@ -61,6 +66,19 @@ def seed_variance(train_cfg: dict, benchmarks: pd.DataFrame, loss_difference: pd
                      "metric": metric, "mean": summary["mean"], "sd": summary["sd"], "min": summary["min"], "max": summary["max"],
                      "seeds": summary["n"]})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def task_snr(train_cfg: dict, benchmarks: pd.DataFrame) -> pd.DataFrame:
+    """The rows of task_snr.csv: per task, filter and metric with a value, `stats.task_snr` over the
+    run arms that have two seeds or more, each arm's scores over its seeds; best SNR first."""
+    matrix = run_matrix(train_cfg)
+    scored = benchmarks[benchmarks.run.isin(list(matrix))].dropna(subset=["value"])
+    scored = scored.assign(arm=scored.run.map(lambda r: matrix[r].arm))
+    rows = []
+    for (task, filt, metric), group in scored.groupby(["task", "filter", "metric"], sort=False):
+        arms = {arm: g.value.to_numpy(dtype=float) for arm, g in group.groupby("arm", sort=False) if len(g) > 1}
+        rows.append({"task": task, "filter": filt, "metric": metric, "noise_from": "training seeds", **stats.task_snr(arms)})
+    return pd.DataFrame(rows, columns=SNR_COLUMNS).sort_values("snr", ascending=False, na_position="last", kind="stable")
 
 
 def differences(loss_difference: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
@@ -137,10 +155,12 @@ def run(args: argparse.Namespace) -> int:
 
     train_cfg = section_from_args(args, "train")
     loss, pairs = _read("loss_difference", "analyze_loss_difference"), _read("benchmark_pairs", "benchmark_table")
-    table = seed_variance(train_cfg, _read("benchmarks", "benchmark_table"), loss)
+    benchmarks = _read("benchmarks", "benchmark_table")
+    table = seed_variance(train_cfg, benchmarks, loss)
     write_csv(layout.table(layout.SEED_TABLE), table)
+    write_csv(layout.table(layout.TASK_SNR_TABLE), task_snr(train_cfg, benchmarks))
     save_figure(differences_chart(differences(loss, pairs)), layout.SEED_FIGURE)
     seeds = int(table.seeds.max()) if len(table) else 0
-    print(f"seed-variance: {table.arm.nunique()} arms over up to {seeds} seed(s) -> {layout.table(layout.SEED_TABLE)} and "
+    print(f"seed-variance: {table.arm.nunique()} arms over up to {seeds} seed(s) -> {layout.table(layout.SEED_TABLE)}, {layout.table(layout.TASK_SNR_TABLE)} and "
           f"{layout.SEED_FIGURE} (.{', .'.join(layout.FIGURE_SUFFIXES)})")
     return 0

@@ -90,3 +90,27 @@ def test_the_answer_says_what_the_tier_resolves_and_opens_with_the_forest_plot(s
     marks = [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["spec"]["layer"]]
     assert marks == ["rect", "rect", "rule", "point", "rule", "rule", "point"]
     assert isinstance(blocks[3], pd.DataFrame) and [name for name, _ in page.sections(study_)][:2] == ["The answer", "What was run"]
+
+
+def test_the_benchmark_answer_leads_with_the_tasks_that_can_rank(study):
+    from streamback.report.seeds import task_snr
+
+    config, _, _ = study
+    matrix = run_matrix(config["train"])
+    wobble = {0: -1.0, 1: 0.0, 2: 1.0}
+    rows = []
+    for name, spec in matrix.items():
+        top = 0.6 if spec.block == "streamback" else 0.5
+        rows += [{"run": name, "task": "clear", "filter": "none", "metric": "acc", "value": top + 0.01 * wobble[spec.seed]},
+                 {"run": name, "task": "coin", "filter": "none", "metric": "acc", "value": 0.5 + (top - 0.5) / 10 + 0.05 * wobble[spec.seed]}]
+    table = task_snr(config["train"], pd.DataFrame(rows))
+    assert list(table.task) == ["clear", "coin"] and (table.models == 2).all() and (table.noise_from == "training seeds").all()
+    clear, coin = table.iloc[0], table.iloc[1]
+    sd = 0.01 * np.sqrt(2 / 3)  # np.std of -1, 0, 1 times 0.01
+    assert clear.snr == pytest.approx(0.1 / sd) and clear.can_rank
+    assert coin.snr == pytest.approx(0.01 / (5 * sd)) and not coin.can_rank and coin.decision_accuracy < 0.6
+    table.to_csv(layout.table("task_snr"), index=False)
+    words = answer.benchmarks(config)
+    assert words[0].startswith("Over the 2 run arms, with each arm's noise from its training seeds")
+    assert "1 of 2 task metrics can rank these models: clear acc (SNR " in words[0]
+    assert words[0].index("clear acc") < words[0].index("Cannot rank at this scale (SNR below 2.77): coin acc (SNR 0.2")

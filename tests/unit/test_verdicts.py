@@ -101,3 +101,32 @@ def test_seeds_needed_for_a_band():
 
 def test_within_se_by_hand():
     assert stats.within_se([[0.0, 2.0], [1.0, 1.0, 4.0]]) == pytest.approx(math.sqrt((2.0 / 2 + 3.0 / 3) / 2))
+
+
+def reference_snr(signal_scores, noise_scores):
+    """allenai/signal-and-noise's snr/metrics.py signal_to_noise_ratio, as its docstring writes it:
+    signal = max_jk |m_j - m_k| / mean(m); noise = sd(noise scores) / their mean."""
+    signal_scores, noise_scores = np.asarray(signal_scores), np.asarray(noise_scores)
+    dispersion = max(abs(a - b) for a in signal_scores for b in signal_scores)
+    return (dispersion / signal_scores.mean()) / (noise_scores.std() / noise_scores.mean())
+
+
+def test_task_snr_on_constructed_checkpoint_scores_matches_the_reference():
+    # three models' last three checkpoints, each wobbling by the same +-0.02 around its mean
+    scores = {"a": [0.50, 0.52, 0.48], "b": [0.60, 0.62, 0.58], "c": [0.55, 0.57, 0.53]}
+    out = stats.task_snr(scores)
+    sd = math.sqrt(2 * 0.02 ** 2 / 3)
+    assert out["signal"] == pytest.approx(0.10 / 0.55) and out["noise"] == pytest.approx(sd / 0.55)
+    assert out["snr"] == pytest.approx(0.10 / sd)  # 6.1
+    # the reference with one model's checkpoints as its noise (each model's are alike here, about the same mean)
+    means = [np.mean(v) for v in scores.values()]
+    assert out["snr"] == pytest.approx(reference_snr(means, np.array(scores["c"])))
+    gaps = [0.10, 0.05, 0.05]
+    assert out["decision_accuracy"] == pytest.approx(np.mean([sps.norm.cdf(g / (sd * math.sqrt(2))) for g in gaps]))
+    assert out["can_rank"]
+    # the same means under noise 5 times larger: SNR 1.2, decision accuracy near a coin flip's, cannot rank
+    loud = {k: [np.mean(v) + 5 * (x - np.mean(v)) for x in v] for k, v in scores.items()}
+    out = stats.task_snr(loud)
+    assert out["snr"] == pytest.approx(0.10 / (5 * sd)) and out["snr"] < stats.RANK_Z and not out["can_rank"]
+    assert 0.5 < out["decision_accuracy"] < 0.8
+    assert math.isnan(stats.task_snr({"a": [0.5, 0.6]})["snr"]) and math.isnan(stats.task_snr({"a": [0.5], "b": [0.6]})["snr"])
