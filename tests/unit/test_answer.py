@@ -90,6 +90,11 @@ def test_the_answer_says_what_the_tier_resolves_and_opens_with_the_forest_plot(s
     marks = [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["spec"]["layer"]]
     assert marks == ["rect", "rect", "rule", "point", "rule", "rule", "point"]
     assert isinstance(blocks[3], pd.DataFrame) and [name for name, _ in page.sections(study_)][:2] == ["The answer", "What was run"]
+    from streamback.charts import save_figure
+
+    save_figure(blocks[0], layout.SEED_FIGURE)  # Vega draws it: the bands, bars and points of both kinds
+    svg = layout.figure(layout.SEED_FIGURE, "svg").read_text()
+    assert svg.lstrip().startswith("<svg") and "final val loss" in svg and "won acc" in svg
 
 
 def test_the_benchmark_answer_leads_with_the_tasks_that_can_rank(study):
