@@ -5,16 +5,22 @@ Each sentence reads one stage's CSV under results/tables/: the final loss differ
 first (their t intervals, bootstraps over seeds then windows or items, and verdicts against the
 seed-to-seed spread) and then within each seed (paired intervals, Holm's correction); the layer
 error at the last layer boundary (`layer_error`), the share of updates a stream rounds away
-(`swallowed`) and the reach of the stream (`envelope`), each saying over how many runs and seeds.
+(`swallowed`) and the reach of the stream (`envelope`), each saying over how many runs and seeds,
+with a t interval over the runs (or seeds) and the difference they resolve (`over_runs`). Beside
+each loss verdict, what the tier resolves and the seeds the paper's band would take; the benchmark
+answer leads with the tasks that can rank the models (`task_snr`).
 With one seed, a sentence says that training's own randomness is not covered. A table that is not
 there gives a sentence saying so.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pandas as pd
 
-from streamback import layout
+from streamback import layout, stats
 from streamback.html_report import Missing
 
 
@@ -196,6 +202,19 @@ def above_chance() -> list[str]:
             f"that have one ({', '.join(sorted(set(scored.task)))}), over {len(beats)} runs."]
 
 
+def over_runs(values, fmt, what: str = "runs") -> str:
+    """'95% t interval L to H over n runs; they resolve |Δ| ≥ X' for per-run values (or per-run
+    paired differences): the t interval of their mean and its minimum detectable effect (80% power,
+    two-sided 5%); `fmt` formats a value."""
+    values = [float(v) for v in values if pd.notna(v) and math.isfinite(v)]
+    if len(values) < 2:
+        return f"one {what[:-1]}: no interval"
+    summary = stats.across_seeds(values, 0.95)
+    mde = stats.seed_mde(summary["sd"], summary["n"])
+    resolves = f"; they resolve |Δ| ≥ {fmt(mde).lstrip('+')}" if pd.notna(mde) else "; no spread between them"
+    return f"95% t interval {fmt(summary['low'])} to {fmt(summary['high'])} over {summary['n']} {what}{resolves}"
+
+
 def layer_error() -> list[str]:
     table = _table("layer_error")
     if table is None:
@@ -205,11 +224,19 @@ def layer_error() -> list[str]:
     if not {"bf16", "fp32"} <= set(last.columns):
         return []
     ratio = (last["bf16"] / last["fp32"]).replace([float("inf")], float("nan")).dropna()
-    flips = table[(table.kind == "activations")].groupby("variant").sign_flip_fraction.median()
-    return [f"Against a full-precision forward pass of the same weights, the fp32 stream's largest error at the last layer boundary is "
+    logs = np.log(ratio[ratio > 0])
+    flips = acts.groupby(["run", "variant"]).sign_flip_fraction.median().unstack()
+    medians = acts.groupby("variant").sign_flip_fraction.median()
+    text = (f"Against a full-precision forward pass of the same weights, the fp32 stream's largest error at the last layer boundary is "
             f"{ratio.median():.1f} times smaller than the bf16 stream's (median over {len(ratio)} runs of {_seeds(table)}; range {ratio.min():.1f} to "
-            f"{ratio.max():.1f}), and {100 * flips.get('fp32', float('nan')):.2f}% of the stream's coordinates flip sign against "
-            f"{100 * flips.get('bf16', float('nan')):.2f}% with bf16 (medians over layers and runs)."]
+            f"{ratio.max():.1f}; geometric mean {np.exp(logs.mean()):.1f}, "
+            + over_runs(logs, lambda x: f"×{np.exp(x):.2f}", "runs").replace("|Δ| ≥ ×", "a ratio beyond ×")
+            + f"), and {100 * medians.get('fp32', float('nan')):.2f}% of the stream's coordinates flip sign against "
+            f"{100 * medians.get('bf16', float('nan')):.2f}% with bf16 (medians over layers and runs")
+    if {"bf16", "fp32"} <= set(flips.columns):
+        gap = 100 * (flips["bf16"] - flips["fp32"])
+        text += f"; bf16 minus fp32 per run, in points of coordinates: {over_runs(gap, lambda x: f'{x:+.3f}', 'runs')}"
+    return [text + ")."]
 
 
 def swallowed() -> list[str]:
@@ -218,12 +245,18 @@ def swallowed() -> list[str]:
         return [Missing("The swallowed updates are not available: the swallowed analysis has not run.")]
     share = table.groupby("variant").swallowed_fraction.median()
     lost = table.groupby("variant").lost_mass_fraction.median()
+    per_run = table.groupby(["run", "variant"]).swallowed_fraction.median().unstack()
     others = [v for v in share.index if v not in ("bf16", "fp32")]
     worst = max(others, key=lambda v: share[v]) if others else None
     text = (f"Inside the trained models, a bf16 stream rounds {100 * share.get('bf16', float('nan')):.1f}% of the sublayers' non-zero "
             f"updates away entirely and loses {100 * lost.get('bf16', float('nan')):.2f}% of their mass; the fp32 stream "
             f"{100 * share.get('fp32', float('nan')):.2f}% and {100 * lost.get('fp32', float('nan')):.4f}% (medians over layers and "
-            f"{table.run.nunique()} runs of {_seeds(table)})")
+            f"{table.run.nunique()} runs of {_seeds(table)}")
+    if {"bf16", "fp32"} <= set(per_run.columns):
+        gap = 100 * (per_run["bf16"] - per_run["fp32"])
+        text += f"; the swallowed share, bf16 minus fp32 per run, in points: {over_runs(gap, lambda x: f'{x:+.2f}', 'runs')})"
+    else:
+        text += ")"
     if worst is not None:
         text += f"; of the narrower formats {worst} swallows most ({100 * share[worst]:.1f}%)"
     return [text + "."]
@@ -235,18 +268,22 @@ def envelope(config: dict, pairs) -> list[str]:
         return [Missing("The residual envelope is not available: the envelope analysis has not run.")]
     reach = table.groupby("run").agg(top=("max", "max"), bottom=("min", "min"))
     arms = {}  # (shape, baseline or StreamBack) -> reaches of its seeds
+    gaps = {}  # shape -> StreamBack's top minus the baseline's, per seed
     for shape, baseline, other in pairs:
         if other.removeprefix(f"{shape}-").split("-seed")[0] == "streamback" and {baseline, other} <= set(reach.index):
             arms.setdefault((shape, "baseline"), []).append(reach.loc[baseline])
             arms.setdefault((shape, "StreamBack"), []).append(reach.loc[other])
+            gaps.setdefault(shape, []).append(reach.loc[other].top - reach.loc[baseline].top)
     parts = {}
     for (shape, arm), seen in arms.items():
         low, high = min(r.bottom for r in seen), max(r.top for r in seen)
         parts.setdefault(shape, []).append(f"{arm} {low:.0f} to {high:.0f}")
     if not parts:
         return []
+    paired = [f"{shape}: {np.mean(g):+.1f} ({over_runs(g, lambda x: f'{x:+.1f}', 'seeds')})" for shape, g in gaps.items()]
     return [f"The stream's reach on a validation batch (its minimum and maximum over all layer boundaries, and over {_seeds(table)}): "
-            + "; ".join(f"{shape}: {', '.join(p)}" for shape, p in parts.items()) + "."]
+            + "; ".join(f"{shape}: {', '.join(p)}" for shape, p in parts.items())
+            + ". StreamBack's maximum minus the baseline's, per seed: " + "; ".join(paired) + "."]
 
 
 def verdicts() -> pd.DataFrame | None:

@@ -119,3 +119,38 @@ def test_the_benchmark_answer_leads_with_the_tasks_that_can_rank(study):
     assert words[0].startswith("Over the 2 run arms, with each arm's noise from its training seeds")
     assert "1 of 2 task metrics can rank these models: clear acc (SNR " in words[0]
     assert words[0].index("clear acc") < words[0].index("Cannot rank at this scale (SNR below 2.77): coin acc (SNR 0.2")
+
+
+def test_the_mechanisms_get_intervals_and_resolution(study):
+    """layer error, sign flips, swallowed share and envelope on constructed per-run tables: each
+    sentence gives the t interval over runs (or seeds) and what they resolve, from streamback.stats."""
+    config, _, _ = study
+    matrix = run_matrix(config["train"])
+    runs = list(matrix)
+    ratios = dict(zip(runs, [10.0, 12.0, 8.0, 11.0, 9.0, 14.0]))
+    rows, swallowed, envelope = [], [], []
+    for i, run in enumerate(runs):
+        for variant, error, flips in (("bf16", 1e-2, 0.02 + 0.001 * i), ("fp32", 1e-2 / ratios[run], 0.001)):
+            rows += [{"run": run, "seed": matrix[run].seed, "variant": variant, "kind": "activations", "layer": layer,
+                      "max_abs_error": error * (layer + 1) / 3, "sign_flip_fraction": flips} for layer in range(3)]
+        swallowed += [{"run": run, "seed": matrix[run].seed, "variant": v, "swallowed_fraction": f, "lost_mass_fraction": f / 10}
+                      for v, f in (("bf16", 0.2 + 0.002 * i), ("fp32", 0.001))]
+        top = 40.0 + i + (5.0 if matrix[run].block == "streamback" else 0.0)
+        envelope += [{"run": run, "seed": matrix[run].seed, "layer": 0, "max": top, "min": -top}]
+    for name, frame in (("layer_error", rows), ("swallowed", swallowed), ("envelope", envelope)):
+        pd.DataFrame(frame).to_csv(layout.table(name), index=False)
+    text = answer.layer_error()[0]
+    logs = np.log(list(ratios.values()))
+    summary = stats.across_seeds(logs, 0.95)
+    assert f"geometric mean {np.exp(logs.mean()):.1f}, 95% t interval ×{np.exp(summary['low']):.2f} to ×{np.exp(summary['high']):.2f} over 6 runs" in text
+    assert f"they resolve a ratio beyond ×{np.exp(stats.seed_mde(summary['sd'], 6)):.2f}" in text
+    gap = 100 * (0.02 + 0.001 * np.arange(6) - 0.001)
+    flips = stats.across_seeds(gap, 0.95)
+    assert f"in points of coordinates: 95% t interval {flips['low']:+.3f} to {flips['high']:+.3f} over 6 runs" in text
+    text = answer.swallowed()[0]
+    share = stats.across_seeds(100 * (0.2 + 0.002 * np.arange(6) - 0.001), 0.95)
+    assert (f"bf16 minus fp32 per run, in points: 95% t interval {share['low']:+.2f} to {share['high']:+.2f} over 6 runs; they resolve "
+            f"|Δ| ≥ {stats.seed_mde(share['sd'], 6):.2f}") in text
+    text = answer.envelope(config, comparisons(matrix))[0]
+    # StreamBack's top minus the baseline's of the same seed: 5 + 3 in every seed (the matrix lists the three baselines, then StreamBack)
+    assert "StreamBack's maximum minus the baseline's, per seed: tiny-medium: +8.0 (95% t interval +8.0 to +8.0 over 3 seeds; no spread" in text
