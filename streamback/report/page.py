@@ -117,7 +117,7 @@ def benchmarks() -> list:
     over, per_seed = pairs[seeds == ALL_SEEDS], pairs[seeds != ALL_SEEDS]
     if len(over) and (over.seeds > 1).any():
         shown = ["shape", "comparison", "task", "filter", "metric", "seeds", "baseline_value", "value", "diff", "ci_low", "ci_high",
-                 "boot_low", "boot_high", "sd", "baseline_sd", "p_holm", "verdict"]
+                 "boot_low", "boot_high", "sd", "baseline_sd", "p_seeds", "p_holm", "mde", "seeds_for_target", "verdict"]
         blocks += [Subheading("Is a difference real? Each comparison over the training seeds"), over[over.seeds > 1][shown].round(4),
                    caption("benchmark_pairs_seeds")]
     shown = ["shape", "seed", "task", "filter", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm",
