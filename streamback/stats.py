@@ -250,7 +250,8 @@ def seed_mde(sd: float, n: int, alpha: float = 0.05, power: float = 0.8, within_
     sigma = max(sd, within_se) if not math.isnan(sd) else math.nan
     if n < 2 or not sigma > 0:
         return math.nan
-    from scipy import optimize, stats as sps  # imported here: a second of import time most callers need not pay
+    from scipy import optimize  # imported here: a second of import time most callers need not pay
+    from scipy import stats as sps
 
     df = n - 1
     # past 2,000 seeds the t is a normal to 4 digits (and scipy's noncentral t turns NaN)

@@ -141,9 +141,9 @@ def differences_chart(data: pd.DataFrame):
         row=alt.Row("shape:N", title=None), column=alt.Column("kind:N", title=None)).resolve_scale(
         x="independent", y="independent").properties(title=alt.TitleParams(
             f"Each comparison's difference per training seed ({seeds} seed{'s' if seeds != 1 else ''}) and over the seeds",
-            subtitle=["points: one seed each; diamond: their mean; thick bar: its t interval over seeds; thin black bar: the bootstrap "
-                      "over seeds then items", "grey: ± the minimum detectable effect over the seeds; blue: the paper's band (losses); "
-                      "positive: the other run is better"]))
+            subtitle=[("points: one seed each; diamond: their mean; thick bar: its t interval over seeds; thin black bar: the bootstrap "
+                       "over seeds then items"), ("grey: ± the minimum detectable effect over the seeds; blue: the paper's band (losses); "
+                                                  "positive: the other run is better")]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

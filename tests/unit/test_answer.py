@@ -16,12 +16,13 @@ from streamback.runs import comparisons, run_matrix
 SEEDS = [0, 1, 2]
 
 
-@pytest.fixture
-def study(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
     """A default config of one shape over three seeds and its two tables written under tmp_path:
     loss_difference.csv from constructed window losses (StreamBack 0.01 nats lower, seed spread
     0.002, window noise 0.02), benchmark_pairs.csv from constructed items (one item of 100 lost
-    by StreamBack in each seed, and a task it wins by 20 to 25 points)."""
+    by StreamBack in each seed, and a task it wins by 20 to 25 points); built once for the module."""
+    tmp_path = tmp_path_factory.mktemp("answer")
     config = validate_config(merge_config(load_config(), {"train": {"runs": {"shapes": ["tiny-medium"], "streams": [], "seeds": SEEDS}}}))
     matrix = run_matrix(config["train"])
     pairs = comparisons(matrix)
@@ -47,12 +48,21 @@ def study(tmp_path, monkeypatch):
     loss.to_csv(tmp_path / layout.table("loss_difference"), index=False)
     per_seed = pd.DataFrame(rows).drop(columns=["_items"]).assign(mdd=float("nan"), seeds=1)
     pd.concat([per_seed, bench], ignore_index=True).to_csv(tmp_path / layout.table("benchmark_pairs"), index=False)
+    return tmp_path, (config, loss, bench)
+
+
+@pytest.fixture
+def study(built, tmp_path, monkeypatch):
+    """The built tables in a fresh copy of their directory, as the working directory."""
+    import shutil
+
+    shutil.copytree(built[0] / "results", tmp_path / "results")
     monkeypatch.chdir(tmp_path)
-    return config, loss, bench
+    return built[1]
 
 
 def test_the_rows_over_seeds_carry_the_resolution(study):
-    config, loss, bench = study
+    _, loss, bench = study
     row = loss[(loss.seed == "all") & (loss.split == "val")].iloc[0]
     seeds = loss[(loss.seed != "all") & (loss.split == "val")]
     sd = seeds.final_difference.std(ddof=1)
@@ -70,7 +80,7 @@ def test_the_rows_over_seeds_carry_the_resolution(study):
 
 
 def test_the_answer_says_what_the_tier_resolves_and_opens_with_the_forest_plot(study):
-    config, loss, bench = study
+    config, loss, _ = study
     row = loss[(loss.seed == "all") & (loss.split == "val")].iloc[0]
     text = " ".join(map(str, answer.loss(config)))
     assert (f"this tier resolves |Δ| ≥ {row.mde:.4f} nats; the paper's band of ±0.001 nats would take "
