@@ -29,7 +29,7 @@ ANALYSIS_SETTINGS = {
     "layer-error": ("batch_size", "reference", "variants", "seed"),
     "envelope": ("batch_size", "curve_points"),
     "swallowed": ("batch_size", "variants", "seed"),
-    "loss-difference": ("loss_windows", "micro_batch_size", "confidence", "smooth_steps", "curve_points", "band"),
+    "loss-difference": ("loss_windows", "micro_batch_size", "confidence", "smooth_steps", "curve_points", "band", "power", "target"),
 }
 # the keys `streamback evaluate` reads from the eval section (eval_tasks: local; benchmark_table: pairs)
 EVALUATE_SETTINGS = ("tasks", "include_path", "batch_size", "max_length", "bootstrap_iters")

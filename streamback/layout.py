@@ -191,6 +191,7 @@ def eval_samples(run: str, task: str) -> Path:
 EVAL_TASKS_DIR = EVAL_DIR / "tasks"  # not a run: run names are <shape>-<block>...
 BENCHMARK_TABLES = ("benchmarks", "benchmark_pairs")  # table(name): scores per run, and run vs baseline
 SEED_TABLE, SEED_FIGURE = "seed_variance", "seed_differences"  # table(name) and figure(name, suffix) of rule seed_variance
+TASK_SNR_TABLE = "task_snr"  # table(name) of rule seed_variance: each task's signal-to-noise over the run arms
 
 
 def eval_task_file(task: str) -> Path:

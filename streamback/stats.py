@@ -18,12 +18,19 @@ Within one training seed, paired on the same items or windows (a: the baseline, 
 Across training seeds (each seed trains both runs from the same weights on the same batches, so
 each seed gives one paired difference):
 - `across_seeds`: the mean of the per-seed differences with a t interval over seeds (n_seeds - 1
-  degrees of freedom), their sd and a two-sided t-test's p;
+  degrees of freedom), their sd and the exact sign-flip p (`sign_flip_p`), which n seeds can never
+  push below 2 / 2^n, however alike their differences;
 - `hierarchical_bootstrap`: the same mean with a percentile interval from resampling seeds, then
   items (or windows) within each drawn seed, so both sources of noise are in it;
-- `seed_verdict`: the difference against the seed-to-seed spread, in words.
+- `seed_verdict`: the difference against the seed-to-seed spread, in words: "consistent across
+  seeds" needs the t interval and the bootstrap to exclude zero, and a spread over seeds;
+- `seed_mde`, `seeds_needed`: the smallest difference n seeds detect at a given power, and the
+  seeds a target difference needs, from the spread of the per-seed differences.
+Per task, over models (`task_snr`): signal-and-noise's signal-to-noise ratio, the decision
+accuracy it implies and whether the task can rank the models at all.
 Binomial probabilities are computed in log space from log-factorials (numpy only); t quantiles
-come from scipy. The tests check every function against scipy, statsmodels or hand computation.
+come from scipy. The tests check every function against scipy, statsmodels, simulation or hand
+computation.
 """
 
 from __future__ import annotations
@@ -169,21 +176,39 @@ def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float)
     return t_interval(d, confidence)
 
 
+def sign_flip_p(differences: Sequence[float], draws: int = 200_000, seed: int = 0) -> float:
+    """The exact two-sided sign-flip p of mean 0 for per-seed paired differences: the share of the
+    2^n ways of flipping their signs whose |sum| is at least the observed one (ties within 1e-12
+    relative count). It assumes only that, with no effect, each seed's difference is as likely
+    negative as positive (the two runs of a seed are exchangeable: same weights, same batches), and
+    that seeds are independent; no normality, no estimate of the spread. The observed signs and
+    their mirror are always among the 2^n, so p >= 2 / 2^n (0.25 with three seeds): identical
+    differences never give p = 0. Past 20 seeds, `draws` random sign patterns (p = (1 + hits) /
+    (1 + draws)). NaN for no seed; 1 when every difference is 0."""
+    d = np.asarray(differences, dtype=np.float64)
+    if d.ndim != 1:
+        raise ValueError(f"sign_flip_p needs a 1-D sample, got shape {d.shape}")
+    if d.size == 0:
+        return math.nan
+    observed = abs(d.sum())
+    tolerance = 1e-12 * max(np.abs(d).sum(), 1e-300)
+    if d.size <= 20:
+        patterns = 1 - 2 * ((np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1)
+        return float(np.mean(np.abs(patterns @ d) >= observed - tolerance))
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, d.size))
+    return float((1 + np.sum(np.abs(signs @ d) >= observed - tolerance)) / (1 + draws))
+
+
 def across_seeds(differences: Sequence[float], confidence: float) -> dict:
     """The per-seed paired differences summarised over seeds: n, mean, sd (ddof 1), the t interval
-    (low, high) and the two-sided t-test p of mean 0 (NaN where n < 2, or sd 0 with mean 0)."""
+    (low, high), the exact sign-flip p of mean 0 (`sign_flip_p`; NaN where n < 2) and the smallest
+    p n seeds can give (`p_floor`, 2 / 2^n)."""
     d = np.asarray(differences, dtype=np.float64)
     mean, low, high = t_interval(d, confidence)
     sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
-    if d.size < 2:
-        p = math.nan
-    elif sd == 0:
-        p = math.nan if mean == 0 else 0.0
-    else:
-        from scipy import stats as sps
-
-        p = float(2 * sps.t.sf(abs(mean) / (sd / math.sqrt(d.size)), d.size - 1))
-    return {"n": int(d.size), "mean": mean, "sd": sd, "low": low, "high": high, "p": p, "min": float(d.min()), "max": float(d.max())}
+    p = sign_flip_p(d) if d.size > 1 else math.nan
+    return {"n": int(d.size), "mean": mean, "sd": sd, "low": low, "high": high, "p": p, "p_floor": min(1.0, 2.0 / 2 ** d.size),
+            "min": float(d.min()), "max": float(d.max())}
 
 
 def hierarchical_bootstrap(groups: Sequence[Sequence[float]], confidence: float = 0.95, resamples: int = 10000,
@@ -214,12 +239,70 @@ def hierarchical_bootstrap(groups: Sequence[Sequence[float]], confidence: float 
     return float(np.mean([a.mean() for a in arrays])), float(lower), float(upper)
 
 
+def seed_mde(sd: float, n: int, alpha: float = 0.05, power: float = 0.8, within_se: float = 0.0) -> float:
+    """The minimum detectable effect over n seeds: the smallest true mean difference that the
+    two-sided t-test of the seeds' paired differences at level `alpha` (the t interval excluding 0)
+    finds with probability `power`, from the noncentral t (n - 1 degrees of freedom, noncentrality
+    delta sqrt(n) / sigma). sigma is the per-seed differences' sd, but never below `within_se`,
+    the item or window noise of one seed's difference (sd of the items' differences / sqrt(items)),
+    which each seed's difference carries whatever the seeds show. Past 2,001 seeds the normal
+    approximation. Same unit as `sd`; NaN for n < 2 or no spread at all."""
+    sigma = max(sd, within_se) if not math.isnan(sd) else math.nan
+    if n < 2 or not sigma > 0:
+        return math.nan
+    from scipy import optimize  # imported here: a second of import time most callers need not pay
+    from scipy import stats as sps
+
+    df = n - 1
+    # past 2,000 seeds the t is a normal to 4 digits (and scipy's noncentral t turns NaN)
+    law, critical = (sps.norm, sps.norm.ppf(1 - alpha / 2)) if df > 2000 else (sps.nct, sps.t.ppf(1 - alpha / 2, df))
+
+    def short(delta: float) -> float:
+        nc = delta * math.sqrt(n) / sigma
+        if law is sps.norm:
+            return law.sf(critical - nc) + law.cdf(-critical - nc) - power
+        lower = law.cdf(-critical, df, nc)  # the wrong-side tail; NaN in scipy where it is below 1e-180
+        return law.sf(critical, df, nc) + (0.0 if math.isnan(lower) else lower) - power
+
+    high = sigma
+    while short(high) < 0:
+        high *= 2
+    return float(optimize.brentq(short, 0.0, high, xtol=1e-12 * sigma, rtol=1e-10))
+
+
+def seeds_needed(sigma: float, target: float, alpha: float = 0.05, power: float = 0.8, most: int = 100_000) -> float:
+    """The fewest seeds (at least 2) whose `seed_mde` at spread `sigma` is at most `target`; NaN if
+    sigma is unknown or more than `most` seeds would be needed."""
+    if not (sigma > 0 and target > 0):
+        return math.nan
+    if seed_mde(sigma, most, alpha, power) > target:
+        return math.nan
+    low, high = 1, most  # seed_mde(high) <= target; low is too few (or below 2)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if mid >= 2 and seed_mde(sigma, mid, alpha, power) <= target else (mid, high)
+    return float(high)
+
+
+def within_se(groups: Sequence[Sequence[float]]) -> float:
+    """The item (or window) noise of one seed's mean difference: the root mean over seeds of
+    var(items, ddof 1) / items; 0 where every seed has a single item."""
+    arrays = [np.asarray(g, dtype=np.float64) for g in groups]
+    return float(math.sqrt(np.mean([a.var(ddof=1) / a.size if a.size > 1 else 0.0 for a in arrays])))
+
+
 def seed_verdict(summary: dict, per_seed_significant: Sequence[bool], noise_sd: float, fmt, better: str, worse: str) -> str:
     """The across-seeds verdict in words. `summary`: `across_seeds` of the per-seed differences
     (positive: the other run is better), with `boot_low`/`boot_high` from `hierarchical_bootstrap`;
     `per_seed_significant`: whether each seed's own test found a difference; `noise_sd`: the
     seed-to-seed sd of the baseline's own score (the noise floor); `fmt` formats a difference;
-    `better`/`worse`: how to say the other run's direction."""
+    `better`/`worse`: how to say the other run's direction.
+
+    "Consistent across seeds" needs both the t interval over seeds (seed noise, assuming the
+    seeds' differences are roughly normal) and the bootstrap over seeds then items (seed and item
+    noise, no normality, but narrow with few seeds) to exclude zero on the same side, and the
+    seeds to differ at all: identical differences (sd 0) leave the t interval zero wide, so they
+    never count as consistent. The exact sign-flip p is quoted with its floor 2 / 2^n."""
     n, mean = summary["n"], summary["mean"]
     if n < 2:
         return ("one training seed: training randomness is not covered (train more seeds, train.runs.seeds, to know whether "
@@ -227,8 +310,49 @@ def seed_verdict(summary: dict, per_seed_significant: Sequence[bool], noise_sd: 
     spread = f"per-seed differences {fmt(summary['min'])} to {fmt(summary['max'])}, sd {fmt(summary['sd'], sign=False)}"
     floor = "" if math.isnan(noise_sd) else f"; the baseline's own score varies by sd {fmt(noise_sd, sign=False)} from seed to seed"
     interval = f"{fmt(summary['low'])} to {fmt(summary['high'])} over {n} seeds (t), {fmt(summary['boot_low'])} to {fmt(summary['boot_high'])} (seeds, then items)"
-    if summary["low"] > 0 or summary["high"] < 0:
-        return f"consistent across seeds: {better if mean > 0 else worse} by {fmt(abs(mean), sign=False)} ({interval}; {spread}{floor})"
+    p = f"exact sign-flip p = {summary['p']:.2g}, the smallest {n} seeds can give being {summary['p_floor']:.2g}"
+    t_side = 1 if summary["low"] > 0 else -1 if summary["high"] < 0 else 0
+    boot_side = 1 if summary["boot_low"] > 0 else -1 if summary["boot_high"] < 0 else 0
+    if summary["sd"] > 0 and t_side != 0 and t_side == boot_side:
+        return f"consistent across seeds: {better if mean > 0 else worse} by {fmt(abs(mean), sign=False)} ({interval}; {p}; {spread}{floor})"
     flips = sum(per_seed_significant) and (summary["min"] < 0 < summary["max"])
-    why = "significant within some seeds, but of opposite signs" if flips else "the interval over seeds includes 0"
-    return f"within seed noise: {fmt(mean)} on average, {why} ({interval}; {spread}{floor})"
+    if flips:
+        why = "significant within some seeds, but of opposite signs"
+    elif not summary["sd"] > 0:
+        why = f"the {n} seeds' differences are identical, so their spread is unknown and the t interval has no width"
+    elif t_side == 0:
+        why = "the interval over seeds includes 0"
+    else:
+        why = "the bootstrap over seeds then items includes 0"
+    return f"within seed noise: {fmt(mean)} on average, {why} ({interval}; {p}; {spread}{floor})"
+
+
+RANK_Z = 1.959964 * math.sqrt(2)  # SNR below which the two most distant models are not told apart (see task_snr)
+
+
+def task_snr(scores: dict[str, Sequence[float]]) -> dict:
+    """Signal-and-noise (allenai/signal-and-noise, 2025) for one task: `scores` holds each model's
+    repeated scores (its last checkpoints, or its training seeds). signal = max_jk |m_j - m_k| /
+    mean(m) over the models' mean scores m; noise = the models' sd of their own scores (np.std,
+    ddof 0, as the reference; pooled: the root mean of their variances) / the mean of all scores;
+    snr = signal / noise. `decision_accuracy`: the chance that one evaluation of each of two
+    models ranks them as their means do, Phi(|m_j - m_k| / (sd sqrt 2)), averaged over the pairs.
+    `can_rank`: snr >= 1.96 sqrt 2 (about 2.77): below it even the two most distant models'
+    scores differ by less than 1.96 sd of a difference, so no pair is told apart at 5% and the
+    task cannot rank these models. NaN (and can_rank False) with fewer than two models or no
+    repeated score."""
+    from scipy import stats as sps  # imported here: a second of import time most callers need not pay
+
+    arrays = [np.asarray(v, dtype=np.float64) for v in scores.values()]
+    out = {"models": len(arrays), "signal": math.nan, "noise": math.nan, "snr": math.nan, "decision_accuracy": math.nan, "can_rank": False}
+    if len(arrays) < 2 or any(a.size < 2 for a in arrays):
+        return out
+    means = np.array([a.mean() for a in arrays])
+    sd = math.sqrt(np.mean([a.var() for a in arrays]))
+    grand = float(np.concatenate(arrays).mean())
+    signal = float((means.max() - means.min()) / means.mean())
+    noise = sd / grand
+    gaps = np.abs(means[:, None] - means[None, :])[np.triu_indices(len(means), 1)]
+    accuracy = float(np.mean(sps.norm.cdf(gaps / (sd * math.sqrt(2))))) if sd > 0 else 1.0
+    snr = signal / noise if noise > 0 else math.inf
+    return {**out, "signal": signal, "noise": noise, "snr": snr, "decision_accuracy": accuracy, "can_rank": bool(snr >= RANK_Z)}

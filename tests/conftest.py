@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # the default study, smaller: every stage and every run of config/config.yaml, on less data, fewer steps and two seeds

@@ -14,7 +14,11 @@ per-window difference (`streamback.stats.paired_difference`), per training seed.
 row whose seed is `all`): the mean of the seeds' differences with a t interval over seeds and a
 hierarchical bootstrap over seeds then windows (`boot_low`, `boot_high`), the sd of the seeds'
 differences, the baseline's own seed-to-seed sd of its loss (`baseline_sd`, the noise floor) and
-a verdict in words (`streamback.stats.seed_verdict`). The curves' across-seeds rows are the mean
+a verdict in words (`streamback.stats.seed_verdict`), the exact sign-flip p (`p_seeds`), the
+minimum detectable effect at analysis.power (`mde`, `streamback.stats.seed_mde`: from the seeds'
+sd, never below the windows' own noise `within_se`) and the seeds that analysis.band and
+analysis.target (`band`, `target`) would take at that spread (`seeds_for_band`,
+`seeds_for_target`; empty past 100,000). The curves' across-seeds rows are the mean
 over seeds at each step logged by all of them, with the seeds' range of the smoothed difference
 (`band_low`, `band_high`).
 """
@@ -83,10 +87,12 @@ def _nats(x: float, sign: bool = True) -> str:
     return f"{x:+.4f}" if sign else f"{x:.4f}"
 
 
-def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, confidence: float, windows: int) -> pd.DataFrame:
+def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, cfg: dict, windows: int) -> pd.DataFrame:
     """The final loss differences of `pairs` ((shape, baseline, other) runs), a row per seed and
     split from each pair's per-window `losses[(run, split)]`, then a row over the seeds of each
-    shape, comparison and split (see the module docstring)."""
+    shape, comparison and split (see the module docstring); `cfg`: the analysis section."""
+    confidence = cfg["confidence"]
+    alpha, power = 1 - confidence, cfg["power"]
     rows, groups = [], {}
     for shape, baseline, other in pairs:
         comparison, seed = comparison_name(matrix[other]), matrix[other].seed
@@ -105,12 +111,18 @@ def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, confide
         _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap([d for d, _, _ in seeds], confidence, BOOTSTRAP_RESAMPLES)
         baseline_sd = stats.across_seeds([m for _, m, _ in seeds], confidence)["sd"]
         text = stats.seed_verdict(summary, [r for *_, r in seeds], baseline_sd, _nats, f"{comparison} lower", f"{comparison} higher")
+        noise = stats.within_se([d for d, _, _ in seeds])
+        sigma = max(summary["sd"], noise)
         rows.append({"shape": shape, "comparison": comparison, "seed": layout.ALL_SEEDS, "split": split, "final_difference": summary["mean"],
                      "ci_low": summary["low"], "ci_high": summary["high"], "boot_low": summary["boot_low"], "boot_high": summary["boot_high"],
                      "seeds": summary["n"], "sd": summary["sd"], "baseline_sd": baseline_sd, "windows": windows,
-                     "baseline_loss": float(np.mean([m for _, m, _ in seeds])), "verdict": text})
+                     "baseline_loss": float(np.mean([m for _, m, _ in seeds])), "p_seeds": summary["p"], "within_se": noise,
+                     "mde": stats.seed_mde(summary["sd"], summary["n"], alpha, power, noise),
+                     "band": cfg["band"], "seeds_for_band": stats.seeds_needed(sigma, cfg["band"], alpha, power),
+                     "target": cfg["target"], "seeds_for_target": stats.seeds_needed(sigma, cfg["target"], alpha, power), "verdict": text})
     columns = ["shape", "comparison", "seed", "split", "final_difference", "ci_low", "ci_high", "boot_low", "boot_high", "seeds", "sd",
-               "baseline_sd", "windows", "baseline_loss", "compared_loss", "logged_difference", "verdict"]
+               "baseline_sd", "windows", "baseline_loss", "compared_loss", "logged_difference", "p_seeds", "within_se", "mde",
+               "band", "seeds_for_band", "target", "seeds_for_target", "verdict"]
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -162,6 +162,6 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
         curve = loss_curves(records[baseline], records[other], cfg["smooth_steps"], cfg["curve_points"])
         curves.append(curve.assign(shape=shape, comparison=comparison_name(matrix[other]), seed=matrix[other].seed))
     curves = pd.concat(curves, ignore_index=True)
-    finals = final_differences(pairs, matrix, losses, curves, cfg["confidence"], count)
+    finals = final_differences(pairs, matrix, losses, curves, cfg, count)
     curve_columns = ["shape", "comparison", "seed", "split", "step", "tokens", "difference", "smoothed", "band_low", "band_high"]
     return {"loss_difference": finals, "loss_curves": pd.concat([curves, across_seeds_curves(curves)], ignore_index=True)[curve_columns]}

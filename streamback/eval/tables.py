@@ -18,9 +18,12 @@
   eval.pairs.power) and a verdict in words. Then, per comparison, task, filter and metric, a row
   over the seeds (seed `all`): the mean difference with its t interval over seeds (`ci_low`,
   `ci_high`) and a bootstrap over seeds then items (`boot_low`, `boot_high`), the seeds' sd of
-  the difference and the baseline's own (`baseline_sd`, the noise floor), the t-test's p
-  (`p_seeds`) Holm-adjusted over the comparison's rows over seeds, and a verdict against the
-  seed-to-seed spread (one seed: that training randomness is not covered).
+  the difference and the baseline's own (`baseline_sd`, the noise floor), the exact sign-flip p
+  (`p_seeds`, never below 2 / 2^seeds) Holm-adjusted over the comparison's rows over seeds, the
+  minimum detectable effect over the seeds at eval.pairs.power and alpha (`mde`: from the seeds'
+  sd, never below the items' own noise `within_se`), the seeds eval.pairs.target would take at
+  that spread (`seeds_for_target`), and a verdict against the seed-to-seed spread (one seed: that
+  training randomness is not covered).
 
 Only complete evaluations are read (`read_results`): results.json must parse and hold every task
 with its item count and every metric under every filter, each task's samples file must hold its n
@@ -49,7 +52,7 @@ HELP = "aggregate lm-eval's results of every run (benchmarks.csv) and test each 
 BENCHMARK_COLUMNS = ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
 PAIR_COLUMNS = ["shape", "comparison", "seed", "task", "filter", "metric", "baseline", "run", "stream", "n", "baseline_value", "value",
                 "diff", "ci_low", "ci_high", "boot_low", "boot_high", "seeds", "sd", "baseline_sd", "baseline_only", "run_only", "p_mcnemar",
-                "p_seeds", "p_holm", "tests", "family", "mdd", "verdict"]
+                "p_seeds", "p_holm", "tests", "family", "mdd", "within_se", "mde", "target", "seeds_for_target", "verdict"]
 SAMPLE_KEYS = ("doc_id", "doc_hash", "filter")  # what pairing reads of each sample, besides its metrics
 
 
@@ -234,8 +237,10 @@ def across_seeds_rows(rows: list[dict], benchmarks: list[dict], pairs_cfg: dict)
     """Per shape, comparison, task, filter and metric, the row over its training seeds: the mean of
     the seeds' differences with a t interval over seeds (`ci_low`, `ci_high`), a bootstrap over
     seeds then items (`boot_low`, `boot_high`), the sd of the seeds' differences, the baseline's
-    own seed-to-seed sd (`baseline_sd`), the t-test's p over seeds (`p_seeds`) Holm-adjusted over
-    the comparison's rows like these, and a verdict against the seed-to-seed spread."""
+    own seed-to-seed sd (`baseline_sd`), the exact sign-flip p over seeds (`p_seeds`) Holm-adjusted
+    over the comparison's rows like these, the minimum detectable effect over the seeds (`mde`)
+    and the seeds eval.pairs.target takes (`seeds_for_target`), and a verdict against the
+    seed-to-seed spread."""
     confidence, alpha = pairs_cfg["confidence"], pairs_cfg["alpha"]
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -246,13 +251,17 @@ def across_seeds_rows(rows: list[dict], benchmarks: list[dict], pairs_cfg: dict)
         _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap(
             [r["_items"] for r in seeds], confidence, pairs_cfg["resamples"], pairs_cfg["seed"])
         baseline_sd = stats.across_seeds([r["baseline_value"] for r in seeds], confidence)["sd"]
+        noise = stats.within_se([r["_items"] for r in seeds])
         first = seeds[0]
         out.append({"shape": shape, "comparison": comparison, "seed": layout.ALL_SEEDS, "task": task, "filter": filt, "metric": metric,
                     "baseline": first["baseline"].removesuffix(f"-seed{first['seed']}"), "run": first["run"].removesuffix(f"-seed{first['seed']}"),
                     "stream": first["stream"], "n": first["n"], "baseline_value": sum(r["baseline_value"] for r in seeds) / len(seeds),
                     "value": sum(r["value"] for r in seeds) / len(seeds), "diff": summary["mean"], "ci_low": summary["low"],
                     "ci_high": summary["high"], "boot_low": summary["boot_low"], "boot_high": summary["boot_high"], "seeds": summary["n"],
-                    "sd": summary["sd"], "baseline_sd": baseline_sd, "p_seeds": summary["p"], "_summary": summary,
+                    "sd": summary["sd"], "baseline_sd": baseline_sd, "p_seeds": summary["p"], "within_se": noise,
+                    "mde": stats.seed_mde(summary["sd"], summary["n"], alpha, pairs_cfg["power"], noise),
+                    "target": pairs_cfg["target"], "seeds_for_target": stats.seeds_needed(max(summary["sd"], noise), pairs_cfg["target"], alpha, pairs_cfg["power"]),
+                    "_summary": summary,
                     "_significant": [r["p_holm"] <= alpha for r in seeds]})
     by_comparison: dict[tuple, list[dict]] = {}
     for row in out:

@@ -27,7 +27,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -5,16 +5,22 @@ Each sentence reads one stage's CSV under results/tables/: the final loss differ
 first (their t intervals, bootstraps over seeds then windows or items, and verdicts against the
 seed-to-seed spread) and then within each seed (paired intervals, Holm's correction); the layer
 error at the last layer boundary (`layer_error`), the share of updates a stream rounds away
-(`swallowed`) and the reach of the stream (`envelope`), each saying over how many runs and seeds.
+(`swallowed`) and the reach of the stream (`envelope`), each saying over how many runs and seeds,
+with a t interval over the runs (or seeds) and the difference they resolve (`over_runs`). Beside
+each loss verdict, what the tier resolves and the seeds the paper's band would take; the benchmark
+answer leads with the tasks that can rank the models (`task_snr`).
 With one seed, a sentence says that training's own randomness is not covered. A table that is not
 there gives a sentence saying so.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pandas as pd
 
-from streamback import layout
+from streamback import layout, stats
 from streamback.html_report import Missing
 
 
@@ -50,6 +56,16 @@ def compared(config: dict) -> str:
     return text + ". Differences are baseline minus the other run: positive means the other run is better, as in the seed."
 
 
+def resolution(mde: float, seeds: float, unit: str, band: str, scale: float = 1.0, digits: int = 4) -> str:
+    """'this tier resolves |Δ| ≥ X; <band> would take N seeds at this spread', from a row over seeds:
+    its `mde` and the seeds `band` (e.g. "the paper's band of ±0.001 nats") takes; differences
+    times `scale` in `unit`."""
+    if pd.isna(mde):
+        return "what this tier resolves needs two seeds or more"
+    needed = "more than 100,000 seeds" if pd.isna(seeds) else f"{int(seeds):,} seeds"
+    return f"this tier resolves |Δ| ≥ {scale * mde:.{digits}f} {unit}; {band} would take {needed} at this spread"
+
+
 def _verdict(lo: float, hi: float) -> str:
     return "distinguishable from zero" if lo > 0 or hi < 0 else "not distinguishable from zero"
 
@@ -69,13 +85,14 @@ def loss(config: dict) -> list[str]:
                        f"{'lower' if d > 0 else 'higher'} than the baseline's on average ({confidence:.0%} t interval over seeds "
                        f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to "
                        f"{row.boot_high:+.4f}; the baseline's own loss varies by sd {row.baseline_sd:.4f} from seed to seed): "
-                       f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the paper's band of ±{band:g}.")
+                       f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the paper's band of ±{band:g}; "
+                       + resolution(row.mde, row.seeds_for_band, "nats", f"the paper's band of ±{band:g} nats") + ".")
         else:
             seed = per_seed[(per_seed["shape"] == row.shape) & (per_seed.comparison == "streamback")].iloc[0]
             out.append(f"On {row.shape}, StreamBack's final validation loss is {abs(d):.4f} nats {'lower' if d > 0 else 'higher'} than "
                        f"the baseline's ({confidence:.0%} CI of the difference {seed.ci_low:+.4f} to {seed.ci_high:+.4f}, paired over "
                        f"the same validation windows): {_verdict(seed.ci_low, seed.ci_high)}, {'inside' if abs(d) <= band else 'outside'} "
-                       f"the paper's band of ±{band:g}.")
+                       f"the paper's band of ±{band:g}; what this tier resolves needs two seeds or more.")
     if len(out) and (over.seeds <= 1).all():
         out.append(f"These intervals cover the validation windows only: each run was trained once, from seed {config['train']['seed']}, "
                    "so a difference near the band may also be the two training runs' own randomness, which no interval here includes "
@@ -97,25 +114,60 @@ def loss(config: dict) -> list[str]:
     return out
 
 
+def task_signal() -> list[str]:
+    """Which tasks can rank the study's models, from task_snr.csv: those that can first, by SNR,
+    then those that cannot, named."""
+    table = _table("task_snr")
+    if table is None or table.snr.isna().all():
+        return []
+    table = table.dropna(subset=["snr"])
+    label = table.task + " " + table.metric + table["filter"].map(lambda f: "" if f == "none" else f" ({f})")
+    decide = [f"{name} (SNR {snr:.1f}, decision accuracy {100 * acc:.0f}%)" for name, snr, acc, ok
+              in zip(label, table.snr, table.decision_accuracy, table.can_rank) if ok]
+    cannot = [f"{name} (SNR {snr:.1f}, {100 * acc:.0f}%)" for name, snr, acc, ok in zip(label, table.snr, table.decision_accuracy, table.can_rank)
+              if not ok]
+    source = table.noise_from.iloc[0]
+    text = (f"Over the {int(table.models.max())} run arms, with each arm's noise from its {source} (signal-and-noise's SNR: the arms' "
+            f"spread over their own sd), {len(decide)} of {len(table)} task metrics can rank these models: "
+            + ("; ".join(decide) if decide else "none"))
+    if cannot:
+        text += f". Cannot rank at this scale (SNR below {1.96 * 2 ** 0.5:.2f}): " + "; ".join(cannot)
+    return [text + "."]
+
+
 def benchmarks(config: dict) -> list[str]:
     pairs = _table("benchmark_pairs")
     if pairs is None:
         return [Missing("The benchmark comparison is not available: the evaluation has not run.")]
     alpha = config["eval"]["pairs"]["alpha"]
     over, per_seed = pairs[pairs.seed == layout.ALL_SEEDS], pairs[pairs.seed != layout.ALL_SEEDS]
-    out = []
+    out = task_signal()
     if len(over) and (over.seeds > 1).any():
-        consistent = over[over.verdict.str.startswith("consistent") & (over.p_holm <= alpha)]
-        head = (f"Over {int(over.seeds.max())} training seeds, {len(consistent)} of {len(over)} benchmark comparisons of a run against "
-                f"its shape's baseline ({over.task.nunique()} tasks) are consistent across seeds after Holm's correction over each "
-                f"comparison's tasks (alpha {alpha:g})")
+        n, tests = int(over.seeds.max()), int(over.tests.max())
+        consistent = over[over.verdict.str.startswith("consistent")]
+        head = (f"Over {n} training seeds, {len(consistent)} of {len(over)} benchmark comparisons of a run against its shape's "
+                f"baseline ({over.task.nunique()} tasks) are consistent across seeds: the t interval over seeds and the bootstrap "
+                "over seeds then items both exclude 0")
         floor = f"the baselines' own scores vary by a median sd of {100 * over.baseline_sd.median():.1f} points from seed to seed"
         if consistent.empty:
-            out.append(f"{head}: every difference is within seed noise; {floor}.")
+            out.append(f"{head}: none; {floor}.")
         else:
             listed = "; ".join(f"{r.run} on {r.task} {r.metric} ({100 * r['diff']:+.1f} points, {100 * r.ci_low:+.1f} to {100 * r.ci_high:+.1f} "
                                f"over seeds)" for _, r in consistent.iterrows())
             out.append(f"{head}: {listed}; {floor}.")
+        enough = next(k for k in range(2, 64) if tests * 2.0 / 2 ** k <= alpha)
+        significant = int((over.p_holm <= alpha).sum())
+        out.append(f"The exact sign-flip test over {n} seeds cannot give p below {2 / 2 ** n:.2g}, so after Holm over a comparison's "
+                   f"{tests} tests {'no difference can reach' if tests * 2 / 2 ** n > alpha else f'{significant} reach'} alpha {alpha:g}"
+                   f"{f' (that takes {enough} seeds)' if tests * 2 / 2 ** n > alpha else ''}.")
+        mde = 100 * over.mde.dropna()
+        target = config["eval"]["pairs"]["target"]
+        needed = over.seeds_for_target.dropna()
+        if len(mde):
+            out.append(f"Over the seeds this tier resolves |Δ| ≥ {mde.min():.1f} to {mde.max():.1f} points, by task (median "
+                       f"{mde.median():.1f}); a target of {100 * target:g} points (eval.pairs.target) would take "
+                       + (f"{int(needed.min()):,} to {int(needed.max()):,} seeds at these spreads" if len(needed) else "more than 100,000 seeds")
+                       + ".")
     real = per_seed[per_seed.p_holm <= alpha]
     seeds = per_seed.seed.nunique()
     head = (f"{'Within single seeds, of' if seeds > 1 else 'Of'} {len(per_seed)} benchmark comparisons of a run against its shape's baseline "
@@ -127,8 +179,7 @@ def benchmarks(config: dict) -> list[str]:
                       "would be found 80% of the time" if len(smallest) else "")
         out.append(head + detectable + ".")
     else:
-        listed = "; ".join(f"{r.run} on {r.task} ({100 * r['diff']:+.1f} points, p = {r.p_holm:.2g})" for _, r in real.iterrows())
-        out.append(f"{head}: {listed}.")
+        out.append(f"{head}; the table of per-seed tests under Benchmarks lists them.")
     if seeds == 1:
         out.append("Each run was trained once, so these tests cover the items only, not training's own randomness (train.runs.seeds).")
     return out + above_chance()
@@ -148,6 +199,19 @@ def above_chance() -> list[str]:
             f"that have one ({', '.join(sorted(set(scored.task)))}), over {len(beats)} runs."]
 
 
+def over_runs(values, fmt, what: str = "runs") -> str:
+    """'95% t interval L to H over n runs; they resolve |Δ| ≥ X' for per-run values (or per-run
+    paired differences): the t interval of their mean and its minimum detectable effect (80% power,
+    two-sided 5%); `fmt` formats a value."""
+    values = [float(v) for v in values if pd.notna(v) and math.isfinite(v)]
+    if len(values) < 2:
+        return f"one {what[:-1]}: no interval"
+    summary = stats.across_seeds(values, 0.95)
+    mde = stats.seed_mde(summary["sd"], summary["n"])
+    resolves = f"; they resolve |Δ| ≥ {fmt(mde).lstrip('+')}" if pd.notna(mde) else "; no spread between them"
+    return f"95% t interval {fmt(summary['low'])} to {fmt(summary['high'])} over {summary['n']} {what}{resolves}"
+
+
 def layer_error() -> list[str]:
     table = _table("layer_error")
     if table is None:
@@ -157,11 +221,19 @@ def layer_error() -> list[str]:
     if not {"bf16", "fp32"} <= set(last.columns):
         return []
     ratio = (last["bf16"] / last["fp32"]).replace([float("inf")], float("nan")).dropna()
-    flips = table[(table.kind == "activations")].groupby("variant").sign_flip_fraction.median()
-    return [f"Against a full-precision forward pass of the same weights, the fp32 stream's largest error at the last layer boundary is "
+    logs = np.log(ratio[ratio > 0])
+    flips = acts.groupby(["run", "variant"]).sign_flip_fraction.median().unstack()
+    medians = acts.groupby("variant").sign_flip_fraction.median()
+    text = (f"Against a full-precision forward pass of the same weights, the fp32 stream's largest error at the last layer boundary is "
             f"{ratio.median():.1f} times smaller than the bf16 stream's (median over {len(ratio)} runs of {_seeds(table)}; range {ratio.min():.1f} to "
-            f"{ratio.max():.1f}), and {100 * flips.get('fp32', float('nan')):.2f}% of the stream's coordinates flip sign against "
-            f"{100 * flips.get('bf16', float('nan')):.2f}% with bf16 (medians over layers and runs)."]
+            f"{ratio.max():.1f}; geometric mean {np.exp(logs.mean()):.1f}, "
+            + over_runs(logs, lambda x: f"×{np.exp(x):.2f}", "runs").replace("|Δ| ≥ ×", "a ratio beyond ×")
+            + f"), and {100 * medians.get('fp32', float('nan')):.2f}% of the stream's coordinates flip sign against "
+            f"{100 * medians.get('bf16', float('nan')):.2f}% with bf16 (medians over layers and runs")
+    if {"bf16", "fp32"} <= set(flips.columns):
+        gap = 100 * (flips["bf16"] - flips["fp32"])
+        text += f"; bf16 minus fp32 per run, in points of coordinates: {over_runs(gap, lambda x: f'{x:+.3f}', 'runs')}"
+    return [text + ")."]
 
 
 def swallowed() -> list[str]:
@@ -170,12 +242,18 @@ def swallowed() -> list[str]:
         return [Missing("The swallowed updates are not available: the swallowed analysis has not run.")]
     share = table.groupby("variant").swallowed_fraction.median()
     lost = table.groupby("variant").lost_mass_fraction.median()
+    per_run = table.groupby(["run", "variant"]).swallowed_fraction.median().unstack()
     others = [v for v in share.index if v not in ("bf16", "fp32")]
     worst = max(others, key=lambda v: share[v]) if others else None
     text = (f"Inside the trained models, a bf16 stream rounds {100 * share.get('bf16', float('nan')):.1f}% of the sublayers' non-zero "
             f"updates away entirely and loses {100 * lost.get('bf16', float('nan')):.2f}% of their mass; the fp32 stream "
             f"{100 * share.get('fp32', float('nan')):.2f}% and {100 * lost.get('fp32', float('nan')):.4f}% (medians over layers and "
-            f"{table.run.nunique()} runs of {_seeds(table)})")
+            f"{table.run.nunique()} runs of {_seeds(table)}")
+    if {"bf16", "fp32"} <= set(per_run.columns):
+        gap = 100 * (per_run["bf16"] - per_run["fp32"])
+        text += f"; the swallowed share, bf16 minus fp32 per run, in points: {over_runs(gap, lambda x: f'{x:+.2f}', 'runs')})"
+    else:
+        text += ")"
     if worst is not None:
         text += f"; of the narrower formats {worst} swallows most ({100 * share[worst]:.1f}%)"
     return [text + "."]
@@ -187,18 +265,60 @@ def envelope(config: dict, pairs) -> list[str]:
         return [Missing("The residual envelope is not available: the envelope analysis has not run.")]
     reach = table.groupby("run").agg(top=("max", "max"), bottom=("min", "min"))
     arms = {}  # (shape, baseline or StreamBack) -> reaches of its seeds
+    gaps = {}  # shape -> StreamBack's top minus the baseline's, per seed
     for shape, baseline, other in pairs:
         if other.removeprefix(f"{shape}-").split("-seed")[0] == "streamback" and {baseline, other} <= set(reach.index):
             arms.setdefault((shape, "baseline"), []).append(reach.loc[baseline])
             arms.setdefault((shape, "StreamBack"), []).append(reach.loc[other])
+            gaps.setdefault(shape, []).append(reach.loc[other].top - reach.loc[baseline].top)
     parts = {}
     for (shape, arm), seen in arms.items():
         low, high = min(r.bottom for r in seen), max(r.top for r in seen)
         parts.setdefault(shape, []).append(f"{arm} {low:.0f} to {high:.0f}")
     if not parts:
         return []
+    paired = [f"{shape}: {np.mean(g):+.1f} ({over_runs(g, lambda x: f'{x:+.1f}', 'seeds')})" for shape, g in gaps.items()]
     return [f"The stream's reach on a validation batch (its minimum and maximum over all layer boundaries, and over {_seeds(table)}): "
-            + "; ".join(f"{shape}: {', '.join(p)}" for shape, p in parts.items()) + "."]
+            + "; ".join(f"{shape}: {', '.join(p)}" for shape, p in parts.items())
+            + ". StreamBack's maximum minus the baseline's, per seed: " + "; ".join(paired) + "."]
+
+
+def verdicts() -> pd.DataFrame | None:
+    """The verdict table: a row per comparison and quantity over the seeds (final losses in nats,
+    benchmarks in points), with its intervals, its minimum detectable effect, the seeds a band
+    takes (the paper's for losses, eval.pairs.target for benchmarks) and the verdict's first words;
+    None where neither table is there."""
+    loss, pairs = _table("loss_difference"), _table("benchmark_pairs")
+    rows = []
+    for r in ([] if loss is None else loss[loss.seed == layout.ALL_SEEDS].to_dict("records")):
+        rows.append({"shape": r["shape"], "comparison": r["comparison"], "quantity": f"final {r['split']} loss (nats)", "seeds": r["seeds"],
+                     "difference": r["final_difference"], "t interval": _interval(r["ci_low"], r["ci_high"], 1, 4),
+                     "bootstrap": _interval(r.get("boot_low"), r.get("boot_high"), 1, 4), "resolves |Δ| ≥": _value(r.get("mde"), 1, 4),
+                     "seeds for the band": _seeds_cell(r.get("seeds_for_band"), r.get("band"), 1, "nats", r["seeds"]),
+                     "verdict": str(r["verdict"]).split(":")[0]})
+    for r in ([] if pairs is None else pairs[pairs.seed == layout.ALL_SEEDS].to_dict("records")):
+        filt = "" if r["filter"] == "none" else f" ({r['filter']})"
+        rows.append({"shape": r["shape"], "comparison": r["comparison"], "quantity": f"{r['task']} {r['metric']}{filt} (points)",
+                     "seeds": r["seeds"], "difference": 100 * r["diff"], "t interval": _interval(r["ci_low"], r["ci_high"], 100, 1),
+                     "bootstrap": _interval(r["boot_low"], r["boot_high"], 100, 1), "resolves |Δ| ≥": _value(r.get("mde"), 100, 1),
+                     "seeds for the band": _seeds_cell(r.get("seeds_for_target"), r.get("target"), 100, "points", r["seeds"]),
+                     "verdict": str(r["verdict"]).split(":")[0]})
+    return pd.DataFrame(rows).round({"difference": 4}) if rows else None
+
+
+def _value(x, scale: float, digits: int) -> str:
+    return "" if x is None or pd.isna(x) else f"{scale * x:.{digits}f}"
+
+
+def _interval(low, high, scale: float, digits: int) -> str:
+    return "" if low is None or pd.isna(low) else f"{scale * low:+.{digits}f} to {scale * high:+.{digits}f}"
+
+
+def _seeds_cell(seeds, band, scale: float, unit: str, measured: int) -> str:
+    """'±0.001 nats: 12': the seeds `band` takes, from a row over `measured` seeds."""
+    if band is None or pd.isna(band) or measured < 2:
+        return ""
+    return f"±{scale * band:g} {unit}: " + ("more than 100,000" if pd.isna(seeds) else f"{int(seeds):,}")
 
 
 def sentences(config: dict, pairs) -> list:

@@ -117,11 +117,14 @@ def benchmarks() -> list:
     wide = wide.pivot_table(index=index, columns=["task", "metric"], values="score", aggfunc="first", sort=False)
     wide.columns = [f"{task} ({metric})" for task, metric in wide.columns]
     blocks = [wide.reset_index(), caption("benchmarks")]
+    snr = layout.table(layout.TASK_SNR_TABLE)
+    if snr.exists():
+        blocks += [Subheading("Which tasks can rank these models"), pd.read_csv(snr).round(4), caption("task_snr")]
     seeds = pairs.seed.astype(str) if "seed" in pairs.columns else pd.Series("0", index=pairs.index)
     over, per_seed = pairs[seeds == layout.ALL_SEEDS], pairs[seeds != layout.ALL_SEEDS]
     if len(over) and (over.seeds > 1).any():
         shown = ["shape", "comparison", "task", "filter", "metric", "seeds", "baseline_value", "value", "diff", "ci_low", "ci_high",
-                 "boot_low", "boot_high", "sd", "baseline_sd", "p_holm", "verdict"]
+                 "boot_low", "boot_high", "sd", "baseline_sd", "p_seeds", "p_holm", "mde", "seeds_for_target", "verdict"]
         blocks += [Subheading("Is a difference real? Each comparison over the training seeds"), over[over.seeds > 1][shown].round(4),
                    caption("benchmark_pairs_seeds")]
     shown = ["shape", "seed", "task", "filter", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm",
@@ -160,15 +163,12 @@ def analysis(kind: str, study: Study) -> list:
 
 
 def seeds(study: Study) -> list:
-    """Training's own randomness: every arm's spread over its seeds, and each comparison per seed (rule seed_variance)."""
-
+    """Training's own randomness: every arm's spread over its seeds (rule seed_variance; each
+    comparison per seed is the answer's forest plot)."""
     path = layout.table(layout.SEED_TABLE)
-    sources = _read_tables(("loss_difference", "benchmark_pairs"))
-    if not path.exists() or sources is None:
-        return [_missing("The seed-to-seed spread", "seed_variance", [path, *(layout.table(n) for n in ("loss_difference", "benchmark_pairs"))])]
-    table = pd.read_csv(path)
-    return [table.round(5), caption("seed_variance"),
-            differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"])), caption("seed_differences")]
+    if not path.exists():
+        return [_missing("The seed-to-seed spread", "seed_variance", [path])]
+    return [pd.read_csv(path).round(5), caption("seed_variance")]
 
 
 def training_curves() -> list:
@@ -236,12 +236,28 @@ def speed_and_memory() -> list:
                               f"{layout.BENCH_FILE}, `streamback memory` writes {layout.MEMORY_FILE}.")]
 
 
+def the_answer(study: Study) -> list:
+    """The answer, drawn first: the forest plot of every comparison over the seeds, the verdict
+    table under it, then the answer in sentences."""
+
+    sources = _read_tables(("loss_difference", "benchmark_pairs"))
+    blocks = []
+    if sources is None:
+        blocks.append(_missing("The forest plot of the comparisons", "seed_variance",
+                               [layout.table(n) for n in ("loss_difference", "benchmark_pairs")]))
+    else:
+        blocks += [differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"])), caption("seed_differences")]
+    table = answer.verdicts()
+    if table is not None:
+        blocks += [Subheading("Verdicts over the training seeds"), table, caption("verdicts")]
+    return blocks + answer.sentences(study.config, comparisons(run_matrix(study.config["train"])))
+
+
 def sections(study: Study) -> list[tuple[str, list]]:
     """The page, in the order a reader needs it."""
-    pairs = comparisons(run_matrix(study.config["train"]))
     return [
+        ("The answer", the_answer(study)),
         ("What was run", what_was_run(study)),
-        ("The answer", answer.sentences(study.config, pairs)),
         ("Benchmarks", benchmarks()),
         ("Loss difference", analysis("loss-difference", study)),
         ("Training seeds", seeds(study)),

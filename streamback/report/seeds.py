@@ -6,9 +6,14 @@
   final model's mean loss on the same windows of that split, as loss_difference.csv has them for
   every compared run) and every benchmark task, filter and metric (benchmarks.csv). The sd is the
   noise floor a difference between two arms must clear.
-- results/figures/seed_differences.{svg,png}: every comparison's per-seed paired differences (the
-  final losses from loss_difference.csv, the 0/1 benchmark metrics from benchmark_pairs.csv, in
-  points) and, over the seeds, their mean with its t interval.
+- results/tables/task_snr.csv: per benchmark task, filter and metric, signal-and-noise's
+  signal-to-noise ratio over the run arms with two seeds or more (`streamback.stats.task_snr`:
+  the arms are the models, their seeds the repeated scores; `noise_from` says so), the decision
+  accuracy it implies and `can_rank`, false where the task cannot rank these models.
+- results/figures/seed_differences.{svg,png}: the forest plot of every comparison: its per-seed
+  paired differences (the final losses from loss_difference.csv, the 0/1 benchmark metrics from
+  benchmark_pairs.csv, in points) and, over the seeds, their mean with its t interval, the
+  bootstrap over seeds then items, the minimum detectable effect and the paper's band.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from streamback.runs import run_matrix
 
 HELP = "the seed-to-seed spread of every run arm's losses and benchmark scores (seed_variance.csv) and the per-seed differences' figure"
 COLUMNS = ["arm", "shape", "block", "stream", "task", "filter", "metric", "mean", "sd", "min", "max", "seeds"]
+SNR_COLUMNS = ["task", "filter", "metric", "noise_from", "models", "signal", "noise", "snr", "decision_accuracy", "can_rank"]
 
 
 def _read(name: str, rule: str) -> pd.DataFrame:
@@ -62,41 +68,82 @@ def seed_variance(train_cfg: dict, benchmarks: pd.DataFrame, loss_difference: pd
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def task_snr(train_cfg: dict, benchmarks: pd.DataFrame) -> pd.DataFrame:
+    """The rows of task_snr.csv: per task, filter and metric with a value, `stats.task_snr` over the
+    run arms that have two seeds or more, each arm's scores over its seeds; best SNR first."""
+    matrix = run_matrix(train_cfg)
+    scored = benchmarks[benchmarks.run.isin(list(matrix))].dropna(subset=["value"])
+    scored = scored.assign(arm=scored.run.map(lambda r: matrix[r].arm))
+    rows = []
+    for (task, filt, metric), group in scored.groupby(["task", "filter", "metric"], sort=False):
+        arms = {arm: g.value.to_numpy(dtype=float) for arm, g in group.groupby("arm", sort=False) if len(g) > 1}
+        rows.append({"task": task, "filter": filt, "metric": metric, "noise_from": "training seeds", **stats.task_snr(arms)})
+    return pd.DataFrame(rows, columns=SNR_COLUMNS).sort_values("snr", ascending=False, na_position="last", kind="stable")
+
+
 def differences(loss_difference: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
-    """Long table of every comparison's differences: per seed (`level` seed) and over seeds (`all`),
-    losses in nats (baseline minus the other run), benchmarks in points (the other run minus the baseline)."""
+    """Long table of every comparison's differences: per seed (`level` one seed) and over seeds
+    (`over seeds`: with the t interval `low`/`high`, the bootstrap over seeds then items
+    `boot_low`/`boot_high`, the minimum detectable effect `mde` and, for losses, the paper's
+    `band`), losses in nats (baseline minus the other run), benchmarks in points (the other run
+    minus the baseline)."""
+    def column(frame, name):
+        return frame[name] if name in frame.columns else pd.Series(float("nan"), index=frame.index)
+
     loss = loss_difference.assign(kind="loss (nats)", quantity="final " + loss_difference.split + " loss",
-                                  difference=loss_difference.final_difference, low=loss_difference.ci_low, high=loss_difference.ci_high)
+                                  difference=loss_difference.final_difference, low=loss_difference.ci_low, high=loss_difference.ci_high,
+                                  boot_low=column(loss_difference, "boot_low"), boot_high=column(loss_difference, "boot_high"),
+                                  mde=column(loss_difference, "mde"), band=column(loss_difference, "band"))
     bench = pairs.assign(kind="benchmarks (points)",
                          quantity=pairs.task + " " + pairs.metric + pairs["filter"].map(lambda f: "" if f == "none" else f" ({f})"),
-                         difference=100 * pairs["diff"], low=100 * pairs.ci_low, high=100 * pairs.ci_high)
+                         difference=100 * pairs["diff"], low=100 * pairs.ci_low, high=100 * pairs.ci_high,
+                         boot_low=100 * column(pairs, "boot_low"), boot_high=100 * column(pairs, "boot_high"),
+                         mde=100 * column(pairs, "mde"), band=float("nan"))
     both = pd.concat([loss, bench], ignore_index=True)
     both["level"] = both.seed.astype(str).map(lambda s: "over seeds" if s == layout.ALL_SEEDS else "one seed")
-    return both[["shape", "comparison", "kind", "quantity", "seed", "level", "difference", "low", "high"]]
+    over = both.level == "over seeds"
+    both.loc[~over, ["boot_low", "boot_high", "mde", "band"]] = float("nan")
+    both["verdict"] = [str(v).split(":")[0] if o else "" for v, o in zip(column(both, "verdict"), over)]
+    return both[["shape", "comparison", "kind", "quantity", "seed", "level", "difference", "low", "high", "boot_low", "boot_high", "mde",
+                 "band", "verdict"]]
 
 
 def differences_chart(data: pd.DataFrame):
-    """A row per shape, a column per kind (loss, benchmarks): each seed's difference (small points)
-    and their mean over seeds with its t interval (bar and large point), a colour per comparison."""
+    """The forest plot of every comparison: a row per shape, a column per kind (loss, benchmarks);
+    per comparison and quantity, each seed's difference (small points), their mean over seeds
+    (diamond) with its t interval (thick bar) and the bootstrap over seeds then items (thin bar
+    under it), the band of the minimum detectable effect around 0 (grey) and, on the losses, the
+    paper's band (blue); a colour per comparison."""
     import altair as alt
 
     seeds = data[data.level == "one seed"].seed.nunique()
+    data = data.assign(mde_low=-data.mde, mde_high=data.mde, band_low=-data.band, band_high=data.band)
     base = alt.Chart().encode(y=alt.Y("quantity:N", title=None), yOffset="comparison:N",
                               color=alt.Color("comparison:N", title="comparison", scale=alt.Scale(scheme="dark2")))
+    over = base.transform_filter("datum.level == 'over seeds'")
+    paper = alt.Chart().transform_filter("datum.level == 'over seeds' && isValid(datum.band)").transform_aggregate(
+        band_low="min(band_low)", band_high="max(band_high)", groupby=["shape", "kind"]).mark_rect(color="#9ecae1", opacity=0.35).encode(
+        x="band_low:Q", x2="band_high:Q", tooltip=[alt.Tooltip("band_high:Q", title="the paper's band ±", format=".4f")])
+    mde = over.transform_filter("isValid(datum.mde)").mark_rect(color="gray", opacity=0.18).encode(
+        x="mde_low:Q", x2="mde_high:Q", color=alt.value("gray"), tooltip=["comparison", "quantity", alt.Tooltip("mde:Q", format=".4f", title="MDE ±")])
     each = base.transform_filter("datum.level == 'one seed'").mark_point(size=25, opacity=0.7).encode(
         x=alt.X("difference:Q", title="difference"), tooltip=["comparison", "quantity", "seed", alt.Tooltip("difference:Q", format=".4f")])
-    over = base.transform_filter("datum.level == 'over seeds'")
-    bars = over.mark_rule(strokeWidth=2).encode(x="low:Q", x2="high:Q")
+    t_bar = over.mark_rule(strokeWidth=4, opacity=0.55).encode(x="low:Q", x2="high:Q")
+    boot_bar = over.transform_filter("isValid(datum.boot_low)").mark_rule(strokeWidth=1.2, color="black").encode(
+        x="boot_low:Q", x2="boot_high:Q", color=alt.value("black"))
     mean = over.mark_point(filled=True, size=60, shape="diamond").encode(
-        x="difference:Q", tooltip=["comparison", "quantity", alt.Tooltip("difference:Q", format=".4f"),
-                                   alt.Tooltip("low:Q", format=".4f"), alt.Tooltip("high:Q", format=".4f")])
+        x="difference:Q", tooltip=["comparison", "quantity", "verdict", alt.Tooltip("difference:Q", format=".4f"),
+                                   alt.Tooltip("low:Q", format=".4f", title="t low"), alt.Tooltip("high:Q", format=".4f", title="t high"),
+                                   alt.Tooltip("boot_low:Q", format=".4f", title="bootstrap low"),
+                                   alt.Tooltip("boot_high:Q", format=".4f", title="bootstrap high"), alt.Tooltip("mde:Q", format=".4f")])
     zero = alt.Chart().mark_rule(color="gray", strokeWidth=0.5).encode(x=alt.datum(0))
-    return alt.layer(zero, each, bars, mean, data=data).properties(width=300).facet(
+    return alt.layer(paper, mde, zero, each, t_bar, boot_bar, mean, data=data).properties(width=300).facet(
         row=alt.Row("shape:N", title=None), column=alt.Column("kind:N", title=None)).resolve_scale(
         x="independent", y="independent").properties(title=alt.TitleParams(
             f"Each comparison's difference per training seed ({seeds} seed{'s' if seeds != 1 else ''}) and over the seeds",
-            subtitle=["points: one seed each; diamond and bar: their mean with its t interval over seeds (none for one seed)",
-                      "positive: the other run is better (losses: baseline minus it; benchmarks: it minus the baseline)"]))
+            subtitle=[("points: one seed each; diamond: their mean; thick bar: its t interval over seeds; thin black bar: the bootstrap "
+                       "over seeds then items"), ("grey: ± the minimum detectable effect over the seeds; blue: the paper's band (losses); "
+                                                  "positive: the other run is better")]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,10 +153,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     train_cfg = section_from_args(args, "train")
     loss, pairs = _read("loss_difference", "analyze_loss_difference"), _read("benchmark_pairs", "benchmark_table")
-    table = seed_variance(train_cfg, _read("benchmarks", "benchmark_table"), loss)
+    benchmarks = _read("benchmarks", "benchmark_table")
+    table = seed_variance(train_cfg, benchmarks, loss)
     write_csv(layout.table(layout.SEED_TABLE), table)
+    write_csv(layout.table(layout.TASK_SNR_TABLE), task_snr(train_cfg, benchmarks))
     save_figure(differences_chart(differences(loss, pairs)), layout.SEED_FIGURE)
     seeds = int(table.seeds.max()) if len(table) else 0
-    print(f"seed-variance: {table.arm.nunique()} arms over up to {seeds} seed(s) -> {layout.table(layout.SEED_TABLE)} and "
+    print(f"seed-variance: {table.arm.nunique()} arms over up to {seeds} seed(s) -> {layout.table(layout.SEED_TABLE)}, {layout.table(layout.TASK_SNR_TABLE)} and "
           f"{layout.SEED_FIGURE} (.{', .'.join(layout.FIGURE_SUFFIXES)})")
     return 0

@@ -562,6 +562,11 @@ def test_the_rows_over_seeds_have_the_values_the_statistics_give(evaluated, monk
             items.append([outcome[RUNS[1]][i] - outcome[RUNS[0]][i] for i in sorted(outcome[RUNS[0]])])
         boot = stats.hierarchical_bootstrap(items, pairs_cfg["confidence"], pairs_cfg["resamples"], pairs_cfg["seed"])
         assert (row.boot_low, row.boot_high) == pytest.approx(boot[1:])
+        noise = stats.within_se(items)
+        assert row.within_se == pytest.approx(noise) and noise > 0
+        assert row.mde == pytest.approx(stats.seed_mde(summary["sd"], 2, pairs_cfg["alpha"], pairs_cfg["power"], noise))
+        assert row.seeds_for_target == pytest.approx(
+            stats.seeds_needed(max(summary["sd"], noise), pairs_cfg["target"], pairs_cfg["alpha"], pairs_cfg["power"]), nan_ok=True)
         assert row.baseline_sd == pytest.approx(0.0)  # both seeds' baselines are the same evaluation here
         assert row.verdict.startswith(("within seed noise", "consistent across seeds"))
     assert len(pairs[pairs.seed == "all"]) == 4

@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import streamback
+
 from conftest import ROOT
 
 

@@ -4,6 +4,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -18,7 +19,7 @@ def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
     per seed and over the seeds, with the values streamback.stats gives."""
     from streamback.analysis.loss import BOOTSTRAP_RESAMPLES, model_window_losses
     from streamback.data.shards import TokenDataset
-    from streamback.stats import across_seeds, hierarchical_bootstrap
+    from streamback.stats import across_seeds, hierarchical_bootstrap, seed_mde, seeds_needed, sign_flip_p, within_se
     from streamback.train.batches import val_windows
 
     root, config = matrix
@@ -66,6 +67,11 @@ def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
              - model_window_losses(root / layout.model_file(f"a-short-streamback{s}"), val, windows, 32, 4, "cpu") for s in ("", "-seed1")]
     row = over[(over["shape"] == "a-short") & (over.comparison == "streamback") & (over.split == "val")].iloc[0]
     assert (row.boot_low, row.boot_high) == pytest.approx(hierarchical_bootstrap(diffs, 0.95, BOOTSTRAP_RESAMPLES)[1:], abs=1e-9)
+    noise = within_se(diffs)
+    sigma = max(np.std([d.mean() for d in diffs], ddof=1), noise)
+    assert (row.within_se, row.p_seeds) == pytest.approx((noise, sign_flip_p([d.mean() for d in diffs])), abs=1e-12)
+    assert row.mde == pytest.approx(seed_mde(sigma, 2, 0.05, 0.8), rel=1e-9)
+    assert (row.seeds_for_band, row.seeds_for_target) == pytest.approx((seeds_needed(sigma, 0.001), seeds_needed(sigma, 0.002)), nan_ok=True)
     curves = pd.read_csv(root / layout.table("loss_curves"))
     b = [json.loads(line) for line in (root / layout.metrics_file("a-short-baseline")).read_text().splitlines()]
     o = [json.loads(line) for line in (root / layout.metrics_file("a-short-streamback")).read_text().splitlines()]

@@ -19,7 +19,7 @@ from streamback.train.metrics import read_metrics
 
 from conftest import ROOT
 
-SECTIONS = ["What was run", "The answer", "Benchmarks", "Loss difference", "Training seeds", "Residual envelope", "Precision error by layer",
+SECTIONS = ["The answer", "What was run", "Benchmarks", "Loss difference", "Training seeds", "Residual envelope", "Precision error by layer",
             "Swallowed updates", "Training curves", "The drift of a long bf16 sum", "Speed and memory"]
 
 
@@ -51,6 +51,10 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     assert "Over 2 training seeds, " in text and f"of {len(over)} benchmark comparisons of a run against its shape&#x27;s baseline" in text
     assert f"Within single seeds, of {len(pairs) - len(over)} benchmark comparisons" in text
     assert text.index("Over 2 training seeds, ") < text.index("Within single seeds, of ")  # across seeds first
+    # the answer drawn first: the forest plot, then the verdict table, then the sentences; the inventory below
+    assert text.index('id="chart') < text.index("<h3>Verdicts over the training seeds</h3>") < text.index("On ") < text.index("<h2>What was run</h2>")
+    assert (f"this tier resolves |Δ| ≥ {row.mde:.4f} nats; the paper&#x27;s band of ±0.001 nats would take "
+            + ("more than 100,000 seeds" if pd.isna(row.seeds_for_band) else f"{int(row.seeds_for_band):,} seeds") + " at this spread") in text
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
         assert run in text
     # every run logged its live signals (the stream every 10 of SMALL's 30 steps) and its TensorBoard events; the page shows
@@ -63,6 +67,9 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     variance = pd.read_csv(study / layout.table(layout.SEED_TABLE))
     assert (variance[variance.block == "baseline"].seeds == 2).all() and (variance[variance.stream == "nvfp4"].seeds == 1).all()
     assert "Each run arm&#x27;s final losses and benchmark scores over its training seeds" in text  # the seeds section's caption
+    snr = pd.read_csv(study / layout.table(layout.TASK_SNR_TABLE))
+    assert "<h3>Which tasks can rank these models</h3>" in text and set(snr.task) <= set(pairs.task) | {"streamback_perplexity"}
+    assert "Over the 6 run arms, with each arm&#x27;s noise from its training seeds" in text  # the benchmark answer leads with them
 
 
 @pytest.mark.slow

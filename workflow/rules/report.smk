@@ -17,6 +17,7 @@ rule seed_variance:
         loss=str(layout.table("loss_difference")),
     output:
         table=report(str(layout.table(layout.SEED_TABLE)), caption="../report/seed_variance.rst", category="Seeds"),
+        snr=report(str(layout.table(layout.TASK_SNR_TABLE)), caption="../report/task_snr.rst", category="Seeds"),
         figures=[
             report(str(layout.figure(layout.SEED_FIGURE, suffix)), caption="../report/seed_differences.rst", category="Seeds")
             if suffix == "svg" else str(layout.figure(layout.SEED_FIGURE, suffix))
