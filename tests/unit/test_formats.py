@@ -330,23 +330,6 @@ def _two_steps(fmt, x, d, d16):
     return fmt.add(fmt.add(fmt.enter(x), d), d16)
 
 
-@pytest.mark.slow
-def test_add_dtype_traced_fullgraph_with_backward():
-    """Dynamo traces enter/add of every format in one graph (no graph breaks, the compile-time
-    code path), forward and backward; Inductor itself is exercised per code path below."""
-    torch._dynamo.reset()
-    x = torch.randn(2, 40, requires_grad=True)
-    d = torch.randn(2, 40, requires_grad=True)
-    d16 = torch.randn(2, 40, dtype=torch.bfloat16, requires_grad=True)
-    step = torch.compile(lambda x, d, d16: [_two_steps(f, x, d, d16) for f in ALL], backend="eager", fullgraph=True)
-    outs = step(x, d, d16)
-    for fmt, out in zip(ALL, outs):
-        assert out.dtype == fmt.container_dtype and fmt.is_representable(out), fmt.label
-    sum(o.float().sum() for o in outs).backward()
-    for grad in (x.grad, d.grad, d16.grad):
-        assert torch.equal(grad.float(), torch.full(grad.shape, float(len(ALL))))
-
-
 # ---------------------------------------------------------------- straight-through gradient
 
 @pytest.mark.parametrize("fmt", ALL, ids=IDS)

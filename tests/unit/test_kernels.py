@@ -25,23 +25,6 @@ def test_kind(name, kind):
     assert kernels.kind(name) == kind
 
 
-def test_generated_kernels_of_a_compiled_function():
-    """A pointwise chain and a row sum fuse into one kernel; the matmul is a library call."""
-    weight = torch.randn(16, 8)
-
-    def step(x):
-        return (x.sin() * 2 + 1).sum(-1), x @ weight
-
-    x = torch.randn(4, 16)
-    (total, product), graphs = kernels.generated_kernels(lambda: torch.compile(step)(x))
-    torch.testing.assert_close(total, (x.sin() * 2 + 1).sum(-1))
-    assert len(graphs) == 1 and graphs[0]["extern"] == ["mm"]
-    names = [name for name, _ in graphs[0]["kernels"]]
-    assert len(names) == 1 and names[0].startswith("cpp_fused_") and {"sin", "sum"} <= set(names[0].split("_"))
-    assert kernels.graph_summary(graphs[0]) == "1 kernels (cpp 1); 1 library calls"
-    torch._dynamo.reset()
-
-
 def test_two_profiles_compared():
     a = {"kernels": {"triton_per_a": [1.5, 40.0], "nvjet_x": [10.0, 100.0]}, "busy_ms": 11.5, "wall_ms": 12.0}
     b = {"kernels": {"triton_red_b": [2.0, 40.0], "triton_per_a": [1.0, 40.0], "nvjet_x": [10.25, 100.0]}, "busy_ms": 13.25, "wall_ms": 15.0}

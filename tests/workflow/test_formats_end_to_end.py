@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_formats import _sr_inputs, _sr_verdict, _two_steps  # noqa: F401  (fixtures and helpers shared with the unit tests)
+from test_formats import ALL, _sr_inputs, _sr_verdict, _two_steps  # noqa: F401  (fixtures and helpers shared with the unit tests)
 
 from streamback.model.formats import StreamFormat
 
@@ -25,3 +25,20 @@ def test_add_dtype_compiled_inductor(label, device):
         h, exact = _sr_inputs(fmt, 4000, device)
         _sr_verdict(fmt, torch.compile(fmt.add, fullgraph=True)(h, exact), exact)
     torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_add_dtype_traced_fullgraph_with_backward():
+    """Dynamo traces enter/add of every format in one graph (no graph breaks, the compile-time
+    code path), forward and backward; Inductor itself is exercised per code path below."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 40, requires_grad=True)
+    d = torch.randn(2, 40, requires_grad=True)
+    d16 = torch.randn(2, 40, dtype=torch.bfloat16, requires_grad=True)
+    step = torch.compile(lambda x, d, d16: [_two_steps(f, x, d, d16) for f in ALL], backend="eager", fullgraph=True)
+    outs = step(x, d, d16)
+    for fmt, out in zip(ALL, outs):
+        assert out.dtype == fmt.container_dtype and fmt.is_representable(out), fmt.label
+    sum(o.float().sum() for o in outs).backward()
+    for grad in (x.grad, d.grad, d16.grad):
+        assert torch.equal(grad.float(), torch.full(grad.shape, float(len(ALL))))

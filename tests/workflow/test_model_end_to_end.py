@@ -1,9 +1,13 @@
 """The end-to-end half of test_model.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
 
+import json
+
 import pytest
 import torch
 from test_model import COMPILED_STREAMS, STREAMS, assert_stream, process_group, tiny, tokens  # noqa: F401  (fixtures and helpers shared with the unit tests)
 
+from streamback.cli import main as cli_main
+from streamback.config import DEFAULT_CONFIG, load_config
 from streamback.model.formats import StreamFormat
 from streamback.model.model import ModelArgs, Transformer, norm_gain_absmax
 from streamback.train.parallel import apply_compile
@@ -143,3 +147,63 @@ def test_fsdp_stream_dtype(process_group):
     torch._dynamo.reset()
     with pytest.raises(RuntimeError, match="a wrapper casts the blocks' inputs"):
         watch.check_and_remove()
+
+
+def test_compiled_block_keeps_its_mid_residual_for_the_backward():
+    """Under torch.compile a StreamBack block keeps the residual between its two sublayers for the
+    backward pass (`_kept_for_backward`; the partitioner keeps it normalised, mid * rstd, the
+    same bytes), rather than the first delta and a recompute of the residual from the block's
+    input (which makes Inductor split the norms' backward kernels). AOT autograd's partitioner,
+    the one inductor runs, without code generation."""
+    args = tiny(block="streamback", n_layers=1)
+    compiled = Transformer(args)
+    apply_compile(compiled, backend="aot_eager_decomp_partition")
+    tok = tokens(args)
+    with torch.no_grad(), compiled.capture(("residual", "mid")) as stream:
+        compiled(tok)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x.detach()) or x, lambda x: x):
+        compiled(tok)
+    residuals = [t for t in saved if t.dtype == torch.float32 and t.shape == stream["mid"][0].shape]
+    assert len(residuals) == 3  # h_0 and mid_0 in the block, h_1 by the final norm
+    mid = stream["mid"][0]
+    normalised = mid * torch.rsqrt(mid.pow(2).mean(-1, keepdim=True) + args.norm_eps)
+    assert any(torch.equal(t, mid) or torch.equal(t, normalised) for t in residuals)
+    assert any(torch.equal(t, stream["residual"][0]) for t in residuals)
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_bench_cpu(tmp_path, capsys):
+    """The CPU's defaults (2 x 64 tokens, a 2048-word vocabulary, eager, one thread), the kernels
+    bf16 compute takes (here forced onto fp32 kernels), a line per configuration as it finishes,
+    and a warning for too few timed steps."""
+    from streamback.model import compute
+
+    out = tmp_path / "bench.json"
+    with compute.use("emulated"):
+        assert cli_main(["bench", "--shapes", "tiny-fat-short", "--steps", "2", "--warmup", "0", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "bf16 compute on cpu: bf16 on fp32 kernels (cpu_bf16 emulated); its matmul" in printed
+    assert "bf16 compute: bf16 on fp32 kernels)" in out.with_suffix(".md").read_text()
+    assert "warning: 2 timed step(s) per configuration are too few for a stable ratio" in printed
+    assert printed.index("tiny-fat-short  streamback  eager  ") < printed.index("Training step (forward + backward")
+    result = json.loads(out.read_text())
+    assert (result["batch"], result["seq_len"], result["vocab_size"], result["threads"]) == (2, 64, 2048, 1)
+    assert "too few" in result["warnings"][0] and "Warning: 2 timed step(s)" in out.with_suffix(".md").read_text()
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert {r["mode"] for r in result["rows"]} == {"eager"} and set(rows) == {"baseline", "streamback", "streamback-reversible"}
+    assert all(r["median_noise"] is None for r in rows.values())  # no 95% interval of a median from 2 steps
+    assert all(r["error"] is None and r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in rows.values())
+    assert all(r["peak_mem_gib"] is None for r in rows.values())  # no GPU
+    assert all(r["step_spread"] >= 1 for r in rows.values())
+    estimates = {k: r["est_peak_gib"] for k, r in rows.items()}  # streamback.measure.memory's, in GiB
+    assert estimates["streamback"] > estimates["baseline"] == estimates["streamback-reversible"] > 0  # peak at the loss
+    # 2 layers x 2 residuals of 128 tokens x 128 dims: fp32 residuals dropped, bf16 deltas kept but
+    # the first (h_0 is recomputed from the tokens)
+    saved = {k: r["saved_activation_bytes"] for k, r in rows.items()}
+    assert saved["streamback"] - saved["streamback-reversible"] == 2 * 2 * 128 * 128 * (4 - 2) + 128 * 128 * 2
+    assert "| tiny-fat-short | streamback-reversible | eager |" in out.with_suffix(".md").read_text()
+    # the live signals' cost at the config's stream_every: measured, and counted (bytes well above FLOPs: elementwise work)
+    assert result["stream_every"] == load_config(DEFAULT_CONFIG)["train"]["log"]["stream_every"] and all(r["signals_step_s"] > 0 for r in rows.values())
+    assert all(0 < r["signals_flops_share"] < r["signals_bytes_share"] < 0.1 for r in rows.values())
