@@ -27,9 +27,8 @@ nothing is moved and the run stops.
 The trust boundary: DCP's loader unpickles `.metadata` (`pickle.load`) and every non-tensor value
 (`torch.load(weights_only=False)`), so to it a checkpoint is code, and the sha256 in meta.json
 authenticates nothing (whoever can write the files can rewrite it). A resume therefore reads
-`.metadata` through `MetadataUnpickler`, which admits only the classes DCP's metadata is made of
-(`METADATA_CLASSES`), and the non-tensor values with `torch.load(weights_only=True)`
-(`SafeLoadPlanner`): a checkpoint that names anything else is refused, naming the file and the
+`.metadata` through an unpickler that admits only the classes DCP's metadata is made of, and
+the non-tensor values with `torch.load(weights_only=True)` (`streamback.train.dcp_safe`): a checkpoint that names anything else is refused, naming the file and the
 class, before anything of it runs. As a second line, it refuses a checkpoint whose directory or
 any file in it another user owns, or its group or others may write (`check_trusted`), naming it;
 a save writes its checkpoint writable by its owner alone.
@@ -46,10 +45,7 @@ import errno
 import fcntl
 import hashlib
 import json
-import io
 import os
-import pathlib
-import pickle
 import re
 import socket
 import stat
@@ -58,12 +54,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import filesystem as dcp_filesystem
-from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
@@ -72,6 +64,7 @@ from streamback import layout
 from streamback.data.shards import file_sha256
 from streamback.errors import DiskFull, StreambackError
 from streamback.io import disk_full, free_bytes, remove, tree_bytes
+from streamback.train.dcp_safe import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint, read_dcp_metadata
 
 STEP_NAME = re.compile(r"^step_(\d{9})$")  # a checkpoint directory of a recipe
 _RANK_FILE = re.compile(r"^__(\d+)_")  # DCP's FileSystemWriter names rank r's files __<r>_<k>.distcp
@@ -294,81 +287,6 @@ def verify_checkpoint(path: Path) -> dict:
     if problems:
         raise CorruptCheckpoint(path, problems)
     return meta
-
-
-# ---- loading without running code ---------------------------------------------------------------
-
-# (module, name) -> object: everything a DCP `.metadata` pickle may name. DCP's dataclasses, the
-# storage index of its FileSystemWriter, the checkpoint id (a path), torch.Size, a tensor's
-# layout (by its name) and dtypes; the containers are pickle's own opcodes, not classes.
-METADATA_CLASSES = {
-    **{("torch.distributed.checkpoint.metadata", name): getattr(dcp_metadata, name) for name in (
-        "Metadata", "MetadataIndex", "StorageMeta", "ChunkStorageMetadata", "TensorProperties", "TensorStorageMetadata",
-        "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")},
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): dcp_filesystem._StorageInfo,
-    ("pathlib", "PosixPath"): pathlib.PosixPath,
-    ("pathlib", "WindowsPath"): pathlib.WindowsPath,
-    ("torch", "Size"): torch.Size,
-    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
-    ("collections", "OrderedDict"): __import__("collections").OrderedDict,
-    **{("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)},
-}
-
-
-class UnsafeCheckpoint(StreambackError):
-    """A checkpoint file that names something other than what a checkpoint is made of."""
-
-
-class MetadataUnpickler(pickle.Unpickler):
-    """Unpickles a DCP `.metadata`, refusing any global outside METADATA_CLASSES."""
-
-    def find_class(self, module: str, name: str):
-        try:
-            return METADATA_CLASSES[module, name]
-        except KeyError:
-            raise pickle.UnpicklingError(f"{module}.{name}") from None
-
-
-class SafeFileSystemReader(dcp.FileSystemReader):
-    """DCP's file reader, with `.metadata` read through MetadataUnpickler."""
-
-    def read_metadata(self, *args, **kwargs) -> dcp_metadata.Metadata:
-        path = Path(self._get_metadata_path(kwargs.get("rank")))
-        metadata = read_dcp_metadata(path)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = dcp_metadata.StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-def read_dcp_metadata(path: Path) -> dcp_metadata.Metadata:
-    """DCP's `.metadata` file at `path`, unpickled by MetadataUnpickler; UnsafeCheckpoint naming
-    the file and the global it names if it names one outside METADATA_CLASSES."""
-    with open(path, "rb") as f:
-        try:
-            metadata = MetadataUnpickler(f).load()
-        except pickle.UnpicklingError as err:
-            raise UnsafeCheckpoint(f"checkpoint file {path} tries to load {err}, which is not one of the classes DCP's metadata "
-                                   "is made of: refused unread (a checkpoint file that names it may run code)") from None
-    if not isinstance(metadata, dcp_metadata.Metadata):
-        raise UnsafeCheckpoint(f"checkpoint file {path} holds a {type(metadata).__name__}, not DCP's Metadata")
-    return metadata
-
-
-class SafeLoadPlanner(dcp.DefaultLoadPlanner):
-    """DCP's load planner, with each non-tensor value read by `torch.load(weights_only=True)`
-    (DCP's own uses weights_only=False, which runs what the file names)."""
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        try:
-            obj = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as err:
-            raise UnsafeCheckpoint(f"the value {read_item.dest_index.fqn} of the checkpoint is not plain data, refused unread: "
-                                   f"{str(err).splitlines()[0]}") from None
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
 
 
 def load_checkpoint(path: Path, state: TrainState) -> dict:

@@ -12,6 +12,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from streamback.data.shards import file_sha256
 from streamback.train import checkpoint as ckpt
+from streamback.train.dcp_safe import MetadataUnpickler, UnsafeCheckpoint
 
 
 class RunsACommand:
@@ -59,14 +60,14 @@ def test_a_metadata_that_would_run_a_command_is_refused_and_runs_nothing(tmp_pat
     path = ckpt.save_checkpoint(tmp_path / "ckpt", 5, state, {}, keep=2)
     marker = tmp_path / "ran"
     with open(path / ".metadata", "rb") as f:
-        metadata = ckpt.MetadataUnpickler(f).load()
+        metadata = MetadataUnpickler(f).load()
     metadata.storage_meta = RunsACommand(f"touch {marker}")
     with open(path / ".metadata", "wb") as f:
         pickle.dump(metadata, f)
     _reseal(path, ".metadata")
     assert ckpt.verify_checkpoint(path)  # the seal holds: only the unpickler tells
     _, _, fresh_state = _linear_state(1)
-    with pytest.raises(ckpt.UnsafeCheckpoint) as err:
+    with pytest.raises(UnsafeCheckpoint) as err:
         ckpt.load_newest(tmp_path / "ckpt", fresh_state)
     message = str(err.value)
     assert f"checkpoint file {path / '.metadata'} tries to load posix.system" in message and "\n" not in message
@@ -88,7 +89,7 @@ class _Values(Stateful):
 def test_a_value_that_would_run_a_command_is_refused_and_runs_nothing(tmp_path):
     marker = tmp_path / "ran"
     path = ckpt.save_checkpoint(tmp_path / "ckpt", 1, _Values(RunsACommand(f"touch {marker}")), {}, keep=1)
-    with pytest.raises(ckpt.UnsafeCheckpoint, match=rf"checkpoint {path}: the value train\.setting of the checkpoint is not plain data"):
+    with pytest.raises(UnsafeCheckpoint, match=rf"checkpoint {path}: the value train\.setting of the checkpoint is not plain data"):
         ckpt._load(path, _Values(None))
     assert not marker.exists()
     plain = ckpt.save_checkpoint(tmp_path / "plain", 1, _Values((0.9, 0.95)), {}, keep=1)
