@@ -23,6 +23,7 @@ from streamback.analysis.inputs import Subject, read_subject, subjects, validati
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
 from streamback.io import write_csv
+from streamback.model import compute
 from streamback.progress import Progress
 from streamback.runs import comparison_name, comparisons, run_matrix
 
@@ -34,6 +35,7 @@ KINDS = tuple(layout.ANALYSIS_TABLES)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=KINDS, help="which analysis")
     add_config_arguments(parser, "analysis")
+    compute.add_argument(parser)
     parser.add_argument("--train-params", default=None, help="the 'train' section as a JSON object (what the rule passes; default: from --config)")
     parser.add_argument("--data", type=Path, default=None, help="token directory of the data stage (default: the config's, results/tokens/<corpus>)")
     parser.add_argument("--runs", nargs="+", default=None, help="runs to analyse (default: every run of train.runs; loss-difference: every compared run)")
@@ -44,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    compute.choose_for_stage(args)
     cfg = section_from_args(args, "analysis")
     config = load_config(args.config or DEFAULT_CONFIG) if args.train_params is None or args.data is None else None
     train_cfg = section_from_json(args.train_params, "train", "--train-params") if args.train_params is not None else config["train"]

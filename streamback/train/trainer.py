@@ -63,6 +63,7 @@ from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config,
 from streamback.data.shards import TokenDataset, read_record, write_record
 from streamback.errors import StreambackError
 from streamback.io import atomic_path, writable_dir, write_json, write_text
+from streamback.model import compute
 from streamback.model.weights import save_model
 from streamback.progress import Progress
 from streamback.runs import RunSpec, check_runs, data_passes, is_reversible, run_matrix, run_setting, token_budget_problem, train_steps
@@ -85,6 +86,7 @@ EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "train")
+    compute.add_argument(parser)
     parser.add_argument("--model-params", default=None, help="the 'model' section as a JSON object (what the rule passes; default: from --config)")
     # not --run: torchrun parses the whole command line and takes --run for an abbreviation of its --run-path
     parser.add_argument("--run-name", required=True, help="run name, e.g. fat-short-streamback (see `train.runs` in the config)")
@@ -94,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "verified-shards.json (default: results/checkpoints/<run>)")
     parser.add_argument("--tensorboard", type=Path, default=None, help="the run's TensorBoard directory, an event directory per recipe in it "
                         "(default: results/tensorboard/<run>; train.log.tensorboard: false writes none)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: with --params, torch's choice; else the run's train.resources.threads, as the rule passes)")
     parser.add_argument("--status-file", type=Path, default=None,
                         help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own")
 
@@ -116,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise StreambackError(f"--threads must be at least 1, got {args.threads}")
+    compute.choose_for_stage(args)
     train_cfg = section_from_args(args, "train")
+    if args.threads is None and args.params is None:  # as the rule, which passes the run's resources
+        args.threads = run_setting(train_cfg, args.run_name, "resources")["threads"]
     # the model and data sections come from the config file unless given (as the rule does)
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
     if args.model_params is not None:
@@ -464,7 +469,6 @@ class Trainer:
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
     def _announce(self, start_step: int) -> None:
-        from streamback.model import compute
         from streamback.model.model import count_params
 
         what = f"resuming from step {start_step}" if start_step else "starting"
