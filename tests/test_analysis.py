@@ -317,8 +317,7 @@ def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
     row = over[(over["shape"] == "a-short") & (over.comparison == "streamback") & (over.split == "val")].iloc[0]
     assert (row.boot_low, row.boot_high) == pytest.approx(hierarchical_bootstrap(diffs, 0.95, BOOTSTRAP_RESAMPLES)[1:], abs=1e-9)
     curves = pd.read_csv(root / layout.table("loss_curves"))
-    b = [json.loads(line) for line in (root / layout.metrics_file("a-short-baseline")).read_text().splitlines()]
-    o = [json.loads(line) for line in (root / layout.metrics_file("a-short-streamback")).read_text().splitlines()]
+    b, o = (read_metrics(root / layout.metrics_file(f"a-short-{block}")) for block in ("baseline", "streamback"))
     pick = (curves["shape"] == "a-short") & (curves.comparison == "streamback") & (curves.split == "train")
     assert curves[pick & (curves.seed == "0")].difference.tolist() == pytest.approx([x["loss"] - y["loss"] for x, y in zip(b, o)], abs=1e-12)
     both = curves[pick & (curves.seed != "all")].pivot(index="step", columns="seed", values="smoothed")

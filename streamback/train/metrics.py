@@ -1,6 +1,8 @@
 """The training run's metrics log: `metrics.jsonl`, one JSON record per optimizer step.
 
-Every record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
+Its first line is the header, `{"header": {...}}` (what the trainer gives: the kernels the run
+computes on, `kernels`, and each change of them at a resume, `kernel_changes`; `read_header`).
+Every other record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
 (mean over the step's global batch), `lr`, `grad_norm` (before clipping), `tokens_per_s` and
 `elapsed_s` (the last two are wall-clock figures, the only non-deterministic fields). Some steps
 add `val_loss`; every `train.log.stream_every` steps the stream's record (`streamback.train.signals`):
@@ -32,7 +34,17 @@ DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "strea
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The complete records of a metrics.jsonl (a half-written last line is skipped)."""
+    """The complete step records of a metrics.jsonl (a half-written last line is skipped; the header is not a step)."""
+    return [r for r in _read_lines(path) if "header" not in r]
+
+
+def read_header(path: str | os.PathLike) -> dict | None:
+    """The header of a metrics.jsonl; None in a log written before logs had one."""
+    return next((r["header"] for r in _read_lines(path) if "header" in r), None)
+
+
+def _read_lines(path: str | os.PathLike) -> list[dict]:
+    """Every complete line of a metrics.jsonl, the header too."""
     records = []
     lines = Path(path).read_text().split("\n")
     for number, line in enumerate(lines, 1):
@@ -48,9 +60,10 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 class MetricsLog:
     """Append records to `path`, after cutting it back to the steps <= `resume_step` (kept in
-    `resumed`); each also goes to `mirror` (`write`, `flush`, `close`), if given."""
+    `resumed`) under `header` (written again on every start); each also goes to `mirror`
+    (`write`, `flush`, `close`), if given."""
 
-    def __init__(self, path: str | os.PathLike, resume_step: int, mirror=None):
+    def __init__(self, path: str | os.PathLike, resume_step: int, mirror=None, header: dict | None = None):
         self.path, self.mirror = Path(path), mirror
         kept = []
         if resume_step > 0 and self.path.exists():
@@ -63,7 +76,7 @@ class MetricsLog:
                     + (f" ending at step {steps[-1]}" if steps else "")
                     + "; restore it or delete the run's checkpoints to start over"
                 )
-        write_text(self.path, "".join(_line(r) for r in kept))
+        write_text(self.path, "".join(_line(r) for r in ([{"header": header}] if header is not None else []) + kept))
         self.resumed = kept
         self._file = open(self.path, "a")
 

@@ -241,6 +241,9 @@ class Trainer:
             "data": self.train_data.manifest["fingerprint"],  # what the data stage tokenized, and how
         }
         self.recipe_dir = layout.recipe_dir(ckpt_dir, recipe_fingerprint(self.identity))
+        # the kernels of this process (not the recipe: a record of how the steps were computed)
+        self.kernels = f"{compute.path(env.device, self.model.compute_dtype)} on {env.device.type}"
+        self.kernel_changes = []  # {"step", "from", "to"} of each resume onto other kernels
         self.tensorboard_dir = tensorboard / self.recipe_dir.name if tensorboard is not None and env.rank == 0 else None
 
     def say(self, message: str) -> None:
@@ -302,7 +305,7 @@ class Trainer:
         self.log, self.watch = None, None
         if self.env.rank == 0:
             board = open_writer(self.tensorboard_dir, start_step + 1, self.say) if self.tensorboard_dir is not None else None
-            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step, mirror=board)
+            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step, mirror=board, header=self._kernel_record())
             self.watch = Watch(self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label)
             self.watch.replay(self.log.resumed)
         self.progress = Progress(self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None)
@@ -431,14 +434,37 @@ class Trainer:
                     f"this recipe's directory {self.recipe_dir}: move it out"
                 )
 
-        meta = load_newest(self.recipe_dir, self.state, accept=same_recipe, say=self.say)
+        def accept(path, meta):
+            same_recipe(path, meta)
+            self._accept_kernels(path, meta)
+
+        meta = load_newest(self.recipe_dir, self.state, accept=accept, say=self.say)
         return (0, 0.0) if meta is None else (meta["step"], float(meta.get("elapsed_s", 0.0)))
+
+    def _accept_kernels(self, path: Path, meta: dict) -> None:
+        """Refuse a checkpoint trained on other kernels (StreambackError naming both and the setting
+        that allows it) unless train.checkpoint.resume_on_other_kernels; keep its record of changes."""
+        theirs = meta.get("kernels")  # None: written before checkpoints recorded their kernels
+        self.kernel_changes = list(meta.get("kernel_changes", []))
+        if theirs is None or theirs == self.kernels:
+            return
+        if not self.cfg["checkpoint"]["resume_on_other_kernels"]:
+            raise StreambackError(
+                f"checkpoint {path} was trained on {theirs}, but this process computes on {self.kernels} (cpu_bf16 "
+                f"{compute.mode()}): set cpu_bf16 to match it, or train.checkpoint.resume_on_other_kernels: true to resume anyway")
+        self.say(f"resuming checkpoint {path}, trained on {theirs}, on {self.kernels} (train.checkpoint.resume_on_other_kernels)")
+        self.kernel_changes.append({"step": meta["step"], "from": theirs, "to": self.kernels})
+
+    def _kernel_record(self) -> dict:
+        """The kernels the run computes on, and each change of them at a resume (for its records)."""
+        return {"kernels": self.kernels, "kernel_changes": self.kernel_changes}
 
     def _save(self, step: int) -> None:
         if self.log is not None:
             self.log.sync()
         save_checkpoint(
-            self.recipe_dir, step, self.state, {"identity": self.identity, "elapsed_s": self.elapsed, "world_size": self.env.world_size},
+            self.recipe_dir, step, self.state,
+            {"identity": self.identity, "elapsed_s": self.elapsed, "world_size": self.env.world_size, **self._kernel_record()},
             keep=self.cfg["checkpoint"]["keep"],
         )
 
@@ -464,7 +490,7 @@ class Trainer:
             "seed": self.spec.seed, "init_seed": self.spec.init_seed, "data_seed": self.spec.data_seed, "steps": step, "tokens": step * self.tokens_per_step, "params": count_params(self.model),
             "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
             "train_seconds": self.elapsed, "processes": self.env.world_size, "device": self.env.device.type,
-            "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.recipe_dir / f"step_{step:09d}"),
+            "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.recipe_dir / f"step_{step:09d}"), **self._kernel_record(),
         })
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
