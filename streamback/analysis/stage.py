@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     began = time.perf_counter()
-    compute = {"layer-error": layer_error_tables, "envelope": envelope_tables, "swallowed": swallowed_tables,
-               "loss-difference": loss_tables}[args.kind]
-    tables = compute(todo, cfg, train_cfg, Path(tokens), device)
+    tables_of = {"layer-error": layer_error_tables, "envelope": envelope_tables, "swallowed": swallowed_tables,
+                 "loss-difference": loss_tables}[args.kind]
+    tables = tables_of(todo, cfg, train_cfg, Path(tokens), device)
     for name, table in tables.items():
         write_csv(layout.table(name), table)
     computed = time.perf_counter() - began
