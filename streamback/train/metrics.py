@@ -16,7 +16,8 @@ Append-safe across resumes: a run resumed from the checkpoint of step s first cu
 to steps <= s (dropping what a killed run wrote after its last checkpoint, and a half-written
 last line), so the log has every step exactly once. The log is flushed and fsynced before a
 checkpoint is committed, so the records up to a checkpoint's step always survive a crash. A
-mirror (the run's TensorBoard writer, `streamback.train.tensorboard`) gets every record appended.
+mirror (the run's TensorBoard writer, `streamback.train.tensorboard`, and its W&B run,
+`streamback.train.wandb_sink`) gets every record appended.
 """
 
 from __future__ import annotations
@@ -60,11 +61,11 @@ def _read_lines(path: str | os.PathLike) -> list[dict]:
 
 class MetricsLog:
     """Append records to `path`, after cutting it back to the steps <= `resume_step` (kept in
-    `resumed`) under `header` (written again on every start); each also goes to `mirror`
-    (`write`, `flush`, `close`), if given."""
+    `resumed`) under `header` (written again on every start); each also goes to every one of
+    `mirrors` (`write`, `flush`, `close`)."""
 
-    def __init__(self, path: str | os.PathLike, resume_step: int, mirror=None, header: dict | None = None):
-        self.path, self.mirror = Path(path), mirror
+    def __init__(self, path: str | os.PathLike, resume_step: int, mirrors=(), header: dict | None = None):
+        self.path, self.mirrors = Path(path), list(mirrors)
         kept = []
         if resume_step > 0 and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
@@ -83,20 +84,20 @@ class MetricsLog:
     def append(self, record: dict) -> None:
         self._file.write(_line(record))
         self._file.flush()
-        if self.mirror is not None:
-            self.mirror.write(record)
+        for mirror in self.mirrors:
+            mirror.write(record)
 
     def sync(self) -> None:
         """Make every appended record durable (called before a checkpoint is committed)."""
         self._file.flush()
         os.fsync(self._file.fileno())
-        if self.mirror is not None:
-            self.mirror.flush()
+        for mirror in self.mirrors:
+            mirror.flush()
 
     def close(self) -> None:
         self._file.close()
-        if self.mirror is not None:
-            self.mirror.close()
+        for mirror in self.mirrors:
+            mirror.close()
 
 
 def _line(record: dict) -> str:

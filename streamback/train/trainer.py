@@ -75,6 +75,7 @@ from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
 from streamback.train.signals import StreamRecord, shadow_format
 from streamback.train.tensorboard import open_writer
+from streamback.train.wandb_sink import open_run as open_wandb
 from streamback.train.watch import Watch
 from streamback.train.validation import window_losses
 
@@ -302,10 +303,14 @@ class Trainer:
         remove_partial(self.recipe_dir, say=self.say)
         start_step, elapsed = self._resume()
         self.elapsed = elapsed
-        self.log, self.watch = None, None
+        self.log, self.watch, self.board = None, None, None
         if self.env.rank == 0:
-            board = open_writer(self.tensorboard_dir, start_step + 1, self.say) if self.tensorboard_dir is not None else None
-            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step, mirror=board, header=self._kernel_record())
+            self.board = open_writer(self.tensorboard_dir, start_step + 1, self.say) if self.tensorboard_dir is not None else None
+            mirrors = [self.board] if self.board is not None else []
+            if self.cfg["log"]["wandb"]["project"] is not None:
+                mirrors.append(open_wandb(self.cfg["log"]["wandb"], f"{self.spec.name}-{self.recipe_dir.name.removeprefix('recipe-')}",
+                                          self.spec.name, self.recipe_dir, {"identity": self.identity}))
+            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step, mirrors=mirrors, header=self._kernel_record())
             self.watch = Watch(self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label)
             self.watch.replay(self.log.resumed)
         self.progress = Progress(self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None)
@@ -503,7 +508,7 @@ class Trainer:
             f"({self.batch_size} x {self.seq_len}; {self.env.world_size} process(es) x {self.accum} micro-batches of "
             f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type} ({compute.path(self.env.device)}); "
             f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.recipe_dir}"
-            + (f"; TensorBoard event files in {self.tensorboard_dir}" if self.log is not None and self.log.mirror is not None else "")
+            + (f"; TensorBoard event files in {self.tensorboard_dir}" if self.log is not None and self.board is not None else "")
         )
         if start_step == self.steps:
             self.progress.write(
