@@ -10,7 +10,7 @@ out take schema defaults that the job never reads.
 
 Execution settings say how a job runs, not what it writes: a run's micro-batch size, activation
 checkpointing and torch.compile (the schema's `per_run` keys), its checkpoint cadence and whether
-it writes TensorBoard event files (`train.log.tensorboard`), and the tokenizer's reading batch. The rules pass them to the CLI (`--execution`) as params that
+it writes TensorBoard event files (`train.log.tensorboard`) or logs to W&B (`train.log.wandb`), and the tokenizer's reading batch. The rules pass them to the CLI (`--execution`) as params that
 Snakemake does not compare (common.smk's `untracked`), so changing one reruns nothing; a run
 resumed later continues with the new value. Resources (threads, GPUs, memory) are not settings.
 Standard library only: the rule files import it.
@@ -77,7 +77,7 @@ def train(config: dict, run: str) -> dict:
     skip = (*RUN_EXECUTION, "checkpoint", "resources", "per_run")
     recipe = {k: v for k, v in cfg.items() if k not in skip}
     # shadow_every off (the schema's default) leaves the rule's params as before the key existed: nothing reruns
-    recipe["log"] = {k: v for k, v in cfg["log"].items() if k != "tensorboard" and not (k == "shadow_every" and not v)}
+    recipe["log"] = {k: v for k, v in cfg["log"].items() if k not in ("tensorboard", "wandb") and not (k == "shadow_every" and not v)}
     recipe["runs"] = _one_run_matrix(spec, cfg)
     recipe["reversible"] = is_reversible(cfg, spec)
     shape = model["shapes"][spec.shape]
@@ -91,7 +91,7 @@ def train(config: dict, run: str) -> dict:
 def train_execution(config: dict, run: str) -> dict:
     cfg = config["train"]
     return {"train": {**{key: run_setting(cfg, run, key) for key in RUN_EXECUTION}, "checkpoint": cfg["checkpoint"],
-                      "log": {"tensorboard": cfg["log"]["tensorboard"]}}}
+                      "log": {"tensorboard": cfg["log"]["tensorboard"], "wandb": cfg["log"]["wandb"]}}}
 
 
 def _matrix(config: dict) -> dict:

@@ -29,6 +29,7 @@ from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config,
 from streamback.data.shards import TokenDataset
 from streamback.errors import StreambackError
 from streamback.io import write_csv
+from streamback.model import compute
 from streamback.progress import Progress
 from streamback.runs import comparison_name, comparisons, run_matrix
 from streamback.train.metrics import read_metrics
@@ -41,6 +42,7 @@ KINDS = tuple(layout.ANALYSIS_TABLES)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=KINDS, help="which analysis")
     add_config_arguments(parser, "analysis")
+    compute.add_argument(parser)
     parser.add_argument("--train-params", default=None, help="the 'train' section as a JSON object (what the rule passes; default: from --config)")
     parser.add_argument("--data", type=Path, default=None, help="token directory of the data stage (default: the config's, results/tokens/<corpus>)")
     parser.add_argument("--runs", nargs="+", default=None, help="runs to analyse (default: every run of train.runs; loss-difference: every compared run)")
@@ -51,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    compute.choose_for_stage(args)
     cfg = section_from_args(args, "analysis")
     config = load_config(args.config or DEFAULT_CONFIG) if args.train_params is None or args.data is None else None
     train_cfg = section_from_json(args.train_params, "train", "--train-params") if args.train_params is not None else config["train"]
@@ -65,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     began = time.perf_counter()
-    compute = {"layer-error": layer_error_tables, "envelope": envelope_tables, "swallowed": swallowed_tables,
-               "loss-difference": loss_tables}[args.kind]
-    tables = compute(todo, cfg, train_cfg, Path(tokens), device)
+    tables_of = {"layer-error": layer_error_tables, "envelope": envelope_tables, "swallowed": swallowed_tables,
+                 "loss-difference": loss_tables}[args.kind]
+    tables = tables_of(todo, cfg, train_cfg, Path(tokens), device)
     for name, table in tables.items():
         write_csv(layout.table(name), table)
     computed = time.perf_counter() - began

@@ -25,6 +25,8 @@ From the shell, lm-eval's own command line with this model registered:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -42,7 +44,8 @@ MODEL_ARGUMENTS = {  # name: what it is, with its default (`--model_args name=va
     "pretrained": "the model file, results/runs/<run>/model.pt (required)",
     "tokens": "the token directory of the run's corpus, whose manifest names the tokenizer (default: the one, in the results "
               "directory the model file lies in or in the repository's, whose corpus the model file records)",
-    "tokenizer": "the same as tokens (the hf backend's name for it)",
+    "tokenizer": "the same as tokens (the hf backend's name for it); either also takes the tokenizer.json, or a directory "
+                 "holding the corpus's tokenizer.json (an export-hf directory)",
     "stream": "a stream format to keep the stream in instead of the trained one, e.g. bf16, fp32, mxfp8, nvfp4_sr (default: as trained)",
     "dtype": f"compute dtype, one of {', '.join(DTYPES)} (default: as trained, bfloat16; float32 for a reference)",
     "batch_size": f"sequences per forward pass, a number: no 'auto' (default: {DEFAULT_BATCH_SIZE}; lm-eval's command line passes its "
@@ -68,6 +71,11 @@ def _whole_number(name: str, value, default: int | None) -> int | None:
     return int(value)
 
 
+def _directory(path: str) -> Path:
+    """The directory a tokens= or tokenizer= value names (a file's is the one it lies in)."""
+    return Path(path).parent if Path(path).is_file() else Path(path)
+
+
 def _by_task(requests) -> dict[str, list[int]]:
     """Indices of the requests of each task, in order (lm-eval's Instance.task_name)."""
     groups: dict[str, list[int]] = {}
@@ -90,7 +98,7 @@ class StreambackLM(TemplateLM):
                                   f"it takes {', '.join(MODEL_ARGUMENTS)} (python -m streamback.eval --help)")
         if not pretrained:
             raise StreambackError("streamback model: pretrained= is required: the model file, e.g. pretrained=results/runs/<run>/model.pt")
-        if tokens is not None and tokenizer is not None and str(tokens) != str(tokenizer):
+        if tokens is not None and tokenizer is not None and _directory(tokens) != _directory(tokenizer):
             raise StreambackError(f"streamback model: tokens={tokens} and tokenizer={tokenizer} name two directories; give one")
         if dtype is not None and dtype not in DTYPES:
             raise StreambackError(f"streamback model: dtype={dtype!r} is not one of {', '.join(DTYPES)}")

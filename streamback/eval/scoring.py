@@ -37,6 +37,7 @@ import torch
 from streamback import layout
 from streamback.config import ROOT, load_config
 from streamback.data import tokenizer as tk
+from streamback.data.shards import file_sha256
 from streamback.errors import StreambackError
 from streamback.eval.decode import CachedDecoder
 from streamback.model.weights import TrainedModel, check_corpus, load_model, read_model
@@ -79,11 +80,33 @@ def open_run(model_file: str | Path, tokens_dir: str | Path | None = None) -> Ru
 
     model_file = Path(model_file)
     trained = read_model(model_file)
-    tokens_dir = Path(tokens_dir) if tokens_dir is not None else find_tokens_dir(model_file, trained)
+    tokens_dir = token_dir_of(Path(tokens_dir), model_file, trained) if tokens_dir is not None else find_tokens_dir(model_file, trained)
     manifest, tokenizer_file = check_corpus(trained, model_file, tokens_dir)
     if trained.data is None:
         warnings.warn(f"{model_file} does not record the corpus it was trained on: only the tokenizer's vocabulary size was checked", stacklevel=2)
     return Run(model_file.parent.name, model_file, tokens_dir, trained, manifest, tk.load_file(tokenizer_file), tokenizer_file)
+
+
+def token_dir_of(path: Path, model_file: Path, trained: TrainedModel) -> Path:
+    """The token directory that `path` names: a token directory itself (it holds manifest.json),
+    its tokenizer file, or a tokenizer outside one (a tokenizer.json, or a directory holding one,
+    e.g. a `streamback export-hf` directory), whose corpus is then looked for as `find_tokens_dir`
+    does and must have been tokenized with that very tokenizer. Anything else: StreambackError."""
+    directory = path.parent if path.is_file() else path
+    if not path.exists():
+        raise StreambackError(f"{path} does not exist: give the token directory of the model's corpus, or its tokenizer.json")
+    if (directory / "manifest.json").is_file():
+        return directory
+    tokenizer_file = path if path.is_file() else path / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise StreambackError(f"{path} is neither a token directory (it has no manifest.json) nor a tokenizer.json or a directory "
+                              "holding one: give the token directory of the model's corpus")
+    found = find_tokens_dir(model_file, trained)
+    recorded = json.loads((found / "manifest.json").read_text())["tokenizer"]["sha256"]
+    if file_sha256(tokenizer_file) != recorded:
+        raise StreambackError(f"tokenizer {tokenizer_file} is not the one of {found}, the corpus {model_file} was trained on "
+                              "(sha256 differs): give that corpus's token directory")
+    return found
 
 
 def find_tokens_dir(model_file: Path, trained: TrainedModel) -> Path:

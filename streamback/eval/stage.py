@@ -34,6 +34,7 @@ from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config,
 from streamback.eval.lm import StreambackLM
 from streamback.eval.taskload import load_tasks, task_manager
 from streamback.io import write_json
+from streamback.model import compute
 from streamback.progress import plain_logs
 
 HELP = "evaluate a trained run with lm-evaluation-harness (the `streamback` model): results.json and per-item samples"
@@ -41,6 +42,7 @@ HELP = "evaluate a trained run with lm-evaluation-harness (the `streamback` mode
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "eval")
+    compute.add_argument(parser)
     parser.add_argument("--run-name", required=True, help="the run, e.g. tiny-fat-short-streamback")
     parser.add_argument("--model", type=Path, default=None, help="its model file (default: results/runs/<run>/model.pt)")
     parser.add_argument("--tokens", type=Path, default=None, help="token directory of the run's corpus (default: the config's, results/tokens/<corpus>)")
@@ -51,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     plain_logs()  # before lm-eval and datasets import tqdm
+    compute.choose_for_stage(args)
     cfg = section_from_args(args, "eval")
     if args.threads is not None:
         import torch

@@ -19,8 +19,10 @@ gradient error no closer to native's, at a longer step time, so it is not kept.
 
 torch offers no switch for this direction (its `float32_matmul_precision` and oneDNN's fpmath
 mode make fp32 matmuls run in bf16, not the reverse; autocast picks bf16 kernels), hence the
-casts. The choice (`STREAMBACK_CPU_BF16`, or `use(...)` in a process; the workflow sets it from
-the config's `cpu_bf16`, an execution setting that reruns nothing):
+casts. The choice is the config's `cpu_bf16`, an execution setting that reruns nothing: a stage
+reads it as its workflow job does (`choose_for_stage`: `--cpu-bf16`, which the rules pass, else
+the config file the stage reads); a process without a config takes `STREAMBACK_CPU_BF16`, or
+`use(...)` around a block:
 - `auto` (default): fp32 kernels on a CPU where `torch.ops.mkldnn._is_mkldnn_bf16_supported()`
   is False (torch's own test of whether bf16 matmuls get native kernels; it honours
   `ONEDNN_MAX_CPU_ISA`, so `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` makes a native
@@ -33,10 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
+from streamback.config import DEFAULT_CONFIG, read_config_file, validate_config
 from streamback.errors import StreambackError
 
 CPU_BF16_MODES = ("auto", "native", "emulated")
@@ -82,16 +86,47 @@ def path(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16
     return "bf16 on fp32 kernels" if device.type == "cpu" and _emulated else "native bf16"
 
 
+def set_mode(chosen: str, where: str = "cpu_bf16") -> None:
+    """Make `chosen` (a CPU_BF16_MODES name) the mode of this process; `where` names it in errors."""
+    global _mode, _emulated
+    _mode, _emulated = _check(chosen, where), _resolve(chosen)
+
+
 @contextlib.contextmanager
 def use(chosen: str):
     """Run the block with `chosen` (a CPU_BF16_MODES name) as the mode, whatever the environment says."""
-    global _mode, _emulated
-    previous = _mode, _emulated
-    _mode, _emulated = _check(chosen, "cpu_bf16"), _resolve(chosen)
+    previous = _mode
+    set_mode(chosen)
     try:
         yield
     finally:
-        _mode, _emulated = previous
+        set_mode(previous)
+
+
+def add_argument(parser) -> None:
+    """A stage's `--cpu-bf16` option (what the rules pass; see choose_for_stage)."""
+    parser.add_argument("--cpu-bf16", choices=CPU_BF16_MODES, default=None,
+                        help="how bf16 compute runs on the CPU (default: the cpu_bf16 of the config file the stage reads; "
+                             f"with --params, {ENV} or auto)")
+
+
+def choose_for_stage(args) -> str:
+    """Set this process's mode from a stage's arguments as its workflow job gets it, and return it:
+    `--cpu-bf16` (the rules pass the config's), else the `cpu_bf16` of the config file the stage
+    reads (`--config`, or the default config when neither `--config` nor `--params` is given),
+    else the environment's. A set STREAMBACK_CPU_BF16 that the choice overrides is named on stderr."""
+    if args.cpu_bf16 is not None:
+        chosen, source = args.cpu_bf16, "--cpu-bf16"
+    elif getattr(args, "params", None) is None:
+        path = args.config or DEFAULT_CONFIG
+        chosen, source = validate_config(read_config_file(path))["cpu_bf16"], f"cpu_bf16 of {path}"
+    else:
+        return _mode
+    env = os.environ.get(ENV)
+    if env and env != chosen:
+        print(f"warning: {ENV}={env} is ignored: {source} says {chosen}", file=sys.stderr)
+    set_mode(chosen, source)
+    return chosen
 
 
 def _on_fp32(x: torch.Tensor) -> bool:

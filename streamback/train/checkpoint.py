@@ -24,9 +24,12 @@ names the checkpoint and the file; the checkpoint is moved aside to `<root>/corr
 (kept for a look, never loaded or pruned) and the previous one is tried. If none passes,
 nothing is moved and the run stops.
 
-The trust boundary: loading a checkpoint unpickles DCP's `.metadata` (`pickle.load`), so a
-checkpoint is code to torch's loader, and the sha256 in meta.json authenticates nothing (whoever
-can write the files can rewrite it). A resume therefore refuses a checkpoint whose directory or
+The trust boundary: DCP's loader unpickles `.metadata` (`pickle.load`) and every non-tensor value
+(`torch.load(weights_only=False)`), so to it a checkpoint is code, and the sha256 in meta.json
+authenticates nothing (whoever can write the files can rewrite it). A resume therefore reads
+`.metadata` through an unpickler that admits only the classes DCP's metadata is made of, and
+the non-tensor values with `torch.load(weights_only=True)` (`streamback.train.dcp_safe`): a checkpoint that names anything else is refused, naming the file and the
+class, before anything of it runs. As a second line, it refuses a checkpoint whose directory or
 any file in it another user owns, or its group or others may write (`check_trusted`), naming it;
 a save writes its checkpoint writable by its owner alone.
 
@@ -61,6 +64,7 @@ from streamback import layout
 from streamback.data.shards import file_sha256
 from streamback.errors import DiskFull, StreambackError
 from streamback.io import disk_full, free_bytes, remove, tree_bytes
+from streamback.train.dcp_safe import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint, read_dcp_metadata
 
 STEP_NAME = re.compile(r"^step_(\d{9})$")  # a checkpoint directory of a recipe
 _RANK_FILE = re.compile(r"^__(\d+)_")  # DCP's FileSystemWriter names rank r's files __<r>_<k>.distcp
@@ -315,10 +319,14 @@ def _user(uid: int) -> str:
 
 def _load(path: Path, state: TrainState) -> None:
     check_trusted(path)
+    read_dcp_metadata(path / ".metadata")  # refused here, by every rank, before DCP's collective
     try:
         with _one_process_quietly():
-            dcp.load({"train": state}, storage_reader=dcp.FileSystemReader(path))
+            dcp.load({"train": state}, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
     except (Exception, CheckpointException) as err:  # DCP raises CheckpointException (a BaseException) with the failing rank's cause
+        causes = [cause for cause, _ in err.failures.values()] if isinstance(err, CheckpointException) else [err]
+        if unsafe := [cause for cause in causes if isinstance(cause, UnsafeCheckpoint)]:
+            raise UnsafeCheckpoint(f"checkpoint {path}: {unsafe[0]}") from None
         raise StreambackError(f"checkpoint {path} cannot be loaded into this model: {err}") from err
 
 

@@ -1,6 +1,8 @@
 """The training run's metrics log: `metrics.jsonl`, one JSON record per optimizer step.
 
-Every record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
+Its first line is the header, `{"header": {...}}` (what the trainer gives: the kernels the run
+computes on, `kernels`, and each change of them at a resume, `kernel_changes`; `read_header`).
+Every other record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
 (mean over the step's global batch), `lr`, `grad_norm` (before clipping), `tokens_per_s` and
 `elapsed_s` (the last two are wall-clock figures, the only non-deterministic fields). Some steps
 add `val_loss`; every `train.log.stream_every` steps the stream's record (`streamback.train.signals`):
@@ -14,7 +16,8 @@ Append-safe across resumes: a run resumed from the checkpoint of step s first cu
 to steps <= s (dropping what a killed run wrote after its last checkpoint, and a half-written
 last line), so the log has every step exactly once. The log is flushed and fsynced before a
 checkpoint is committed, so the records up to a checkpoint's step always survive a crash. A
-mirror (the run's TensorBoard writer, `streamback.train.tensorboard`) gets every record appended.
+mirror (the run's TensorBoard writer, `streamback.train.tensorboard`, and its W&B run,
+`streamback.train.wandb_sink`) gets every record appended.
 """
 
 from __future__ import annotations
@@ -32,7 +35,17 @@ DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "strea
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The complete records of a metrics.jsonl (a half-written last line is skipped)."""
+    """The complete step records of a metrics.jsonl (a half-written last line is skipped; the header is not a step)."""
+    return [r for r in _read_lines(path) if "header" not in r]
+
+
+def read_header(path: str | os.PathLike) -> dict | None:
+    """The header of a metrics.jsonl; None in a log written before logs had one."""
+    return next((r["header"] for r in _read_lines(path) if "header" in r), None)
+
+
+def _read_lines(path: str | os.PathLike) -> list[dict]:
+    """Every complete line of a metrics.jsonl, the header too."""
     records = []
     lines = Path(path).read_text().split("\n")
     for number, line in enumerate(lines, 1):
@@ -48,10 +61,11 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 class MetricsLog:
     """Append records to `path`, after cutting it back to the steps <= `resume_step` (kept in
-    `resumed`); each also goes to `mirror` (`write`, `flush`, `close`), if given."""
+    `resumed`) under `header` (written again on every start); each also goes to every one of
+    `mirrors` (`write`, `flush`, `close`)."""
 
-    def __init__(self, path: str | os.PathLike, resume_step: int, mirror=None):
-        self.path, self.mirror = Path(path), mirror
+    def __init__(self, path: str | os.PathLike, resume_step: int, mirrors=(), header: dict | None = None):
+        self.path, self.mirrors = Path(path), list(mirrors)
         kept = []
         if resume_step > 0 and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
@@ -63,27 +77,27 @@ class MetricsLog:
                     + (f" ending at step {steps[-1]}" if steps else "")
                     + "; restore it or delete the run's checkpoints to start over"
                 )
-        write_text(self.path, "".join(_line(r) for r in kept))
+        write_text(self.path, "".join(_line(r) for r in ([{"header": header}] if header is not None else []) + kept))
         self.resumed = kept
         self._file = open(self.path, "a")
 
     def append(self, record: dict) -> None:
         self._file.write(_line(record))
         self._file.flush()
-        if self.mirror is not None:
-            self.mirror.write(record)
+        for mirror in self.mirrors:
+            mirror.write(record)
 
     def sync(self) -> None:
         """Make every appended record durable (called before a checkpoint is committed)."""
         self._file.flush()
         os.fsync(self._file.fileno())
-        if self.mirror is not None:
-            self.mirror.flush()
+        for mirror in self.mirrors:
+            mirror.flush()
 
     def close(self) -> None:
         self._file.close()
-        if self.mirror is not None:
-            self.mirror.close()
+        for mirror in self.mirrors:
+            mirror.close()
 
 
 def _line(record: dict) -> str:

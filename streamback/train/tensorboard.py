@@ -28,6 +28,21 @@ def open_writer(log_dir: Path, first_step: int, say):
     return TensorBoardWriter(SummaryWriter(str(log_dir), purge_step=first_step, flush_secs=FLUSH_SECONDS))
 
 
+def scalars(record: dict):
+    """(tag, value) of every finite number of a metrics record but its step (see the module docstring)."""
+    for key, value in record.items():
+        if key in ("step", "warnings"):
+            continue
+        if isinstance(value, list):
+            width = len(str(len(value) - 1))
+            items = [(f"{key}/{layer:0{width}d}", v) for layer, v in enumerate(value)]
+        elif isinstance(value, dict):
+            items = [(f"{key}/{name}", v) for name, v in value.items()]
+        else:
+            items = [(f"train/{key}", value)]
+        yield from ((tag, v) for tag, v in items if isinstance(v, (int, float)) and math.isfinite(v))
+
+
 class TensorBoardWriter:
     """Writes metrics records as TensorBoard scalars and text (see the module docstring)."""
 
@@ -36,23 +51,9 @@ class TensorBoardWriter:
 
     def write(self, record: dict) -> None:
         step = record["step"]
-        for key, value in record.items():
-            if key == "step":
-                continue
-            if key == "warnings":
-                self.writer.add_text("warnings", "\n\n".join(event["message"] for event in value), step)
-            elif isinstance(value, list):
-                width = len(str(len(value) - 1))
-                for layer, v in enumerate(value):
-                    self._scalar(f"{key}/{layer:0{width}d}", v, step)
-            elif isinstance(value, dict):
-                for name, v in value.items():
-                    self._scalar(f"{key}/{name}", v, step)
-            else:
-                self._scalar(f"train/{key}", value, step)
-
-    def _scalar(self, tag: str, value, step: int) -> None:
-        if isinstance(value, (int, float)) and math.isfinite(value):
+        if "warnings" in record:
+            self.writer.add_text("warnings", "\n\n".join(event["message"] for event in record["warnings"]), step)
+        for tag, value in scalars(record):
             self.writer.add_scalar(tag, value, step)
 
     def flush(self) -> None:

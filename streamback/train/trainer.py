@@ -77,6 +77,7 @@ from streamback.train.schedule import wsd_lr
 from streamback.train.signals import StreamRecord, shadow_format
 from streamback.train.tensorboard import open_writer
 from streamback.train.validation import window_losses
+from streamback.train.wandb_sink import open_run as open_wandb
 from streamback.train.watch import Watch
 
 HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
@@ -87,6 +88,7 @@ EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "train")
+    compute.add_argument(parser)
     parser.add_argument("--model-params", default=None, help="the 'model' section as a JSON object (what the rule passes; default: from --config)")
     # not --run: torchrun parses the whole command line and takes --run for an abbreviation of its --run-path
     parser.add_argument("--run-name", required=True, help="run name, e.g. fat-short-streamback (see `train.runs` in the config)")
@@ -96,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "verified-shards.json (default: results/checkpoints/<run>)")
     parser.add_argument("--tensorboard", type=Path, default=None, help="the run's TensorBoard directory, an event directory per recipe in it "
                         "(default: results/tensorboard/<run>; train.log.tensorboard: false writes none)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: with --params, torch's choice; else the run's train.resources.threads, as the rule passes)")
     parser.add_argument("--status-file", type=Path, default=None,
                         help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own")
 
@@ -118,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise StreambackError(f"--threads must be at least 1, got {args.threads}")
+    compute.choose_for_stage(args)
     train_cfg = section_from_args(args, "train")
+    if args.threads is None and args.params is None:  # as the rule, which passes the run's resources
+        args.threads = run_setting(train_cfg, args.run_name, "resources")["threads"]
     # the model and data sections come from the config file unless given (as the rule does)
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
     if args.model_params is not None:
@@ -236,6 +241,9 @@ class Trainer:
             "data": self.train_data.manifest["fingerprint"],  # what the data stage tokenized, and how
         }
         self.recipe_dir = layout.recipe_dir(ckpt_dir, recipe_fingerprint(self.identity))
+        # the kernels of this process (not the recipe: a record of how the steps were computed)
+        self.kernels = f"{compute.path(env.device, self.model.compute_dtype)} on {env.device.type}"
+        self.kernel_changes = []  # {"step", "from", "to"} of each resume onto other kernels
         self.tensorboard_dir = tensorboard / self.recipe_dir.name if tensorboard is not None and env.rank == 0 else None
 
     def say(self, message: str) -> None:
@@ -291,10 +299,14 @@ class Trainer:
         remove_partial(self.recipe_dir, say=self.say)
         start_step, elapsed = self._resume()
         self.elapsed = elapsed
-        self.log, self.watch = None, None
+        self.log, self.watch, self.board = None, None, None
         if self.env.rank == 0:
-            board = open_writer(self.tensorboard_dir, start_step + 1, self.say) if self.tensorboard_dir is not None else None
-            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step, mirror=board)
+            self.board = open_writer(self.tensorboard_dir, start_step + 1, self.say) if self.tensorboard_dir is not None else None
+            mirrors = [self.board] if self.board is not None else []
+            if self.cfg["log"]["wandb"]["project"] is not None:
+                mirrors.append(open_wandb(self.cfg["log"]["wandb"], f"{self.spec.name}-{self.recipe_dir.name.removeprefix('recipe-')}",
+                                          self.spec.name, self.recipe_dir, {"identity": self.identity}))
+            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step, mirrors=mirrors, header=self._kernel_record())
             self.watch = Watch(self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label)
             self.watch.replay(self.log.resumed)
         self.progress = Progress(self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None)
@@ -423,14 +435,37 @@ class Trainer:
                     f"this recipe's directory {self.recipe_dir}: move it out"
                 )
 
-        meta = load_newest(self.recipe_dir, self.state, accept=same_recipe, say=self.say)
+        def accept(path, meta):
+            same_recipe(path, meta)
+            self._accept_kernels(path, meta)
+
+        meta = load_newest(self.recipe_dir, self.state, accept=accept, say=self.say)
         return (0, 0.0) if meta is None else (meta["step"], float(meta.get("elapsed_s", 0.0)))
+
+    def _accept_kernels(self, path: Path, meta: dict) -> None:
+        """Refuse a checkpoint trained on other kernels (StreambackError naming both and the setting
+        that allows it) unless train.checkpoint.resume_on_other_kernels; keep its record of changes."""
+        theirs = meta.get("kernels")  # None: written before checkpoints recorded their kernels
+        self.kernel_changes = list(meta.get("kernel_changes", []))
+        if theirs is None or theirs == self.kernels:
+            return
+        if not self.cfg["checkpoint"]["resume_on_other_kernels"]:
+            raise StreambackError(
+                f"checkpoint {path} was trained on {theirs}, but this process computes on {self.kernels} (cpu_bf16 "
+                f"{compute.mode()}): set cpu_bf16 to match it, or train.checkpoint.resume_on_other_kernels: true to resume anyway")
+        self.say(f"resuming checkpoint {path}, trained on {theirs}, on {self.kernels} (train.checkpoint.resume_on_other_kernels)")
+        self.kernel_changes.append({"step": meta["step"], "from": theirs, "to": self.kernels})
+
+    def _kernel_record(self) -> dict:
+        """The kernels the run computes on, and each change of them at a resume (for its records)."""
+        return {"kernels": self.kernels, "kernel_changes": self.kernel_changes}
 
     def _save(self, step: int) -> None:
         if self.log is not None:
             self.log.sync()
         save_checkpoint(
-            self.recipe_dir, step, self.state, {"identity": self.identity, "elapsed_s": self.elapsed, "world_size": self.env.world_size},
+            self.recipe_dir, step, self.state,
+            {"identity": self.identity, "elapsed_s": self.elapsed, "world_size": self.env.world_size, **self._kernel_record()},
             keep=self.cfg["checkpoint"]["keep"],
         )
 
@@ -454,7 +489,7 @@ class Trainer:
             "seed": self.spec.seed, "init_seed": self.spec.init_seed, "data_seed": self.spec.data_seed, "steps": step, "tokens": step * self.tokens_per_step, "params": count_params(self.model),
             "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
             "train_seconds": self.elapsed, "processes": self.env.world_size, "device": self.env.device.type,
-            "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.recipe_dir / f"step_{step:09d}"),
+            "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.recipe_dir / f"step_{step:09d}"), **self._kernel_record(),
         })
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
@@ -465,7 +500,7 @@ class Trainer:
             f"({self.batch_size} x {self.seq_len}; {self.env.world_size} process(es) x {self.accum} micro-batches of "
             f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type} ({compute.path(self.env.device)}); "
             f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.recipe_dir}"
-            + (f"; TensorBoard event files in {self.tensorboard_dir}" if self.log is not None and self.log.mirror is not None else "")
+            + (f"; TensorBoard event files in {self.tensorboard_dir}" if self.log is not None and self.board is not None else "")
         )
         if start_step == self.steps:
             self.progress.write(

@@ -428,6 +428,40 @@ def test_tokenizer_is_tokens_and_the_default_is_found_by_the_models_corpus(runs,
         StreambackLM(pretrained=str(project / layout.model_file("micro-baseline")))
 
 
+def test_tokenizer_takes_the_token_directory_its_tokenizer_file_or_a_directory_holding_it(runs, tokens, other_corpora, tmp_path):
+    """`tokenizer=` (as the hf backend's users pass a tokenizer's path) takes the token directory, its
+    tokenizer.json, or a tokenizer outside it (an export-hf directory, or its tokenizer.json), whose
+    corpus is found beside the model file's results/; anything else is one line naming it."""
+    import shutil
+
+    from streamback.eval.lm import StreambackLM
+
+    model = str(runs["micro-baseline"])
+    assert StreambackLM(pretrained=model, tokenizer=str(tokens)).run.tokens_dir == tokens
+    assert StreambackLM(pretrained=model, tokenizer=str(tokens / "tokenizer.json")).run.tokens_dir == tokens
+    assert StreambackLM(pretrained=model, tokens=str(tokens), tokenizer=str(tokens / "tokenizer.json")).run.tokens_dir == tokens
+    project = tmp_path / "project"
+    (project / layout.run_dir("micro-baseline")).mkdir(parents=True)
+    shutil.copy2(model, project / layout.model_file("micro-baseline"))
+    shutil.copytree(tokens, project / "results" / "tokens" / "my-corpus")
+    (tmp_path / "hf").mkdir()
+    shutil.copy2(tokens / "tokenizer.json", tmp_path / "hf" / "tokenizer.json")
+    model = str(project / layout.model_file("micro-baseline"))
+    for given in (tmp_path / "hf", tmp_path / "hf" / "tokenizer.json"):
+        assert StreambackLM(pretrained=model, tokenizer=str(given)).run.tokens_dir == project / "results" / "tokens" / "my-corpus"
+    (tmp_path / "other").mkdir()
+    shutil.copy2(other_corpora[280] / "tokenizer.json", tmp_path / "other" / "tokenizer.json")
+    (tmp_path / "empty").mkdir()
+    for given, message in [
+        (tmp_path / "other", rf"tokenizer {tmp_path / 'other' / 'tokenizer.json'} is not the one of .*my-corpus, the corpus .* was trained on \(sha256 differs\)"),
+        (tmp_path / "empty", rf"{tmp_path / 'empty'} is neither a token directory \(it has no manifest.json\) nor a tokenizer.json"),
+        (tmp_path / "nowhere.json", rf"{tmp_path / 'nowhere.json'} does not exist"),
+    ]:
+        with pytest.raises(StreambackError, match=r"^streamback model: " + message) as caught:
+            StreambackLM(pretrained=model, tokenizer=str(given))
+        assert "\n" not in str(caught.value)
+
+
 # ---- bad input: named before any scoring ---------------------------------------------------------
 
 

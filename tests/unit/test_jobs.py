@@ -50,7 +50,8 @@ def test_a_train_job_holds_nothing_of_other_runs_or_how_it_runs():
     })
     assert jobs.train(changed, run) == before
     assert jobs.train_execution(changed, run)["train"] == {"micro_batch_size": 8, "compile": True, "activation_checkpointing": False,
-                                                            "checkpoint": {"every": 7, "keep": 2}, "log": {"tensorboard": False}}
+                                                            "checkpoint": {"every": 7, "keep": 2, "resume_on_other_kernels": False},
+                                                            "log": {"tensorboard": False, "wandb": {"project": None, "entity": None, "mode": "online"}}}
     assert jobs.train(changed, "tiny-medium-streamback")["train"]["reversible"] is True
     lr = merge_config(DEFAULT, {"train": {"optimizer": {"lr": 1e-3}}})
     assert jobs.train(lr, run)["train"]["optimizer"]["lr"] == 1e-3

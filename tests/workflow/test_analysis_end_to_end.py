@@ -1,6 +1,5 @@
 """The end-to-end half of test_analysis.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
 
-import json
 import math
 import re
 
@@ -11,6 +10,7 @@ import yaml
 from test_analysis import SHAPES, analyze, matrix, matrix_tokens, pytestmark  # noqa: F401  (fixtures and helpers shared with the unit tests)
 
 from streamback import layout
+from streamback.train.metrics import read_metrics
 
 
 @pytest.mark.slow
@@ -73,8 +73,7 @@ def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
     assert row.mde == pytest.approx(seed_mde(sigma, 2, 0.05, 0.8), rel=1e-9)
     assert (row.seeds_for_band, row.seeds_for_target) == pytest.approx((seeds_needed(sigma, 0.001), seeds_needed(sigma, 0.002)), nan_ok=True)
     curves = pd.read_csv(root / layout.table("loss_curves"))
-    b = [json.loads(line) for line in (root / layout.metrics_file("a-short-baseline")).read_text().splitlines()]
-    o = [json.loads(line) for line in (root / layout.metrics_file("a-short-streamback")).read_text().splitlines()]
+    b, o = (read_metrics(root / layout.metrics_file(f"a-short-{block}")) for block in ("baseline", "streamback"))
     pick = (curves["shape"] == "a-short") & (curves.comparison == "streamback") & (curves.split == "train")
     assert curves[pick & (curves.seed == "0")].difference.tolist() == pytest.approx([x["loss"] - y["loss"] for x, y in zip(b, o)], abs=1e-12)
     both = curves[pick & (curves.seed != "all")].pivot(index="step", columns="seed", values="smoothed")

@@ -91,22 +91,25 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     ranks' gradients is the single process's sum of halves, so the runs agree (here bit for bit;
     the tolerance leaves room for reduction order). The trainer's stream-dtype watch stops the
     run if FSDP2's input cast turned the fp32 StreamBack stream into bf16 at any block.
-    Midway, SIGUSR1 to torchrun (as the rule launches it) makes both ranks save and stop; one
-    process then resumes from their sharded checkpoint and finishes the run.
+    Midway, SIGUSR1 to torchrun (as the rule launches it) makes both ranks save and stop; two
+    processes resume from their sharded checkpoint (through the restricted reader, dcp_safe) and
+    are stopped again; one process then resumes from theirs and finishes the run.
     """
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
     forward = {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120"}  # as rule train
-    proc = cli(tokens, tmp_path, launcher=torchrun, env=forward)
     live = live_recipe(reference, tmp_path)  # micro_batch_size and processes are not the recipe
-    _wait_for_step(proc, live / "metrics.jsonl", 8)
-    proc.send_signal(signal.SIGUSR1)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode != 0 and f"exiting with status {train_module.EXIT_REQUEUE}" in err, err[-3000:]
-    assert "2 process(es) x 1 micro-batches" in err and "stream fp32" in err
-    stopped = read_metrics(live / "metrics.jsonl")
-    assert ckpt.list_checkpoints(live)[-1][0] == stopped[-1]["step"] < STEPS
     ref = reference["metrics"]
-    assert np.allclose([r["loss"] for r in stopped], [r["loss"] for r in ref[:len(stopped)]], rtol=0, atol=1e-5)
+    for stop_at in (8, 16):
+        proc = cli(tokens, tmp_path, launcher=torchrun, env=forward)
+        _wait_for_step(proc, live / "metrics.jsonl", stop_at)
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode != 0 and f"exiting with status {train_module.EXIT_REQUEUE}" in err, err[-3000:]
+        assert "2 process(es) x 1 micro-batches" in err and "stream fp32" in err
+        assert stop_at == 8 or "resuming from step" in err
+        stopped = read_metrics(live / "metrics.jsonl")
+        assert ckpt.list_checkpoints(live)[-1][0] == stopped[-1]["step"] < STEPS
+        assert np.allclose([r["loss"] for r in stopped], [r["loss"] for r in ref[:len(stopped)]], rtol=0, atol=1e-5)
 
     proc = cli(tokens, tmp_path)
     _, err = proc.communicate(timeout=300)

@@ -213,7 +213,8 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
     ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed"}),
     ({"train": {"optimizer": {"lr": 2e-3}}}, {"train", "evaluate", *DOWNSTREAM_OF_TRAIN}),
     # how jobs run, not what they compute: nothing but the study page (whose params are the whole config)
-    ({"train": {"compile": True, "micro_batch_size": 2, "checkpoint": {"every": 5}, "resources": {"threads": 2}, "log": {"tensorboard": False},
+    ({"train": {"compile": True, "micro_batch_size": 2, "checkpoint": {"every": 5, "resume_on_other_kernels": True}, "resources": {"threads": 2},
+                "log": {"tensorboard": False, "wandb": {"project": "p", "mode": "offline"}},
                 "per_run": {"tiny-medium-baseline": {"activation_checkpointing": True}}},
       "data": {"processes": 1, "batch_documents": 64}, "eval": {"resources": {"mem_mb": 999}}, "cpu_bf16": "emulated"}, set()),
 ], ids=["drift-grid", "eval-pairs", "analysis-variants", "recipe", "execution"])

@@ -24,11 +24,11 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
     PYTHON = "python"
 else:
     PYTHON = shlex.quote(sys.executable)
-# STREAMBACK_CPU_BF16 carries config["cpu_bf16"] (how bf16 runs on a CPU, streamback/model/compute.py)
-# to every job; the shell prefix is not a rule's code, so changing it reruns nothing.
+# The jobs that compute with the model (train, evaluate, analyze) are given config["cpu_bf16"] (how bf16
+# runs on a CPU, streamback/model/compute.py) as `--cpu-bf16`, an untracked param: changing it
+# reruns nothing, and `streamback <stage> --config FILE` reads the same key from FILE.
 shell.prefix(
-    f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}} STREAMBACK_PYTHON={PYTHON} "
-    f"STREAMBACK_CPU_BF16={shlex.quote(config['cpu_bf16'])}; "
+    f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}} STREAMBACK_PYTHON={PYTHON}; "
     'streamback() {{ "$STREAMBACK_PYTHON" -m streamback "$@"; }}; '
     'log_tail() {{ local status=$?; echo "--- the end of $1:" >&2; tail -n 5 "$1" >&2; return "$status"; }}; set -euo pipefail; '
 )
@@ -203,6 +203,7 @@ def analysis_params(kind, runs):
         "tokens": lambda wildcards, input: Path(input.manifest).parent,
         "runs": shell_words(runs),
         "device": untracked("cuda" if resources["gpus"] else "cpu"),
+        "cpu_bf16": untracked(config["cpu_bf16"]),
     }
 
 

@@ -67,9 +67,10 @@ rule evaluate:
         eval=as_json(jobs.evaluate(config)["eval"]),
         tokens=lambda wildcards, input: Path(input.manifest).parent,
         outdir=lambda wildcards, output: Path(output.results).parent,
+        cpu_bf16=untracked(config["cpu_bf16"]),
     shell:
         "OMP_NUM_THREADS={threads} streamback evaluate --params {params.eval} --run-name {wildcards.run:q} --model {input.model:q} "
-        "--tokens {params.tokens:q} --outdir {params.outdir:q} --threads {threads} > {log:q} 2>&1 || log_tail {log:q}"
+        "--tokens {params.tokens:q} --outdir {params.outdir:q} --cpu-bf16 {params.cpu_bf16:q} --threads {threads} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 rule benchmark_table:

@@ -5,6 +5,9 @@ from pathlib import Path
 
 from streamback import layout
 
+# The files the config was merged from, for the page's provenance (each with its sha256): an untracked
+# param, as the merged config itself (tracked) is what the page depends on, and their absolute
+# paths would rerun the report in a moved or cloned checkout.
 CONFIG_FILES = [str(DEFAULT_CONFIG), *(str(Path(f).resolve()) for f in workflow.overwrite_configfiles)]
 
 
@@ -57,7 +60,7 @@ rule study_report:
         runtime=10,
     params:
         config=as_json(config),
-        files=shell_words(CONFIG_FILES),
+        files=untracked(shell_words(CONFIG_FILES)),
     shell:
         "streamback study-report --config-json {params.config} --config-files {params.files} --out {output:q} > {log:q} 2>&1 || log_tail {log:q}"
 

@@ -67,6 +67,7 @@ rule train:
         execution=untracked(lambda wildcards: as_json(jobs.train_execution(config, wildcards.run)["train"])),
         launch=untracked(train_launcher),
         threads=untracked(lambda wildcards: train_resources(wildcards.run)["threads"]),
+        cpu_bf16=untracked(config["cpu_bf16"]),
         tokens=lambda wildcards, input: Path(input.manifest).parent,
         outdir=lambda wildcards, output: Path(output.model).parent,
         checkpoints=lambda wildcards: layout.checkpoint_dir(wildcards.run),
@@ -78,7 +79,7 @@ rule train:
         'status_file="$checkpoints/.exit-status.$$"; status=0; '
         "{params.launch} train --params {params.train} --model-params {params.model} --execution {params.execution} --run-name {wildcards.run:q} "
         '--data {params.tokens:q} --outdir {params.outdir:q} --checkpoints "$checkpoints" '
-        '--threads {params.threads:q} --status-file "$status_file" >> "$history" 2>&1 || status=$?; '
+        '--cpu-bf16 {params.cpu_bf16:q} --threads {params.threads:q} --status-file "$status_file" >> "$history" 2>&1 || status=$?; '
         'launcher=$status; if [ "$status" -ne 0 ] && [ -s "$status_file" ]; then status=$(cat "$status_file"); fi; rm -f "$status_file"; '
         'echo "=== attempt ended with status $status (the launcher returned $launcher)" >> "$history"; '
         '[ "$history" -ef "$log" ] || cp "$history" "$log"; '

@@ -1,0 +1,98 @@
+"""A checkpoint cannot run code when it is resumed: a `.metadata` or a non-tensor value that names
+anything but what a checkpoint is made of is refused, naming the file (or value) and the class,
+and nothing of it runs; a genuine checkpoint still loads bit for bit."""
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+
+from streamback.data.shards import file_sha256
+from streamback.train import checkpoint as ckpt
+from streamback.train.dcp_safe import MetadataUnpickler, UnsafeCheckpoint
+
+
+class RunsACommand:
+    """Unpickled, this would run `command` in a shell."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _linear_state(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer, ckpt.TrainState(model, optimizer)
+
+
+def _reseal(path, name):
+    """Record file `name`'s new size and sha256 in meta.json and seal it again, as an attacker would."""
+    meta = json.loads((path / ckpt.META).read_text())
+    meta["files"][name] = {"bytes": (path / name).stat().st_size, "sha256": file_sha256(path / name)}
+    meta[ckpt.SEAL] = ckpt._seal(meta)
+    (path / ckpt.META).write_text(json.dumps(meta))
+
+
+def test_a_genuine_checkpoint_loads_bit_for_bit(tmp_path):
+    model, optimizer, state = _linear_state(0)
+    ckpt.save_checkpoint(tmp_path, 5, state, {}, keep=2)
+    fresh_model, fresh_opt, fresh_state = _linear_state(1)
+    assert not torch.equal(fresh_model.weight, model.weight)
+    assert ckpt.load_newest(tmp_path, fresh_state)["step"] == 5
+    for p, q in zip(model.parameters(), fresh_model.parameters()):
+        assert torch.equal(p, q)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(optimizer.state[p][key], fresh_opt.state[q][key])
+    assert fresh_opt.param_groups[0]["betas"] == (0.9, 0.999) and fresh_opt.param_groups[0]["lr"] == 0.1
+
+
+def test_a_metadata_that_would_run_a_command_is_refused_and_runs_nothing(tmp_path):
+    _, _, state = _linear_state(0)
+    path = ckpt.save_checkpoint(tmp_path / "ckpt", 5, state, {}, keep=2)
+    marker = tmp_path / "ran"
+    with open(path / ".metadata", "rb") as f:
+        metadata = MetadataUnpickler(f).load()
+    metadata.storage_meta = RunsACommand(f"touch {marker}")
+    with open(path / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    _reseal(path, ".metadata")
+    assert ckpt.verify_checkpoint(path)  # the seal holds: only the unpickler tells
+    _, _, fresh_state = _linear_state(1)
+    with pytest.raises(UnsafeCheckpoint) as err:
+        ckpt.load_newest(tmp_path / "ckpt", fresh_state)
+    message = str(err.value)
+    assert f"checkpoint file {path / '.metadata'} tries to load posix.system" in message and "\n" not in message
+    assert not marker.exists()
+    assert (path / ".metadata").exists() and ckpt.list_checkpoints(tmp_path / "ckpt") == [(5, path)]  # not moved aside: not damaged, hostile
+
+
+class _Values(Stateful):
+    def __init__(self, value):
+        self.value = value
+
+    def state_dict(self):
+        return {"weight": torch.ones(2), "setting": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["setting"]
+
+
+def test_a_value_that_would_run_a_command_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    path = ckpt.save_checkpoint(tmp_path / "ckpt", 1, _Values(RunsACommand(f"touch {marker}")), {}, keep=1)
+    with pytest.raises(UnsafeCheckpoint, match=rf"checkpoint {path}: the value train\.setting of the checkpoint is not plain data"):
+        ckpt._load(path, _Values(None))
+    assert not marker.exists()
+    plain = ckpt.save_checkpoint(tmp_path / "plain", 1, _Values((0.9, 0.95)), {}, keep=1)
+    loaded = _Values(None)
+    ckpt._load(plain, loaded)
+    assert loaded.value == (0.9, 0.95)

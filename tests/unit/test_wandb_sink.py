@@ -1,0 +1,100 @@
+"""The optional W&B sink (`train.log.wandb`), offline: the logged series equal metrics.jsonl's, and a
+resumed run logs to the same W&B run (its id); without the wandb package, one line. The offline
+run files are read with wandb's own protobuf records from the `.wandb` log (LevelDB's log format:
+32 KiB blocks of records with a 7-byte header, after W&B's 7-byte file header)."""
+
+import json
+import shutil
+import struct
+import sys
+
+import pytest
+import torch
+
+from streamback import layout
+from streamback.config import validate_config
+from streamback.errors import StreambackError
+from streamback.model import compute
+from streamback.train import checkpoint as ckpt
+from streamback.train import trainer as train_module
+from streamback.train.metrics import read_metrics
+from streamback.train.tensorboard import scalars
+
+RUN = "micro-baseline"
+BLOCK, FULL, LAST = 32768, 1, 4
+
+
+def config(wandb):
+    return validate_config({
+        "model": {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64},
+        "train": {"runs": {"shapes": ["micro"], "blocks": ["baseline"], "streams": []}, "seed": 3, "tokens": 10 * 4 * 32, "seq_len": 32,
+                  "batch_size": 4, "micro_batch_size": 4, "schedule": {"warmup_steps": 2, "decay_steps": 4},
+                  "checkpoint": {"every": 5, "keep": 2},
+                  "log": {"every": 5, "val_every": 5, "stream_every": 2, "val_sequences": 4, "tensorboard": False, "wandb": wandb}},
+    })
+
+
+def train(tokens, root, wandb):
+    cfg = config(wandb)
+    torch.set_num_threads(1)
+    with compute.use("emulated"):
+        return train_module.train(cfg["train"], cfg["model"], RUN, tokens, root / "out", root / "ckpt")
+
+
+def wandb_records(path):
+    """The protobuf records of a .wandb file."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, records, part = path.read_bytes(), 7, [], b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = BLOCK - pos % BLOCK
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if length == 0 and kind == 0:  # a block's zero padding
+            pos += left
+            continue
+        part += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (FULL, LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            records.append(record)
+            part = b""
+    return records
+
+
+def test_the_wandb_run_holds_the_metrics_and_a_resume_appends_to_it(tokens, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    settings = {"project": "streamback-test", "mode": "offline"}
+    assert train(tokens, tmp_path, settings) == 0
+    (recipe,) = layout.recipe_dirs(tmp_path / "ckpt")
+    shutil.rmtree(ckpt.checkpoint_dir(recipe, 10))  # the second attempt resumes from step 5 and logs steps 6-10 again
+    assert train(tokens, tmp_path, settings) == 0
+
+    attempts = sorted((recipe / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(attempts) == 2
+    ids, logged = set(), {}
+    for path in attempts:  # W&B's sync appends each to the run of its id; a later step replaces an earlier one
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add((record.run.run_id, record.run.project))
+            elif kind == "history":
+                items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                logged[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+    assert ids == {(f"{RUN}-{recipe.name.removeprefix('recipe-')}", "streamback-test")}
+    metrics = read_metrics(tmp_path / "out" / layout.METRICS_FILE)
+    assert sorted(logged) == [r["step"] for r in metrics] == list(range(1, 11))
+    for record in metrics:
+        want = dict(scalars(record))
+        assert logged[record["step"]].keys() == want.keys()
+        assert logged[record["step"]] == want  # the wall-clock fields too: the later attempt's in both
+    assert {"train/loss", "train/val_loss", "stream_absmax/0"} <= set(logged[10])
+
+
+def test_without_wandb_the_run_stops_in_one_line(tokens, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    with pytest.raises(StreambackError, match=r"^train.log.wandb.project is set but the wandb package is not installed: pip install wandb") as err:
+        train(tokens, tmp_path, {"project": "p", "mode": "offline"})
+    assert "\n" not in str(err.value)
