@@ -29,6 +29,7 @@ ANALYSIS_SETTINGS = {
     "envelope": ("batch_size", "curve_points"),
     "swallowed": ("batch_size", "variants", "seed"),
     "loss-difference": ("loss_windows", "micro_batch_size", "confidence", "smooth_steps", "curve_points", "band"),
+    "public": ("public_models", "public_sequences", "public_seq_len", "reference", "variants", "seed", "confidence"),
 }
 # the keys `streamback evaluate` reads from the eval section (eval_tasks: local; benchmark_table: pairs)
 EVALUATE_SETTINGS = ("tasks", "include_path", "batch_size", "max_length", "bootstrap_iters")

@@ -37,7 +37,7 @@ import torch
 from streamback.errors import StreambackError
 from streamback.model.export_hf import NAMES, _rotate_half_rows, rotary_rows
 from streamback.model.model import ROPE_SCALING_KEYS, ModelArgs, Transformer
-from streamback.model.weights import save_model
+from streamback.model.weights import TrainedModel, save_model
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # transformers' model_type
 HELP = "import a Hugging Face Llama directory (config.json + safetensors) as a model file, the inverse of export-hf"
@@ -162,8 +162,9 @@ def state_dict(args: ModelArgs, tensors: dict[str, torch.Tensor], where: Path) -
     return state
 
 
-def import_hf(directory: str | Path, out: str | Path) -> ModelArgs:
-    """Convert the Hugging Face model in `directory` and write it to `out` (a model file); returns its ModelArgs."""
+def read_hf(directory: str | Path) -> TrainedModel:
+    """The Hugging Face model in `directory` as a model file's contents (fp32 weights, the baseline's bf16 stream
+    unless export-hf recorded another, the tokenizer.json's record if there is one), checked against its config."""
     directory = Path(directory)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -178,8 +179,14 @@ def import_hf(directory: str | Path, out: str | Path) -> ModelArgs:
     for key, shape in expected.items():
         if state[key].shape != shape:
             raise StreambackError(f"{directory}: {key} has shape {tuple(state[key].shape)}, config.json gives {tuple(shape)}")
-    save_model(out, args, state, data=tokenizer_record(directory))
-    return args
+    return TrainedModel(args, state, args.stream_format(torch.bfloat16).label, torch.bfloat16, tokenizer_record(directory))
+
+
+def import_hf(directory: str | Path, out: str | Path) -> ModelArgs:
+    """Convert the Hugging Face model in `directory` and write it to `out` (a model file); returns its ModelArgs."""
+    trained = read_hf(directory)
+    save_model(out, trained.args, trained.state, data=trained.data)
+    return trained.args
 
 
 def tokenizer_record(directory: Path) -> dict | None:
