@@ -44,6 +44,20 @@ def test_the_ratio_interval_is_scipys_percentile_bootstrap():
     assert np.isnan(bootstrap_ratio_ci([1, 2], [0, 0])[0])
 
 
+@pytest.mark.parametrize("ratio, low, high, verdict", [
+    (0.5, 0.4, 0.6, "roughly half: the claim holds"),
+    (0.81, 0.72, 0.92, "fewer flips, but not half"),
+    (0.9, 0.7, 1.1, "no difference shown"),
+    (1.3, 1.1, 1.5, "more flips with the fp32 stream"),
+    (0.2, 0.1, 0.3, "fewer than half"),
+    (float("nan"), float("nan"), float("nan"), "no sign flips in the bf16 stream"),
+])
+def test_the_page_reads_the_ratio_against_the_claim(ratio, low, high, verdict):
+    from streamback.report.page import halving_verdict
+
+    assert halving_verdict(ratio, low, high).startswith(verdict)
+
+
 def qwen3(directory, tokens):
     torch.manual_seed(0)
     config = transformers.Qwen3Config(vocab_size=320, hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -99,6 +113,16 @@ def test_the_command_writes_its_tables_and_figures_and_names_bad_settings(tmp_pa
         assert (tmp_path / path).stat().st_size > 0, path
     assert "sign flips fp32 / bf16 over all layers" in (tmp_path / layout.figure("public_gradients-qwen", "svg")).read_text()
     assert set(pd.read_csv(layout.table("public_flip_ratio")).variant) == {"fp32"}
+    from streamback.html_report import Caption, Missing
+    from streamback.report.page import Study, public_models
+
+    study = Study(validate_config({"analysis": params}), [])
+    said = public_models(study)[0]
+    assert isinstance(said, Caption) and "qwen (" in said and "32 tokens in 2 sequences, ground truth fp32" in said
+    ratio = pd.read_csv(layout.table("public_flip_ratio")).query("kind == 'gradients' and layer == 'all'").iloc[0]
+    assert f"bf16 stream, {ratio.flip_ratio:.2f} over all layers" in said
+    layout.table("public_swallowed").unlink()
+    assert isinstance(public_models(study)[0], Missing)
     for bad, message in (({}, "analysis.public_models is empty"), ({"qwen": str(tmp_path)}, "has no config.json"),
                          ({"../x": str(tmp_path / "qwen")}, "does not match")):
         assert main([*args, "--params", json.dumps({**params, "public_models": bad})]) != 0
