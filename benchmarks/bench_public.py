@@ -8,7 +8,7 @@ it as the rule does (`streamback.analysis.public.public_tables`: the layer error
 every window against the ground truth, the swallowed updates, the flip ratios): by default 8
 sequences of 128 tokens (1,024 tokens), the bf16 and fp32 streams, an fp64 ground truth.
 
-    python benchmarks/bench_public.py [--tokens results/tokens/synthetic] [--threads 2] [--reference fp64|fp32]
+    python benchmarks/bench_public.py [--tokens results/tokens/synthetic] [--threads 2] [--reference fp64|fp32] [--cpu-bf16 emulated]
 
 Prints the parameter count, the wall-clock time of the analysis (the model's building and saving
 apart) and the process's peak resident memory (ru_maxrss, which counts the saving too). Without
@@ -55,14 +55,20 @@ def main() -> int:
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--variants", nargs="+", default=["bf16", "fp32"])
+    parser.add_argument("--cpu-bf16", choices=["auto", "native", "emulated"], default="emulated",
+                        help="how bf16 compute runs on the CPU (the config's cpu_bf16; the default study's: emulated)")
     parser.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"], help="fewer layers for a quick try")
     args = parser.parse_args()
+    from streamback.heap import keep_freed_memory
+
+    keep_freed_memory()  # the heap every streamback stage runs with (streamback.heap), before anything large is allocated
     torch.set_num_threads(args.threads)
 
     import transformers
 
     from streamback.analysis.public import public_tables
     from streamback.config import validate_config
+    from streamback.model import compute
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -78,13 +84,15 @@ def main() -> int:
         cfg = validate_config({"analysis": {"public_models": {"bench": str(tmp / "hf")}, "public_sequences": args.sequences,
                                             "public_seq_len": args.seq_len, "reference": args.reference, "variants": args.variants}})["analysis"]
         began = time.perf_counter()
-        tables = public_tables(cfg["public_models"], cfg, tokens, "cpu")
+        with compute.use(args.cpu_bf16):
+            tables = public_tables(cfg["public_models"], cfg, tokens, "cpu")
         took = time.perf_counter() - began
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     overall = tables["public_flip_ratio"]
     overall = overall[(overall.layer == "all") & (overall.kind == "gradients") & (overall.variant == "fp32")].iloc[0]
     print(f"bench_public: {args.layers} layers, {params / 1e6:.1f}M parameters, {args.sequences} x {args.seq_len} tokens, "
-          f"ground truth {args.reference}, streams {', '.join(dict.fromkeys(['bf16', 'fp32', *args.variants]))}, {args.threads} threads")
+          f"ground truth {args.reference}, streams {', '.join(dict.fromkeys(['bf16', 'fp32', *args.variants]))}, {args.threads} threads, "
+          f"cpu_bf16 {args.cpu_bf16}")
     print(f"analysis {took:.1f} s, peak resident memory {peak:.2f} GiB")
     print(f"(random weights) gradient sign flips fp32 / bf16 over all layers {overall.flip_ratio:.3f} "
           f"[{overall.flip_ratio_low:.3f}, {overall.flip_ratio_high:.3f}]")

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
 # each family's model_type -> its architecture
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
+
 def rotary_rows(args: ModelArgs) -> dict[str, int]:
     """The tensors whose rows transformers' rotate-half RoPE orders otherwise: this model's name -> its number of heads."""
     return {"layers.{}.attention.wq.weight": args.n_heads, "layers.{}.attention.wk.weight": args.n_kv_heads,
@@ -146,11 +147,11 @@ def hf_config(args: ModelArgs, stream: str) -> dict:
         config["rope_scaling"] = hf_rope(args)  # transformers 4's key
     if arch != "llama":
         config["sliding_window"] = None
-    if arch in ("qwen2", "qwen3"):
+    if arch in ("qwen2", "qwen3"):  # no mlp_bias key; Qwen2's q/k/v biases are built in (no attention_bias key either)
         config["use_sliding_window"] = False
-        del config["attention_bias"], config["mlp_bias"]  # Qwen2's biases are fixed; Qwen3's attention_bias would bias o_proj too
-        if arch == "qwen3":
-            config["attention_bias"] = False
+        del config["mlp_bias"]
+        if arch == "qwen2":
+            del config["attention_bias"]
     return config
 
 
