@@ -154,6 +154,13 @@ def merge_config(base: dict, override: dict) -> dict:
     return merged
 
 
+def public_models(analysis: dict) -> dict[str, str]:
+    """`analysis.public_models` less the names set to null: a config merged over another (as
+    config/paper.yaml is over config/config.yaml) drops a model of the base that way, since a
+    merge never removes a key."""
+    return {name: directory for name, directory in analysis["public_models"].items() if directory is not None}
+
+
 # ---- `streamback check` ---------------------------------------------------------------------
 
 HELP = "check config files as the Snakefile does (YAML with file and line, the schema, every run's model and recipe, the eval task names)"

@@ -21,7 +21,7 @@ import torch
 
 from streamback import layout
 from streamback.analysis.inputs import Subject, read_subject, subjects, validation_batch
-from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
+from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, public_models, section_from_args, section_from_json
 from streamback.errors import StreambackError
 from streamback.io import write_csv
 from streamback.progress import Progress
@@ -56,13 +56,13 @@ def run(args: argparse.Namespace) -> int:
     if runs is None and args.kind == "loss-difference":
         runs = list(dict.fromkeys(name for _, *pair in comparisons(run_matrix(train_cfg)) for name in pair))
     if args.kind == "public":
-        if not cfg["public_models"]:
+        if not public_models(cfg):
             raise StreambackError("analyze public: analysis.public_models is empty (name it a model: NAME: <Hugging Face directory>)")
-        for name, directory in cfg["public_models"].items():
+        for name, directory in public_models(cfg).items():
             layout.checked_name(name, "analysis.public_models name")  # it names the model's figures
             if not (Path(directory) / "config.json").is_file():
                 raise StreambackError(f"analysis.public_models {name}: {directory} has no config.json (a local Hugging Face model directory)")
-        todo = list(cfg["public_models"])
+        todo = list(public_models(cfg))
     else:
         todo = subjects(train_cfg, runs, args.model)
     if args.threads is not None:
@@ -127,7 +127,7 @@ def swallowed_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataF
 def public_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
     from streamback.analysis.public import public_tables as tables
 
-    return tables(cfg["public_models"], cfg, tokens, device)
+    return tables(public_models(cfg), cfg, tokens, device)
 
 
 def envelope_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:

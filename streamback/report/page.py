@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from streamback import layout
-from streamback.config import ROOT
+from streamback.config import ROOT, public_models
 from streamback.html_report import Caption, Missing, Subheading
 from streamback.io import read_json
 from streamback.report import answer, provenance
@@ -169,13 +169,13 @@ def halving_verdict(ratio: float, low: float, high: float) -> str:
     return "fewer flips, but not half: the claim holds in direction only" if ratio > HALF[1] else "fewer than half: more than the claim"
 
 
-def public_models(study: Study) -> list:
+def public_section(study: Study) -> list:
     """The paper's first evidence on each public model (rule analyze_public): where the halving of the
     gradients' sign flips holds, on how many tokens, the flip-ratio table and the two figures per model."""
     from streamback.analysis.figures import charts
 
     cfg = study.config["analysis"]
-    if not cfg["public_models"]:
+    if not public_models(cfg):
         return [Caption("analysis.public_models is empty: no public model was analysed (docs/public-models.md names one).")]
     names = layout.ANALYSIS_TABLES["public"]
     tables = _read_tables(names)
@@ -191,7 +191,7 @@ def public_models(study: Study) -> list:
         below = int((layers.flip_ratio_high < 1).sum())
         half = int(((layers.flip_ratio_low <= HALF[1]) & (layers.flip_ratio_high >= HALF[0])).sum())
         blocks.append(Caption(
-            f"{model} ({cfg['public_models'][model]}), {overall.tokens:,} tokens in {overall.sequences} sequences, ground truth {truth}: "
+            f"{model} ({public_models(cfg)[model]}), {overall.tokens:,} tokens in {overall.sequences} sequences, ground truth {truth}: "
             f"the parameter gradients' sign flips, fp32 stream over bf16 stream, {overall.flip_ratio:.2f} over all layers "
             f"({cfg['confidence']:.0%} interval {overall.flip_ratio_low:.2f}-{overall.flip_ratio_high:.2f}; "
             f"{overall.sign_flips:,} against {overall.bf16_sign_flips:,}): {halving_verdict(overall.flip_ratio, overall.flip_ratio_low, overall.flip_ratio_high)}. "
@@ -303,7 +303,7 @@ def sections(study: Study) -> list[tuple[str, list]]:
         ("Residual envelope", analysis("envelope", study)),
         ("Precision error by layer", analysis("layer-error", study)),
         ("Swallowed updates", analysis("swallowed", study)),
-        ("Public models: the paper's first evidence", public_models(study)),
+        ("Public models: the paper's first evidence", public_section(study)),
         ("Training curves", training_curves() + live_signals(study)),
         ("The drift of a long bf16 sum", drift(study)),
         ("Speed and memory", speed_and_memory()),

@@ -114,15 +114,15 @@ def test_the_command_writes_its_tables_and_figures_and_names_bad_settings(tmp_pa
     assert "sign flips fp32 / bf16 over all layers" in (tmp_path / layout.figure("public_gradients-qwen", "svg")).read_text()
     assert set(pd.read_csv(layout.table("public_flip_ratio")).variant) == {"fp32"}
     from streamback.html_report import Caption, Missing
-    from streamback.report.page import Study, public_models
+    from streamback.report.page import Study, public_section
 
     study = Study(validate_config({"analysis": params}), [])
-    said = public_models(study)[0]
+    said = public_section(study)[0]
     assert isinstance(said, Caption) and "qwen (" in said and "32 tokens in 2 sequences, ground truth fp32" in said
     ratio = pd.read_csv(layout.table("public_flip_ratio")).query("kind == 'gradients' and layer == 'all'").iloc[0]
     assert f"bf16 stream, {ratio.flip_ratio:.2f} over all layers" in said
     layout.table("public_swallowed").unlink()
-    assert isinstance(public_models(study)[0], Missing)
+    assert isinstance(public_section(study)[0], Missing)
     for bad, message in (({}, "analysis.public_models is empty"), ({"qwen": str(tmp_path)}, "has no config.json"),
                          ({"../x": str(tmp_path / "qwen")}, "does not match")):
         assert main([*args, "--params", json.dumps({**params, "public_models": bad})]) != 0

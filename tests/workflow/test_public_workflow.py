@@ -1,6 +1,6 @@
 """Rules export_hf and analyze_public: the default study exports its deepest baseline run in Hugging
 Face format and runs the public-model analysis on it, without a download; an empty
-analysis.public_models plans no such job."""
+analysis.public_models (its one model set to null) plans no such job."""
 
 import re
 
@@ -35,8 +35,9 @@ def test_the_default_study_analyses_its_own_exported_run(run_snakemake, tmp_path
     assert (hf / "config.json").read_text().count('"model_type": "llama"') == 1
 
 
-def test_no_public_model_plans_no_public_job(run_snakemake, tmp_path):
-    (tmp_path / "none.yaml").write_text(yaml.safe_dump({"analysis": {"public_models": {}}}))
+def test_a_public_model_set_to_null_plans_no_public_job(run_snakemake, tmp_path):
+    """A config merged over the default drops its model by naming it null (a merge never removes a key)."""
+    (tmp_path / "none.yaml").write_text(yaml.safe_dump({"analysis": {"public_models": {"tiny-skinny-tall-baseline-hf": None}}}))
     planned = run_snakemake("-n", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", tmp_path / "none.yaml")
     assert planned.returncode == 0, planned.stderr[-3000:]
     jobs = set(re.findall(r"^rule (\w+):", planned.stdout, flags=re.M))

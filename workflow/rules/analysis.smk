@@ -6,6 +6,7 @@
 # envelope, per shape swallowed-<shape> and loss_difference-<shape>.
 # Resources from config["analysis"]["resources"]: gpus 0 runs on the CPU, 1 asks Slurm for a GPU.
 
+from streamback.config import public_models
 from streamback.runs import comparisons
 
 ANALYSIS_RES = config["analysis"]["resources"]
@@ -104,7 +105,7 @@ rule analyze_loss_difference:
 # Face directory): `streamback analyze public`, tables public_layer_error, public_swallowed,
 # public_flip_ratio and per model the figures public_activations-<name> and public_gradients-<name>.
 # A model the study exports itself (rule export_hf, results/hf/<run>) needs no download.
-PUBLIC_MODELS = config["analysis"]["public_models"]
+PUBLIC_MODELS = public_models(config["analysis"])
 PUBLIC_SHELL = ANALYSIS_SHELL.replace("--runs {params.runs} ", "")  # its models are analysis.public_models
 
 
