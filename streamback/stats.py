@@ -61,7 +61,8 @@ def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], confidence: floa
 def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 10000,
                        seed: int = 0) -> tuple[float, float, float]:
     """(sum(a) / sum(b), lower, upper): the percentile interval of the ratio of sums over `resamples`
-    resamples of the items (an item's a and b drawn together); NaN where a sum of b is zero."""
+    resamples of the items (an item's a and b drawn together). The ratio is NaN where sum(b) is
+    zero; resamples whose b sums to zero are left out of the interval (NaN if all are)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     n = a.size
     if n == 0 or a.shape != b.shape:
