@@ -107,8 +107,11 @@ def training_curves(config: dict) -> dict:
 
 def analysis(config: dict, kind: str) -> dict:
     """Rule analyze_<kind>: the analysis keys it reads, and of the train section the run matrix and
-    the window length (loss-difference: also the logged validation's window count, its default)."""
+    the window length (loss-difference: also the logged validation's window count, its default;
+    public: nothing)."""
     cfg = config["analysis"]
+    if kind == "public":  # its models are its own, its windows public_seq_len long: nothing of train
+        return {"analysis": _pick(cfg, ANALYSIS_SETTINGS[kind]), "train": {}}
     train = {**_matrix(config), "seq_len": config["train"]["seq_len"]}
     if kind == "loss-difference" and cfg["loss_windows"] is None:
         train["log"] = {"val_sequences": config["train"]["log"]["val_sequences"]}
