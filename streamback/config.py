@@ -152,3 +152,10 @@ def merge_config(base: dict, override: dict) -> dict:
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+def public_models(analysis: dict) -> dict[str, str]:
+    """`analysis.public_models` less the names set to null: a config merged over another (as
+    config/paper.yaml is over config/config.yaml) drops a model of the base that way, since a
+    merge never removes a key."""
+    return {name: directory for name, directory in analysis["public_models"].items() if directory is not None}

@@ -30,6 +30,7 @@ ANALYSIS_SETTINGS = {
     "envelope": ("batch_size", "curve_points"),
     "swallowed": ("batch_size", "variants", "seed"),
     "loss-difference": ("loss_windows", "micro_batch_size", "confidence", "smooth_steps", "curve_points", "band", "power", "target"),
+    "public": ("public_models", "public_sequences", "public_seq_len", "reference", "variants", "seed", "confidence"),
 }
 # the keys `streamback evaluate` reads from the eval section (eval_tasks: local; benchmark_table: pairs)
 EVALUATE_SETTINGS = ("tasks", "include_path", "batch_size", "max_length", "bootstrap_iters")
@@ -107,8 +108,11 @@ def training_curves(config: dict) -> dict:
 
 def analysis(config: dict, kind: str) -> dict:
     """Rule analyze_<kind>: the analysis keys it reads, and of the train section the run matrix and
-    the window length (loss-difference: also the logged validation's window count, its default)."""
+    the window length (loss-difference: also the logged validation's window count, its default;
+    public: nothing)."""
     cfg = config["analysis"]
+    if kind == "public":  # its models are its own, its windows public_seq_len long: nothing of train
+        return {"analysis": _pick(cfg, ANALYSIS_SETTINGS[kind]), "train": {}}
     train = {**_matrix(config), "seq_len": config["train"]["seq_len"]}
     if kind == "loss-difference" and cfg["loss_windows"] is None:
         train["log"] = {"val_sequences": config["train"]["log"]["val_sequences"]}

@@ -143,8 +143,16 @@ TRAINING_FIGURES = ("training_loss", "training_grad_norm")  # figure(name, suffi
 
 
 def hf_dir(run: str) -> Path:
-    """A run exported to Hugging Face format (`streamback export-hf`)."""
+    """A run exported to Hugging Face format (`streamback export-hf`; rule export_hf)."""
     return RESULTS / "hf" / checked_name(run, "run name")
+
+
+HF_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")  # config.json last
+
+
+def hf_files(run: str) -> list[Path]:
+    """What export-hf writes for a trained run (with its corpus's tokenizer), config.json last."""
+    return [hf_dir(run) / name for name in HF_FILES]
 
 
 # -- drift (rule drift) -----------------------------------------------------------------------
@@ -216,18 +224,21 @@ ANALYSIS_TABLES = {  # kind -> the tables it writes, table(name)
     "envelope": ("envelope", "envelope_training"),
     "swallowed": ("swallowed",),
     "loss-difference": ("loss_difference", "loss_curves"),
+    "public": ("public_layer_error", "public_swallowed", "public_flip_ratio"),  # the public models of analysis.public_models
 }
 FIGURE_SUFFIXES = ("svg", "png")
 
 
 def analysis_figures(kind: str, runs: list[str], shapes: list[str]) -> list[str]:
     """The figure names `kind` draws for these runs (layer error, envelope over training: one per
-    run) and shapes (swallowed updates, loss difference: one per shape; envelope: one for all)."""
+    run; public: `runs` are the public models, two each) and shapes (swallowed updates, loss
+    difference: one per shape; envelope: one for all)."""
     return {
         "layer-error": [f"layer_error-{run}" for run in runs],
         "envelope": ["envelope"] + [f"envelope_training-{run}" for run in runs],
         "swallowed": [f"swallowed-{shape}" for shape in shapes],
         "loss-difference": [f"loss_difference-{shape}" for shape in shapes],
+        "public": [f"{figure}-{model}" for model in runs for figure in ("public_activations", "public_gradients")],
     }[kind]
 
 

@@ -156,13 +156,17 @@ def check_wsd(total_steps: int, warmup_steps: int, decay_steps: int) -> None:
         )
 
 
-def shape_problems(dim: int, n_heads: int, n_kv_heads: int) -> list[str]:
+def shape_problems(dim: int, n_heads: int, n_kv_heads: int, head_dim: int | None = None) -> list[str]:
     """Why a model of this width and these heads cannot be built (empty if it can): grouped-query
-    attention needs n_kv_heads to divide n_heads; RoPE rotates pairs, so head_dim = dim // n_heads
-    must be even and at least 2. `ModelArgs` raises the same."""
+    attention needs n_kv_heads to divide n_heads; RoPE rotates pairs, so head_dim (given, e.g. by an
+    imported model, or dim // n_heads) must be even and at least 2. `ModelArgs` raises the same."""
     problems = []
     if n_heads % n_kv_heads:
         problems.append(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}) (grouped-query attention)")
+    if head_dim is not None:
+        if head_dim < 2 or head_dim % 2:
+            problems.append(f"head_dim {head_dim} must be even and at least 2 (RoPE rotates pairs)")
+        return problems
     head_dim = dim // n_heads
     if head_dim < 2:
         problems.append(f"head_dim = dim // n_heads = {dim} // {n_heads} = {head_dim} is too small: RoPE rotates pairs, "

@@ -5,6 +5,8 @@ Within one training seed, paired on the same items or windows (a: the baseline, 
   interval, `t_interval` of the differences;
 - `paired_bootstrap_ci`: the difference of the means, mean(b) - mean(a), with a percentile
   confidence interval from resampling items with replacement;
+- `bootstrap_ratio_ci`: a ratio of sums over items, sum(a) / sum(b), with the same percentile
+  interval (e.g. the sign flips of two stream formats over validation sequences);
 - `mcnemar_exact`: the exact McNemar test: of the discordant items (right in one run only),
   under no difference each is equally likely to favour either run, so the count favouring one is
   Binomial(discordant, 1/2); two-sided p = 2 x the smaller tail, at most 1;
@@ -61,6 +63,32 @@ def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], confidence: floa
     tail = (1 - confidence) / 2
     lower, upper = np.quantile(means, [tail, 1 - tail])
     return float(diff.mean()), float(lower), float(upper)
+
+
+def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 10000,
+                       seed: int = 0) -> tuple[float, float, float]:
+    """(sum(a) / sum(b), lower, upper): the percentile interval of the ratio of sums over `resamples`
+    resamples of the items (an item's a and b drawn together). The ratio is NaN where sum(b) is
+    zero; resamples whose b sums to zero are left out of the interval (NaN if all are)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    n = a.size
+    if n == 0 or a.shape != b.shape:
+        raise ValueError(f"bootstrap_ratio_ci needs two equally long, non-empty samples, got {a.shape} and {b.shape}")
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(resamples)
+    chunk = max(1, 4_000_000 // n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for start in range(0, resamples, chunk):
+            stop = min(start + chunk, resamples)
+            drawn = rng.integers(0, n, size=(stop - start, n))
+            ratios[start:stop] = a[drawn].sum(axis=1) / b[drawn].sum(axis=1)
+        ratio = a.sum() / b.sum() if b.sum() else math.nan
+    ratios[~np.isfinite(ratios)] = np.nan
+    if np.isnan(ratios).all():
+        return float(ratio), math.nan, math.nan
+    tail = (1 - confidence) / 2
+    lower, upper = np.nanquantile(ratios, [tail, 1 - tail])
+    return float(ratio), float(lower), float(upper)
 
 
 def discordant(a: Sequence[int], b: Sequence[int]) -> tuple[int, int]:

@@ -49,27 +49,47 @@ def _study_pair_last(data: pd.DataFrame) -> pd.DataFrame:
     return data.iloc[data.variant.map(lambda v: rank.get(v, -1)).argsort(kind="stable")]
 
 
+def _error_row(data: pd.DataFrame, kind: str) -> alt.HConcatChart:
+    """max |error| (log) and sign flips (symlog) per layer of one kind, a line per variant."""
+    rows = data[data.kind == kind]
+    base = alt.Chart(rows).encode(
+        x=alt.X("layer:Q", title="layer boundary" if kind != "gradients" else "block", axis=_integer_axis(rows.layer.max())),
+        detail="variant:N", tooltip=["variant", "layer", alt.Tooltip("max_abs_error:Q", format=".3g"),
+                                     alt.Tooltip("rel_error:Q", format=".3g"), "sign_flips", alt.Tooltip("sign_flip_fraction:Q", format=".3%")],
+        **_stream_encodings(data))
+    error = base.transform_filter("datum.max_abs_error > 0").mark_line(point=True).encode(
+        y=alt.Y("max_abs_error:Q", scale=alt.Scale(type="log"), title="max |error|"))
+    most = int(rows.sign_flips.max())
+    ticks = [0] + [10**k for k in range(len(str(most)) + 1)]  # symlog: 0, then powers of ten past the largest count
+    flips = base.mark_line(point=True).encode(
+        y=alt.Y("sign_flips:Q", scale=alt.Scale(type="symlog"), axis=alt.Axis(values=ticks, format=","), title="sign flips"))
+    return alt.hconcat(error.properties(width=WIDTH, height=HEIGHT, title=f"{KIND_TITLES[kind]}: max |error|"),
+                       flips.properties(width=WIDTH, height=HEIGHT, title=f"{KIND_TITLES[kind]}: sign flips"))
+
+
 def layer_error_chart(table: pd.DataFrame, run: str) -> alt.VConcatChart:
     """One row per kind (activations, stream gradients, parameter gradients); max |error| (log) and sign flips per layer, a line per variant."""
     data = _study_pair_last(_formats(table[table.run == run]))
-    rows = []
-    for kind in [k for k in KIND_TITLES if k in set(data.kind)]:
-        base = alt.Chart(data[data.kind == kind]).encode(
-            x=alt.X("layer:Q", title="layer boundary" if kind != "gradients" else "block", axis=_integer_axis(data.layer.max())),
-            detail="variant:N", tooltip=["variant", "layer", alt.Tooltip("max_abs_error:Q", format=".3g"),
-                                         alt.Tooltip("rel_error:Q", format=".3g"), "sign_flips", alt.Tooltip("sign_flip_fraction:Q", format=".3%")],
-            **_stream_encodings(data))
-        error = base.transform_filter("datum.max_abs_error > 0").mark_line(point=True).encode(
-            y=alt.Y("max_abs_error:Q", scale=alt.Scale(type="log"), title="max |error|"))
-        most = int(data[data.kind == kind].sign_flips.max())
-        ticks = [0] + [10**k for k in range(len(str(most)) + 1)]  # symlog: 0, then powers of ten past the largest count
-        flips = base.mark_line(point=True).encode(
-            y=alt.Y("sign_flips:Q", scale=alt.Scale(type="symlog"), axis=alt.Axis(values=ticks, format=","), title="sign flips"))
-        rows.append(alt.hconcat(error.properties(width=WIDTH, height=HEIGHT, title=f"{KIND_TITLES[kind]}: max |error|"),
-                                flips.properties(width=WIDTH, height=HEIGHT, title=f"{KIND_TITLES[kind]}: sign flips")))
+    rows = [_error_row(data, kind) for kind in KIND_TITLES if kind in set(data.kind)]
     return alt.vconcat(*rows).properties(title=alt.TitleParams(
         f"{run}: error against the full-precision ground truth, same weights, per stream format",
         subtitle="bf16 = the baseline's computation, fp32 = StreamBack's (thick); sublayers compute in bf16; dashed: stochastic rounding"))
+
+
+PUBLIC_KINDS = {"activations": "public_activations", "gradients": "public_gradients"}  # kind -> figure name (less -<model>)
+
+
+def public_chart(table: pd.DataFrame, ratios: pd.DataFrame, model: str, kind: str) -> alt.HConcatChart:
+    """The paper's figure for one public model and kind (activations or parameter gradients): max |error| and sign flips per layer."""
+    data = _study_pair_last(_formats(table[table.model == model]))
+    overall = ratios[(ratios.model == model) & (ratios.kind == kind) & (ratios.variant == "fp32") & (ratios.layer == "all")]
+    ratio = overall.iloc[0] if len(overall) else None
+    said = (f"sign flips fp32 / bf16 over all layers: {ratio.flip_ratio:.2f} ({ratio.flip_ratio_low:.2f}-{ratio.flip_ratio_high:.2f} over "
+            f"{ratio.sequences} sequences, {ratio.tokens:,} tokens)" if ratio is not None else "")
+    return _error_row(data, kind).properties(title=alt.TitleParams(
+        f"{model}: {KIND_TITLES[kind]} against the full-precision ground truth, bf16 compute, per stream format",
+        subtitle=[s for s in ("bf16 = the paper's baseline stream, fp32 = its full-precision stream (thick); dashed: stochastic rounding",
+                              said) if s]))
 
 
 def envelope_chart(table: pd.DataFrame) -> alt.FacetChart:
@@ -205,4 +225,9 @@ def charts(kind: str, tables: dict[str, pd.DataFrame], band: float = 0.001) -> d
         curves, final = tables["loss_curves"], tables["loss_difference"]
         shapes = list(dict.fromkeys(final["shape"]))
         return dict(zip(layout.analysis_figures(kind, [], shapes), (loss_difference_chart(curves, final, s, band) for s in shapes)))
+    if kind == "public":
+        table, ratios = tables["public_layer_error"], tables["public_flip_ratio"]
+        models = list(dict.fromkeys(table.model))
+        names = layout.analysis_figures(kind, models, [])
+        return dict(zip(names, (public_chart(table, ratios, m, k) for m in models for k in PUBLIC_KINDS)))
     raise ValueError(f"unknown analysis kind {kind!r}: one of {', '.join(layout.ANALYSIS_TABLES)}")

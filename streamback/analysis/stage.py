@@ -4,7 +4,8 @@ figures (results/figures/, SVG and PNG), paths from `streamback.layout`.
 Kinds: `layer-error` (per-layer error and sign flips of every stream variant against the ground
 truth), `envelope` (per-layer reach of the stream on the validation batch, and over training),
 `swallowed` (updates each rounded add loses), `loss-difference` (baseline minus every other run of
-its shape: curves, and the final paired difference with its confidence interval). The first three
+its shape: curves, and the final paired difference with its confidence interval), `public` (the
+first two on the Hugging Face models of `analysis.public_models`: `streamback.analysis.public`). The first three
 also take model files outside the run matrix (`--model NAME=PATH`, e.g. from `streamback import-hf`).
 Every run asked for (default: the whole matrix) is analysed or the command fails naming it.
 """
@@ -24,8 +25,9 @@ from streamback.analysis.figures import charts
 from streamback.analysis.inputs import Subject, read_subject, subjects, validation_batch
 from streamback.analysis.loss import across_seeds_curves, final_differences, loss_curves, model_window_losses, split_windows, thin
 from streamback.analysis.precision import layer_error, swallowed
+from streamback.analysis.public import public_tables as tables
 from streamback.charts import save_figure
-from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
+from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, public_models, section_from_args, section_from_json
 from streamback.data.shards import TokenDataset
 from streamback.errors import StreambackError
 from streamback.io import write_csv
@@ -58,18 +60,28 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config or DEFAULT_CONFIG) if args.train_params is None or args.data is None else None
     train_cfg = section_from_json(args.train_params, "train", "--train-params") if args.train_params is not None else config["train"]
     tokens = args.data or layout.tokens_dir(config["data"])
-    if args.kind == "loss-difference" and args.model:
-        raise StreambackError("loss-difference compares trained runs by their metrics: --model takes no part in it")
+    if args.kind in ("loss-difference", "public") and args.model:
+        raise StreambackError(f"{args.kind} takes no --model (loss-difference compares trained runs by their metrics; public "
+                              "reads the Hugging Face directories of analysis.public_models)")
     runs = args.runs
     if runs is None and args.kind == "loss-difference":
         runs = list(dict.fromkeys(name for _, *pair in comparisons(run_matrix(train_cfg)) for name in pair))
-    todo = subjects(train_cfg, runs, args.model)
+    if args.kind == "public":
+        if not public_models(cfg):
+            raise StreambackError("analyze public: analysis.public_models is empty (name it a model: NAME: <Hugging Face directory>)")
+        for name, directory in public_models(cfg).items():
+            layout.checked_name(name, "analysis.public_models name")  # it names the model's figures
+            if not (Path(directory) / "config.json").is_file():
+                raise StreambackError(f"analysis.public_models {name}: {directory} has no config.json (a local Hugging Face model directory)")
+        todo = list(public_models(cfg))
+    else:
+        todo = subjects(train_cfg, runs, args.model)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     began = time.perf_counter()
     tables_of = {"layer-error": layer_error_tables, "envelope": envelope_tables, "swallowed": swallowed_tables,
-                 "loss-difference": loss_tables}[args.kind]
+                 "loss-difference": loss_tables, "public": public_tables}[args.kind]
     tables = tables_of(todo, cfg, train_cfg, Path(tokens), device)
     for name, table in tables.items():
         write_csv(layout.table(name), table)
@@ -114,6 +126,10 @@ def layer_error_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.Dat
 def swallowed_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
     return {"swallowed": _per_model(todo, cfg, train_cfg, tokens, "swallowed", len(cfg["variants"]), lambda trained, batch, progress: swallowed(
         trained, batch, cfg["variants"], device, cfg["seed"], progress=progress))}
+
+
+def public_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
+    return tables(public_models(cfg), cfg, tokens, device)
 
 
 def envelope_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:

@@ -133,12 +133,13 @@ def _on_fp32(x: torch.Tensor) -> bool:
     return x.dtype == torch.bfloat16 and x.device.type == "cpu" and _emulated
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T in x's dtype (the weight cast to it), bias-free; bf16 on the CPU by `emulated()`'s path."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias) in x's dtype (the weight and bias cast to it); bf16 on the CPU by `emulated()`'s path."""
     weight = weight.to(x.dtype)
+    bias = None if bias is None else bias.to(x.dtype)
     if _on_fp32(x):
-        return F.linear(x.float(), weight.float()).to(x.dtype)
-    return F.linear(x, weight)
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    return F.linear(x, weight, bias)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,

@@ -1,4 +1,4 @@
-"""`streamback export-hf`: a trained model -> a Hugging Face Llama model directory.
+"""`streamback export-hf`: a trained model -> a Hugging Face Llama-family model directory.
 
 Input, a trained model file (`streamback.model.weights`: fp32 master weights under the model's
 own, TorchTitan's, names, and its model_args and stream). Output, a directory that `transformers.AutoModelForCausalLM.from_pretrained`
@@ -51,6 +51,11 @@ NAMES = {
     "layers.{}.attention.wk.weight": "model.layers.{}.self_attn.k_proj.weight",
     "layers.{}.attention.wv.weight": "model.layers.{}.self_attn.v_proj.weight",
     "layers.{}.attention.wo.weight": "model.layers.{}.self_attn.o_proj.weight",
+    "layers.{}.attention.wq.bias": "model.layers.{}.self_attn.q_proj.bias",  # Qwen2
+    "layers.{}.attention.wk.bias": "model.layers.{}.self_attn.k_proj.bias",
+    "layers.{}.attention.wv.bias": "model.layers.{}.self_attn.v_proj.bias",
+    "layers.{}.attention.q_norm.weight": "model.layers.{}.self_attn.q_norm.weight",  # Qwen3
+    "layers.{}.attention.k_norm.weight": "model.layers.{}.self_attn.k_norm.weight",
     "layers.{}.feed_forward.w1.weight": "model.layers.{}.mlp.gate_proj.weight",
     "layers.{}.feed_forward.w3.weight": "model.layers.{}.mlp.up_proj.weight",
     "layers.{}.feed_forward.w2.weight": "model.layers.{}.mlp.down_proj.weight",
@@ -79,15 +84,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# each family's model_type -> its architecture
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def rotary_rows(args: ModelArgs) -> dict[str, int]:
+    """The tensors whose rows transformers' rotate-half RoPE orders otherwise: this model's name -> its number of heads."""
+    return {"layers.{}.attention.wq.weight": args.n_heads, "layers.{}.attention.wk.weight": args.n_kv_heads,
+            "layers.{}.attention.wq.bias": args.n_heads, "layers.{}.attention.wk.bias": args.n_kv_heads,
+            "layers.{}.attention.q_norm.weight": 1, "layers.{}.attention.k_norm.weight": 1}
+
+
 def hf_architecture(args: ModelArgs) -> str:
+    """The transformers family that computes this model: Qwen3 for the q/k norms, Qwen2 for the
+    q/k/v biases, else Llama, or Mistral where Llama's config refuses the width (see above)."""
+    if args.qk_norm and args.qkv_bias:
+        raise StreambackError("no transformers family has q/k norms with q/k/v biases alone (Qwen3's attention_bias also "
+                              "biases o_proj): this model cannot be exported")
+    if args.qk_norm:
+        return "qwen3"
+    if args.qkv_bias:
+        return "qwen2"
     return "llama" if args.n_heads * args.head_dim == args.dim else "mistral"
+
+
+def hf_rope(args: ModelArgs) -> dict:
+    """transformers' rope_parameters: the default RoPE, or Llama 3.1's scaling (`rope_type` llama3)."""
+    if args.rope_scaling is None:
+        return {"rope_type": "default", "rope_theta": args.rope_theta}
+    return {"rope_type": "llama3", "rope_theta": args.rope_theta, **args.rope_scaling}
 
 
 def hf_config(args: ModelArgs, stream: str) -> dict:
     """config.json for transformers (4.45+ and 5; rope given both ways, which both read)."""
     arch = hf_architecture(args)
     config = {
-        "architectures": ["LlamaForCausalLM" if arch == "llama" else "MistralForCausalLM"],
+        "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
         "vocab_size": args.vocab_size,
         "hidden_size": args.dim,
@@ -100,7 +132,7 @@ def hf_config(args: ModelArgs, stream: str) -> dict:
         "max_position_embeddings": args.max_seq_len,
         "rms_norm_eps": args.norm_eps,
         "rope_theta": args.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
+        "rope_parameters": hf_rope(args),
         "tie_word_embeddings": args.tied_embeddings,
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -111,29 +143,37 @@ def hf_config(args: ModelArgs, stream: str) -> dict:
         "torch_dtype": "float32",
         "streamback": {"block": args.block, "stream": stream},
     }
-    if arch == "mistral":
+    if args.rope_scaling is not None:
+        config["rope_scaling"] = hf_rope(args)  # transformers 4's key
+    if arch != "llama":
         config["sliding_window"] = None
+    if arch in ("qwen2", "qwen3"):  # no mlp_bias key; Qwen2's q/k/v biases are built in (no attention_bias key either)
+        config["use_sliding_window"] = False
+        del config["mlp_bias"]
+        if arch == "qwen2":
+            del config["attention_bias"]
     return config
 
 
 def _rotate_half_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder each head's output rows from interleaved pairs (0,1),(2,3).. to halves (0,D/2),.."""
+    """Reorder each head's output rows (a vector's entries) from interleaved pairs (0,1),(2,3).. to halves (0,D/2),.."""
+    if w.dim() == 1:
+        return _rotate_half_rows(w[:, None], n_heads)[:, 0]
     rows, cols = w.shape
     return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
 def hf_state_dict(args: ModelArgs, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
+    rotary = rotary_rows(args)
     for key, value in state.items():
         parts = key.split(".")
         layer = parts[1] if parts[0] == "layers" else None
         generic = ".".join(["layers", "{}", *parts[2:]]) if layer is not None else key
         if generic == "output.weight" and args.tied_embeddings:
             continue
-        if generic == "layers.{}.attention.wq.weight":
-            value = _rotate_half_rows(value, args.n_heads)
-        elif generic == "layers.{}.attention.wk.weight":
-            value = _rotate_half_rows(value, args.n_kv_heads)
+        if generic in rotary:
+            value = _rotate_half_rows(value, rotary[generic])
         out[NAMES[generic].format(layer)] = value.detach().to(torch.float32).contiguous()
     return out
 

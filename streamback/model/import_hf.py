@@ -1,8 +1,11 @@
 """`streamback import-hf`: a Hugging Face Llama-family model directory -> a model file, the inverse of `export-hf`.
 
 Input: a directory with `config.json` and the weights as safetensors (`model.safetensors`, or
-shards listed in `model.safetensors.index.json`), a `LlamaForCausalLM` or a `MistralForCausalLM`
-without sliding window (what `streamback export-hf` writes, and most public Llama-family models).
+shards listed in `model.safetensors.index.json`) of a decoder of one of the families public deep
+models use: `LlamaForCausalLM` (also with Llama 3.1's `llama3` RoPE scaling), `MistralForCausalLM`
+without sliding window, `Qwen2ForCausalLM` (q/k/v biases) and `Qwen3ForCausalLM` (per-head q/k
+RMSNorm), each with any head_dim and tied or untied embeddings (what `streamback export-hf`
+writes, and most public models of these families).
 Output: a model file (`streamback.model.weights.save_model`, fp32 weights) that every analysis
 and `load_model` read like a trained run's, so the analyses run on a public model too (the paper
 measured an 80-layer one). When the directory holds a `tokenizer.json`, the file records that
@@ -15,9 +18,10 @@ permutation, computed from it). Architecture: `config.json`'s sizes; the SwiGLU 
 (`intermediate_size`) is recovered exactly as `multiple_of` (the largest power of two that gives
 it, else the width itself) with no `ffn_dim_multiplier` (or one below 1 for a narrower width).
 The block and stream are those `export-hf` recorded under "streamback", else the baseline's (a
-public model is a plain bf16 model). Refused, naming the setting: RoPE scaling (Llama 3.1's
-`llama3` type and others), biases, an activation other than SiLU, a sliding window, a head_dim
-other than hidden_size / num_attention_heads.
+public model is a plain bf16 model). Refused in one line naming the config key: another RoPE
+scaling (`rope_parameters` rope_type), partial rotary, an output-projection or MLP bias
+(`attention_bias` outside Qwen2, `mlp_bias`), an activation other than SiLU (`hidden_act`), a
+sliding window (`sliding_window`, `use_sliding_window`, `layer_types`).
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ import torch
 
 from streamback.data import tokenizer as tk
 from streamback.errors import StreambackError
-from streamback.model.export_hf import NAMES, _rotate_half_rows
-from streamback.model.model import ModelArgs, Transformer
-from streamback.model.weights import save_model
+from streamback.model.export_hf import NAMES, _rotate_half_rows, rotary_rows
+from streamback.model.model import ROPE_SCALING_KEYS, ModelArgs, Transformer
+from streamback.model.weights import TrainedModel, save_model
 
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # transformers' model_type
 HELP = "import a Hugging Face Llama directory (config.json + safetensors) as a model file, the inverse of export-hf"
 
 # transformers' names -> this model's ("{}" the layer number), NAMES read backwards
@@ -72,32 +77,51 @@ def model_args(config: dict, where: Path) -> ModelArgs:
         return config[key]
 
     kind = config.get("model_type")
-    if kind not in ("llama", "mistral"):
-        raise StreambackError(f"{where}: model_type {kind!r} is not a Llama-family model this model computes (llama, mistral)")
+    if kind not in FAMILIES:
+        raise StreambackError(f"{where}: model_type {kind!r} is not a decoder family this model computes ({', '.join(FAMILIES)})")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise StreambackError(f"{where}: RoPE scaling {rope.get('rope_type', rope.get('type'))!r} is not supported (plain RoPE only)")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        raise StreambackError(f"{where}: rope_parameters rope_type {rope_type!r} is not supported (default, or llama3's scaling)")
+    scaling = None
+    if rope_type == "llama3":
+        absent = [key for key in ROPE_SCALING_KEYS if key not in rope]
+        if absent:
+            raise StreambackError(f"{where}: rope_parameters of type llama3 lack {', '.join(absent)}")
+        scaling = {key: rope[key] for key in ROPE_SCALING_KEYS}
     theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-    for key, wanted in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu"), ("sliding_window", None)):
-        if config.get(key, wanted) != wanted:
-            raise StreambackError(f"{where}: {key} = {config[key]!r} is not supported (this model has {wanted!r})")
+    unsupported = [("mlp_bias", False), ("hidden_act", "silu"), ("use_sliding_window", False), ("partial_rotary_factor", 1.0)]
+    if kind != "qwen2":  # Qwen2's q/k/v biases are built in; elsewhere attention_bias also biases o_proj
+        unsupported.append(("attention_bias", False))
+    if kind == "mistral":  # Qwen2 and Qwen3 keep a sliding_window that only use_sliding_window turns on
+        unsupported.append(("sliding_window", None))
+    settings = {**config, **{key: rope[key] for key in ("partial_rotary_factor",) if key in rope}}  # either place
+    for key, wanted in unsupported:
+        value = settings.get(key, wanted)
+        if value != wanted:
+            raise StreambackError(f"{where}: {key} = {value!r} is not supported (this model has {wanted!r})")
+    if "sliding_attention" in (config.get("layer_types") or []):
+        raise StreambackError(f"{where}: layer_types has sliding_attention layers, which are not supported (full attention only)")
     dim, heads = need("hidden_size"), need("num_attention_heads")
-    if config.get("head_dim") not in (None, dim // heads):
-        raise StreambackError(f"{where}: head_dim {config['head_dim']} is not hidden_size // num_attention_heads = {dim // heads}")
+    head_dim = config.get("head_dim")
     multiple_of, multiplier = _swiglu_width(dim, need("intermediate_size"))
     recorded = config.get("streamback") or {}
     block = recorded.get("block", "baseline")
     stream = recorded.get("stream", "fp32") if block == "streamback" else "fp32"
-    return ModelArgs(dim=dim, n_layers=need("num_hidden_layers"), n_heads=heads, n_kv_heads=config.get("num_key_value_heads") or heads,
-                     vocab_size=need("vocab_size"), multiple_of=multiple_of, ffn_dim_multiplier=multiplier,
-                     norm_eps=config.get("rms_norm_eps", 1e-5), rope_theta=float(theta),
-                     max_seq_len=config.get("max_position_embeddings", 2048), tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-                     block=block, stream=stream)
+    try:
+        return ModelArgs(dim=dim, n_layers=need("num_hidden_layers"), n_heads=heads, n_kv_heads=config.get("num_key_value_heads") or heads,
+                         vocab_size=need("vocab_size"), multiple_of=multiple_of, ffn_dim_multiplier=multiplier,
+                         norm_eps=config.get("rms_norm_eps", 1e-5), rope_theta=float(theta),
+                         max_seq_len=config.get("max_position_embeddings", 2048), tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+                         block=block, stream=stream, attention_head_dim=None if head_dim in (None, dim // heads) else head_dim,
+                         qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3", rope_scaling=scaling)
+    except StreambackError as err:
+        raise StreambackError(f"{where}: config.json: {err}") from None
 
 
 def _interleave_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The inverse of export_hf's `_rotate_half_rows`: each head's rows from halves back to interleaved pairs."""
-    source = _rotate_half_rows(torch.arange(w.shape[0], dtype=torch.float64)[:, None], n_heads)[:, 0].long()
+    """The inverse of export_hf's `_rotate_half_rows`: each head's rows (a vector's entries) from halves back to interleaved pairs."""
+    source = _rotate_half_rows(torch.arange(w.shape[0], dtype=torch.float64), n_heads).long()
     return w[torch.argsort(source)]
 
 
@@ -121,6 +145,7 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
 def state_dict(args: ModelArgs, tensors: dict[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
     """This model's fp32 state dict from transformers' tensors."""
     state = {}
+    rotary = rotary_rows(args)
     for theirs, value in tensors.items():
         if theirs.endswith("rotary_emb.inv_freq"):  # a buffer older transformers saved; recomputed here
             continue
@@ -130,18 +155,17 @@ def state_dict(args: ModelArgs, tensors: dict[str, torch.Tensor], where: Path) -
                 break
         else:
             raise StreambackError(f"{where}: weight {theirs!r} has no counterpart in this model")
-        if ours == "layers.{}.attention.wq.weight":
-            value = _interleave_rows(value, args.n_heads)
-        elif ours == "layers.{}.attention.wk.weight":
-            value = _interleave_rows(value, args.n_kv_heads)
+        if ours in rotary:
+            value = _interleave_rows(value, rotary[ours])
         state[ours.format(*found.groups())] = value.to(torch.float32).contiguous()
     if args.tied_embeddings and "tok_embeddings.weight" in state:
         state["output.weight"] = state["tok_embeddings.weight"]  # one matrix (transformers may also write the copy)
     return state
 
 
-def import_hf(directory: str | Path, out: str | Path) -> ModelArgs:
-    """Convert the Hugging Face model in `directory` and write it to `out` (a model file); returns its ModelArgs."""
+def read_hf(directory: str | Path) -> TrainedModel:
+    """The Hugging Face model in `directory` as a model file's contents (fp32 weights, the baseline's bf16 stream
+    unless export-hf recorded another, the tokenizer.json's record if there is one), checked against its config."""
     directory = Path(directory)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -156,8 +180,14 @@ def import_hf(directory: str | Path, out: str | Path) -> ModelArgs:
     for key, shape in expected.items():
         if state[key].shape != shape:
             raise StreambackError(f"{directory}: {key} has shape {tuple(state[key].shape)}, config.json gives {tuple(shape)}")
-    save_model(out, args, state, data=tokenizer_record(directory))
-    return args
+    return TrainedModel(args, state, args.stream_format(torch.bfloat16).label, torch.bfloat16, tokenizer_record(directory))
+
+
+def import_hf(directory: str | Path, out: str | Path) -> ModelArgs:
+    """Convert the Hugging Face model in `directory` and write it to `out` (a model file); returns its ModelArgs."""
+    trained = read_hf(directory)
+    save_model(out, trained.args, trained.state, data=trained.data)
+    return trained.args
 
 
 def tokenizer_record(directory: Path) -> dict | None:

@@ -42,6 +42,11 @@ Choices the paper leaves open (also documented in config/config.yaml and the sch
   embeddings (off by default; TorchTitan's Llama 3 has none) the shared matrix gets the output
   projection's init.
 - Causal attention through F.scaled_dot_product_attention(is_causal=True), no dropout, no biases.
+
+Options for imported public models (`streamback.model.import_hf`), all off for the study's shapes
+(whose parameters, state-dict keys and bits they leave as they were): an explicit head_dim,
+q/k/v biases (Qwen2), an RMSNorm over each head of q and k before RoPE (Qwen3), and Llama 3.1's
+RoPE frequency scaling.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from streamback.model.reversible import ReversibleStream, step_back_block
 from streamback.runs import shape_problems
 
 BLOCKS = ("baseline", "streamback")
+ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 _DTYPE_FORMAT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
@@ -85,6 +91,11 @@ class ModelArgs:
     block: str = "baseline"  # "baseline" | "streamback"
     stream: str = "fp32"  # StreamFormat text for the streamback block; the baseline's is its compute dtype's
     reversible: bool = False  # streamback with an fp32 stream only (streamback.model.reversible)
+    # options of imported public models (`streamback.model.import_hf`); off, the study's model is unchanged
+    attention_head_dim: int | None = None  # None: dim // n_heads
+    qkv_bias: bool = False  # biases on wq, wk, wv (Qwen2)
+    qk_norm: bool = False  # an RMSNorm over each head of q and of k, before RoPE (Qwen3)
+    rope_scaling: dict | None = None  # Llama 3.1's frequency scaling: {factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}
 
     def __post_init__(self):
         for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "max_seq_len"):
@@ -92,7 +103,9 @@ class ModelArgs:
                 raise StreambackError(f"model {key} must be a positive integer, got {getattr(self, key)!r}")
         if self.block not in BLOCKS:
             raise StreambackError(f"model block {self.block!r} is not one of {', '.join(BLOCKS)}")
-        problems = shape_problems(self.dim, self.n_heads, self.n_kv_heads)
+        problems = shape_problems(self.dim, self.n_heads, self.n_kv_heads, self.attention_head_dim)
+        if self.rope_scaling is not None and set(self.rope_scaling) != set(ROPE_SCALING_KEYS):
+            problems.append(f"rope_scaling must have exactly the keys {', '.join(ROPE_SCALING_KEYS)} (Llama 3.1's), got {sorted(self.rope_scaling)}")
         if problems:
             raise StreambackError("model: " + "; ".join(problems))
         fmt = StreamFormat.parse(self.stream)
@@ -113,7 +126,7 @@ class ModelArgs:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.attention_head_dim or self.dim // self.n_heads
 
     @property
     def ffn_hidden_dim(self) -> int:
@@ -189,19 +202,36 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """A bias-free linear layer computing in its input's dtype (the weight is cast to it)."""
+    """A linear layer computing in its input's dtype (the weight, and a bias if any, cast to it); bias-free by default."""
 
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__(in_features, out_features, bias=False)
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return compute.linear(x, self.weight)
+        return compute.linear(x, self.weight, self.bias)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * theta**(-2i / head_dim), fp32, [max_seq_len, head_dim // 2]; on the CPU
-    whatever the default device (the meta device's arithmetic would import torch._dynamo)."""
+def _llama3_scaled(freqs: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's RoPE frequencies: long wavelengths divided by `factor`, those between the two
+    thresholds interpolated; fp32, the operations of transformers' `_compute_llama3_parameters`."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / freqs
+    scaled = torch.where(wavelen > low_wavelen, freqs / factor, freqs)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float, scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * theta**(-2i / head_dim) (`scaling`: Llama 3.1's, see `_llama3_scaled`), fp32,
+    [max_seq_len, head_dim // 2]; on the CPU whatever the default device (the meta device's arithmetic would
+    import torch._dynamo)."""
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device="cpu")[: head_dim // 2].float() / head_dim))
+    if scaling is not None:
+        freqs = _llama3_scaled(freqs, scaling)
     angles = torch.outer(torch.arange(max_seq_len, device="cpu").float(), freqs)
     return angles.cos(), angles.sin()
 
@@ -217,15 +247,21 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        self.wq = Linear(args.dim, args.n_heads * self.head_dim)
-        self.wk = Linear(args.dim, args.n_kv_heads * self.head_dim)
-        self.wv = Linear(args.dim, args.n_kv_heads * self.head_dim)
+        self.wq = Linear(args.dim, args.n_heads * self.head_dim, bias=args.qkv_bias)
+        self.wk = Linear(args.dim, args.n_kv_heads * self.head_dim, bias=args.qkv_bias)
+        self.wv = Linear(args.dim, args.n_kv_heads * self.head_dim, bias=args.qkv_bias)
         self.wo = Linear(args.n_heads * self.head_dim, args.dim)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, args.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, args.norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q = apply_rope(self.wq(x).view(B, T, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.wk(x).view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):  # per head, in the compute dtype, before RoPE (Qwen3)
+            q, k = self.q_norm(q, x.dtype), self.k_norm(k, x.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
         rep = self.n_heads // self.n_kv_heads  # grouped-query attention: share each kv head
         k = k.unsqueeze(3).expand(B, T, self.n_kv_heads, rep, self.head_dim).reshape(B, T, self.n_heads, self.head_dim)
@@ -236,7 +272,12 @@ class Attention(nn.Module):
     def init_weights(self, out_std: float, generator):
         for linear in (self.wq, self.wk, self.wv):
             nn.init.trunc_normal_(linear.weight, std=0.02, generator=generator)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
         nn.init.trunc_normal_(self.wo.weight, std=out_std, generator=generator)
+        if hasattr(self, "q_norm"):
+            self.q_norm.reset_parameters()
+            self.k_norm.reset_parameters()
 
 
 class FeedForward(nn.Module):
@@ -347,7 +388,7 @@ class Transformer(nn.Module):
         self.output = Linear(args.dim, args.vocab_size)
         if args.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self._capture: StreamCapture | None = None
@@ -377,7 +418,7 @@ class Transformer(nn.Module):
     def init_buffers(self) -> None:
         """Compute the RoPE tables (not saved in the state dict) on the parameters' device."""
         device = self.tok_embeddings.weight.device
-        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, self.args.rope_scaling)
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from streamback import layout
 from streamback.analysis.figures import charts
-from streamback.config import ROOT
+from streamback.config import ROOT, public_models
 from streamback.drift.report import overview_table, ratio_chart, reading, spacing_chart, trajectory_chart
 from streamback.html_report import Caption, Missing, Subheading
 from streamback.io import read_json
@@ -162,6 +162,57 @@ def analysis(kind: str, study: Study) -> list:
     return blocks
 
 
+HALF = (0.35, 0.65)  # the flip ratios read as "roughly half"
+
+
+def halving_verdict(ratio: float, low: float, high: float) -> str:
+    """Whether a fp32 / bf16 sign-flip ratio with its interval bears out the paper's "roughly half"."""
+    if not math.isfinite(ratio):
+        return "no sign flips in the bf16 stream: nothing to halve"
+    if math.isfinite(low) and low > 1:
+        return "more flips with the fp32 stream: the claim does not hold"
+    if not (math.isfinite(high) and high < 1):
+        return "no difference shown (the interval holds 1): the claim is not borne out"
+    if HALF[0] <= ratio <= HALF[1]:
+        return "roughly half: the claim holds"
+    return "fewer flips, but not half: the claim holds in direction only" if ratio > HALF[1] else "fewer than half: more than the claim"
+
+
+def public_section(study: Study) -> list:
+    """The paper's first evidence on each public model (rule analyze_public): where the halving of the
+    gradients' sign flips holds, on how many tokens, the flip-ratio table and the two figures per model."""
+
+    cfg = study.config["analysis"]
+    if not public_models(cfg):
+        return [Caption("analysis.public_models is empty: no public model was analysed (docs/public-models.md names one).")]
+    names = layout.ANALYSIS_TABLES["public"]
+    tables = _read_tables(names)
+    if tables is None:
+        return [_missing("Public models", "analyze_public", [layout.table(n) for n in names])]
+    ratios = tables["public_flip_ratio"]
+    fp32 = ratios[(ratios.variant == "fp32") & (ratios.kind == "gradients")]
+    truth = "fp64" if cfg["reference"] == "fp64" else "fp32 (analysis.reference: an fp64 copy of a large model's attention would not fit)"
+    blocks = []
+    for model, rows in fp32.groupby("model", sort=False):
+        overall = rows[rows.layer == "all"].iloc[0]
+        layers = rows[rows.layer != "all"]
+        below = int((layers.flip_ratio_high < 1).sum())
+        half = int(((layers.flip_ratio_low <= HALF[1]) & (layers.flip_ratio_high >= HALF[0])).sum())
+        blocks.append(Caption(
+            f"{model} ({public_models(cfg)[model]}), {overall.tokens:,} tokens in {overall.sequences} sequences, ground truth {truth}: "
+            f"the parameter gradients' sign flips, fp32 stream over bf16 stream, {overall.flip_ratio:.2f} over all layers "
+            f"({cfg['confidence']:.0%} interval {overall.flip_ratio_low:.2f}-{overall.flip_ratio_high:.2f}; "
+            f"{overall.sign_flips:,} against {overall.bf16_sign_flips:,}): {halving_verdict(overall.flip_ratio, overall.flip_ratio_low, overall.flip_ratio_high)}. "
+            f"Layer by layer, the fp32 stream has fewer flips (interval below 1) in {below} of {len(layers)} blocks, and an interval "
+            f"that reaches roughly half ({HALF[0]}-{HALF[1]}) in {half}."))
+    shown = ratios[(ratios.layer == "all") | ((ratios.variant == "fp32") & (ratios.kind == "gradients"))]  # the rest: the CSV
+    blocks += [shown.round(4), caption("analysis_public_flip_ratio")]
+    for name, chart in charts("public", tables).items():
+        figure, _, subject = name.partition("-")
+        blocks += [Subheading(subject), chart, caption(f"analysis_{figure}_figure")]
+    return blocks
+
+
 def seeds(study: Study) -> list:
     """Training's own randomness: every arm's spread over its seeds (rule seed_variance; each
     comparison per seed is the answer's forest plot)."""
@@ -264,6 +315,7 @@ def sections(study: Study) -> list[tuple[str, list]]:
         ("Residual envelope", analysis("envelope", study)),
         ("Precision error by layer", analysis("layer-error", study)),
         ("Swallowed updates", analysis("swallowed", study)),
+        ("Public models: the paper's first evidence", public_section(study)),
         ("Training curves", training_curves() + live_signals(study)),
         ("The drift of a long bf16 sum", drift(study)),
         ("Speed and memory", speed_and_memory()),

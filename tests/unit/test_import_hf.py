@@ -88,11 +88,9 @@ def test_a_transformers_llama_imports_and_computes_what_transformers_does(tmp_pa
     assert (ours64 - theirs64).abs().max().item() < 1e-6
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}, "RoPE scaling 'llama3'"),
+@pytest.mark.parametrize("change, message", [  # the other families and settings: tests/unit/test_import_families.py
     ({"attention_bias": True}, "attention_bias = True is not supported"),
-    ({"head_dim": 32}, "head_dim 32 is not hidden_size // num_attention_heads = 16"),
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not a decoder family"),
 ])
 def test_what_the_model_cannot_compute_is_refused(tmp_path, change, message):
     hf_llama(tmp_path)

@@ -131,6 +131,7 @@ def test_lint_finds_nothing(run_snakemake, tmp_path):
 MEDIUM_RUNS = [name for name, spec in run_matrix(load_config(ROOT / "config" / "config.yaml")["train"]).items() if spec.shape == "tiny-medium"]
 DOWNSTREAM_OF_TRAIN = {"training_curves", "analyze_layer_error", "analyze_envelope", "analyze_swallowed", "analyze_loss_difference",
                        "benchmark_table", "seed_variance"}
+PUBLIC_OF_TRAIN = {"export_hf", "analyze_public"}  # downstream of the one run the default exports (tiny-skinny-tall-baseline)
 
 
 def _touched_study(run_snakemake, directory, *config):
@@ -210,8 +211,8 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
 @pytest.mark.parametrize("change, rules", [
     ({"drift": {"seeds": [0, 1], "settings": [{"mu": 0.2, "sigma": 0.5}]}}, {"drift"}),
     ({"eval": {"pairs": {"resamples": 500}}}, {"benchmark_table", "seed_variance"}),
-    ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed"}),
-    ({"train": {"optimizer": {"lr": 2e-3}}}, {"train", "evaluate", *DOWNSTREAM_OF_TRAIN}),
+    ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed", "analyze_public"}),
+    ({"train": {"optimizer": {"lr": 2e-3}}}, {"train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN}),
     # how jobs run, not what they compute: nothing but the study page (whose params are the whole config)
     ({"train": {"compile": True, "micro_batch_size": 2, "checkpoint": {"every": 5, "resume_on_other_kernels": True}, "resources": {"threads": 2},
                 "log": {"tensorboard": False, "wandb": {"project": "p", "mode": "offline"}},
@@ -222,7 +223,7 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it(run_snakemake, touched_d
     jobs = planned_jobs(run_snakemake, touched_default, change)
     assert rules_of(jobs) == rules | {"study_report", "all"}
     for (rule, run), reason in jobs.items():
-        if rule in rules - DOWNSTREAM_OF_TRAIN - {"evaluate"}:
+        if rule in rules - DOWNSTREAM_OF_TRAIN - PUBLIC_OF_TRAIN - {"evaluate"}:
             assert reason.startswith("Params have changed"), (rule, run, reason)
 
 

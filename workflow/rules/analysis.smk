@@ -6,6 +6,7 @@
 # envelope, per shape swallowed-<shape> and loss_difference-<shape>.
 # Resources from config["analysis"]["resources"]: gpus 0 runs on the CPU, 1 asks Slurm for a GPU.
 
+from streamback.config import public_models
 from streamback.runs import comparisons
 
 ANALYSIS_RES = config["analysis"]["resources"]
@@ -51,3 +52,53 @@ for kind, (kind_runs, kind_shapes, metrics) in ANALYSES.items():
         shell:
             ANALYSIS_SHELL
 
+
+# The paper's first evidence on public models (analysis.public_models: a name -> a local Hugging
+# Face directory): `streamback analyze public`, tables public_layer_error, public_swallowed,
+# public_flip_ratio and per model the figures public_activations-<name> and public_gradients-<name>.
+# A model the study exports itself (rule export_hf, results/hf/<run>) needs no download.
+PUBLIC_MODELS = public_models(config["analysis"])
+PUBLIC_SHELL = ANALYSIS_SHELL.replace("--runs {params.runs} ", "")  # its models are analysis.public_models
+
+
+rule export_hf:
+    input:
+        manifest=rules.tokenize.output.manifest,
+        model=str(layout.model_file("{run}")),
+    output:
+        [str(path) for path in layout.hf_files("{run}")],
+    conda:
+        "../../envs/analysis.yaml"
+    log:
+        "logs/export_hf/{run}.log",
+    benchmark:
+        str(layout.timing_file("export_hf", "{run}")),
+    wildcard_constraints:
+        run="|".join(re.escape(run) for run in RUNS) or "(?!)",
+    params:
+        out=lambda wildcards: layout.hf_dir(wildcards.run),
+        tokens=lambda wildcards, input: Path(input.manifest).parent,
+    shell:
+        "streamback export-hf --checkpoint {input.model:q} --out {params.out:q} --data {params.tokens:q} > {log:q} 2>&1 || log_tail {log:q}"
+
+
+rule analyze_public:
+    input:
+        manifest=rules.tokenize.output.manifest,
+        models=[str(Path(directory) / "config.json") for directory in PUBLIC_MODELS.values()],
+        tokenizers=[str(Path(directory) / "tokenizer.json") for directory in PUBLIC_MODELS.values()],
+    output:
+        analysis_output("public", list(PUBLIC_MODELS), []),
+    conda:
+        "../../envs/analysis.yaml"
+    log:
+        "logs/analysis/public.log",
+    benchmark:
+        str(layout.timing_file("analyze_public")),
+    threads: ANALYSIS_RES["threads"]
+    resources:
+        **analysis_resources(),
+    params:
+        **analysis_params("public", []),
+    shell:
+        PUBLIC_SHELL

@@ -48,6 +48,7 @@ def final_outputs(page: bool = True) -> list[str]:
         *rules.analyze_swallowed.output,
         # a matrix without a baseline, or without anything beside it, has no loss difference
         *(rules.analyze_loss_difference.output if COMPARED else []),
+        *(rules.analyze_public.output if PUBLIC_MODELS else []),  # analysis.public_models
         *rules.benchmark_table.output,
         *rules.seed_variance.output,
     ]
@@ -168,6 +169,9 @@ def train_slurm(key):
 ANALYSIS_CAPTIONS = {  # table or figure name (less its run or shape) -> caption file
     "layer_error": "analysis_layer_error", "envelope": "analysis_envelope", "envelope_training": "analysis_envelope_training",
     "swallowed": "analysis_swallowed", "loss_difference": "analysis_loss_difference", "loss_curves": "analysis_loss_curves",
+    "public_layer_error": "analysis_public_layer_error", "public_swallowed": "analysis_public_swallowed",
+    "public_flip_ratio": "analysis_public_flip_ratio", "public_activations": "analysis_public_activations",
+    "public_gradients": "analysis_public_gradients",
 }
 
 
