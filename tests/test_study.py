@@ -19,7 +19,7 @@ from streamback.train.metrics import read_metrics
 
 from conftest import ROOT
 
-SECTIONS = ["What was run", "The answer", "Benchmarks", "Loss difference", "Training seeds", "Residual envelope", "Precision error by layer",
+SECTIONS = ["What was run", "Before training: the preflights", "The answer", "Benchmarks", "Loss difference", "Training seeds", "Residual envelope", "Precision error by layer",
             "Swallowed updates", "Training curves", "The drift of a long bf16 sum", "Speed and memory"]
 
 

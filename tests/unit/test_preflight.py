@@ -4,6 +4,7 @@ full disk) fails its check in one line that names it, with no passed record left
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ from streamback import layout
 from streamback.config import validate_config
 from streamback.model.formats import StreamFormat
 from streamback.model.model import ModelArgs, Transformer, count_params
-from streamback.preflight import probe, stage
+from streamback.preflight import probe, stage, table
 from streamback.train.trainer import Trainer
 
 MODEL = {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64}
@@ -112,3 +113,57 @@ def test_a_full_disk_fails_before_training_starts(tokens, tmp_path, monkeypatch,
     line = assert_refused(status, out, failed_lines(capsys), "disk")
     assert line.startswith("preflight micro-streamback: FAILED disk: FAIL: 0.00 GiB free under ") and str(tmp_path / "ckpt") in line
     assert [c["name"] for c in json.loads(layout.preflight_failed_file(out).read_text())["checks"]] == ["disk"]
+
+
+# ---- the matrix's table --------------------------------------------------------------------
+
+
+def hand_record(arm, tokens_per_s, hours):
+    checks = [{"name": name, "status": "PASS", "values": {"tokens_per_s": tokens_per_s, "projected_hours": hours} if name == "speed" else {}}
+              for name in table.CHECKS]
+    return {"arm": arm, "run": arm, "passed": True, "checks": checks, "device": "NVIDIA H200", "processes": 1, "unit": "GPU-hours",
+            "created": "2026-12-02T00:00:00+00:00"}
+
+
+def write_records(root):
+    """Two arms of a matrix trained with two seeds each: micro-baseline 5 GPU-hours a run, micro-streamback 6."""
+    paths = []
+    for arm, hours in (("micro-baseline", 5.0), ("micro-streamback", 6.0)):
+        path = root / f"{arm}.json"
+        path.write_text(json.dumps(hand_record(arm, 1000.0, hours)))
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.parametrize("extra, problem", [({}, None), ({"budget_gpu_hours": 21.9}, "budget: projected 22.00 GPU-hours for the matrix (bound: train.budget_gpu_hours 21.90)"),
+                                            ({"stated_gpu_hours": 14.0}, "stated cost: projected 22.00 GPU-hours for the matrix (bound: 1.5 x the tiers table's 14.00, train.stated_gpu_hours)"),
+                                            ({"budget_gpu_hours": 22.0, "stated_gpu_hours": 14.7}, None)])
+def test_the_matrix_table_sums_the_arms_seeds_against_budget_and_stated_cost(tmp_path, capsys, extra, problem):
+    from streamback.cli import main
+
+    matrix = {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "seeds": [0, 1]}, "seed": 0, **extra}
+    out = tmp_path / "preflights.csv"
+    status = main(["preflight-table", "--params", json.dumps(matrix), "--records", *write_records(tmp_path), "--out", str(out)])
+    err = capsys.readouterr()
+    if problem is None:
+        assert status == 0 and "projected 22.00 GPU-hours" in err.out  # (5 + 6) x 2 seeds
+        rows = pd.read_csv(out).to_dict("records")
+        assert [(r["arm"], r["runs"], r["run_hours"], r["arm_hours"], r["stream_dtype"]) for r in rows] == [
+            ("micro-baseline", 2, 5.0, 10.0, "PASS"), ("micro-streamback", 2, 6.0, 12.0, "PASS")]
+    else:
+        assert status == table.EXIT_FAILED and not out.exists()
+        assert err.err.splitlines() == [f"preflight matrix: FAILED {problem}"]
+
+
+def test_the_page_shows_every_preflight(tmp_path, monkeypatch):
+    from streamback.report.page import preflights
+
+    monkeypatch.chdir(tmp_path)
+    assert "rule preflight" in str(preflights()[0])  # not run yet: named, with its rule
+    records = {p: json.loads(open(p).read()) for p in write_records(tmp_path)}
+    matrix = validate_config({"model": MODEL, "train": {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "seeds": [0, 1]}}})["train"]
+    layout.table(layout.PREFLIGHT_TABLE).parent.mkdir(parents=True)
+    table.preflight_table(records, matrix).to_csv(layout.table(layout.PREFLIGHT_TABLE), index=False)
+    shown, _, total = preflights()
+    assert list(shown.arm) == ["micro-baseline", "micro-streamback"] and set(shown.resume) == {"PASS"}
+    assert "22 GPU-hours for 4 runs" in str(total)
