@@ -4,8 +4,8 @@ projected cost against `train.budget_gpu_hours` and the tiers table's `train.sta
 One row per arm: the checked run, its device, tokens/s, the projected hours of one run and of
 the arm's runs (one per seed; the seeds of an arm train alike), and each check's status. The
 matrix's projection is the sum of the arms'. Over the budget, or over STATED_SHARE times the
-stated cost, it prints one line per failed check and writes no table, so no train job (which
-takes the table as input) starts.
+stated cost, it prints one line per failed check, writes no table and exits 1 (`snakemake
+preflight`, run before training, then fails).
 """
 
 from __future__ import annotations

@@ -47,7 +47,6 @@ def test_every_train_job_has_a_preflight_ahead_on_the_same_resources(run_snakema
     assert trains and len(preflights) <= len(trains)
     for train in trains:
         record = re.search(r"results/preflight/([^,\s]+)\.json", train["input"]).group(1)
-        assert str(layout.table(layout.PREFLIGHT_TABLE)) in train["input"]  # the whole matrix passed before any run trains
         assert train["resources"] == preflights[record]["resources"], (train["wildcards"], record)
         assert train["wildcards"].removeprefix("run=").startswith(record)
     assert all(f"results/preflight/{arm}.json" in table["input"] for arm in preflights)

@@ -4,14 +4,18 @@
 # memory and launcher (torchrun, srun) as its train job, judged check by check
 # (streamback/preflight/). A passed preflight writes results/preflight/{arm}.json; a failed one
 # fails its job, prints one line per failed check and leaves its record in
-# results/preflight/failed/, never at the output. Rule `preflight` (`snakemake preflight`: the
-# preflights alone) puts them in one table and checks the whole matrix's projected cost against
-# train.budget_gpu_hours and train.stated_gpu_hours; every train job takes the table and its
-# arm's record as input, so nothing trains before every preflight passed.
+# results/preflight/failed/, never at the output. Each train job takes its arm's record as input,
+# so nothing trains before its preflight passed. Rule `preflight` (`snakemake preflight`: the
+# preflights alone; also part of the default target) puts them in one table and checks the whole
+# matrix's projected cost against train.budget_gpu_hours and train.stated_gpu_hours. The train
+# jobs do not take that table: its params hold the whole matrix, so adding a seed or changing one
+# shape would rerun every run (and Snakemake 9.27 weighs no job's own params downstream of one
+# that reruns, so an ancient() input would leave a changed recipe untrained until the next call).
 # Reruns: a preflight's params hold its run's recipe, execution (micro-batch, compile,
 # checkpointing), resources and the software versions, so it reruns when one of them changes and
-# not on every call; `snakemake -R preflight_run preflight` forces every one. Train takes both
-# inputs as ancient(): a preflight run again (newer software) does not retrain finished runs.
+# not on every call; `snakemake -R preflight_run preflight` forces every one. A preflight run
+# again reruns its arm's train jobs (a finished recipe resumes at its end and writes the same
+# outputs) and what reads them.
 
 import platform
 import re
