@@ -42,6 +42,7 @@ except StreambackError as err:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/drift.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/preflight.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/eval.smk"

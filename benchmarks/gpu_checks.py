@@ -23,7 +23,8 @@ the others:
    compiled), NVFP4 against NVIDIA's recipe, every stream format's dtype and grid (eager, FSDP2 on
    NCCL, compiled then sharded), compiled blocks rounding as eager ones (per block, against the
    control of Inductor without emulate_precision_casts), the reversible stream's gradients and
-   rebuild, and a compiled `torchrun ... streamback train` on the GPU. Quick: the CPU cases of a
+   rebuild, a compiled `torchrun ... streamback train` on the GPU, and the preflight of a compiled
+   micro shape (`streamback preflight` under torchrun: every check, on CUDA). Quick: the CPU cases of a
    few fast tests (`Sizes.tests_args`).
 3. eval: the `streamback` lm-eval backend's batched log-likelihood scoring (streamback.eval.scoring,
    no lm-eval on the device): fp32 batches equal one request at a time; items/s of each paper block.
@@ -89,7 +90,7 @@ VOCAB = 97
 TRAIN_SHAPE = "check-medium"  # SHAPES["medium"]'s name in the quick analysis
 # the test modules with CUDA cases (`pytest -m gpu`); tests/workflow/test_gpu_checks.py checks this is all of them
 GPU_TEST_FILES = tuple(f"tests/{f}.py" for f in (
-    "unit/test_rounding", "unit/test_formats", "unit/test_model", "unit/test_reversible", "unit/test_train", "unit/test_eval",
+    "unit/test_rounding", "unit/test_formats", "unit/test_model", "unit/test_reversible", "unit/test_train", "unit/test_eval", "unit/test_preflight",
     "workflow/test_formats_end_to_end", "workflow/test_model_end_to_end", "workflow/test_reversible_end_to_end"))
 # A plain PyTorch Llama 3 block stack on one H200, torch 2.11, micro-batch 4 x 2048: tokens/s and peak GiB
 # (docs/measurements.md; tests/unit/test_docs.py keeps the two the same).
@@ -149,7 +150,7 @@ GPU = Sizes(
     bench_first_call={"eager": 15, "compiled": 60},
 )
 QUICK = Sizes(
-    budget=300, matmul_n=256, copy_mib=16, tests_args=("-m", "not gpu and not slow", "-k", "nextafter or infinity or nvidias_recipe"),
+    budget=300, matmul_n=256, copy_mib=16, tests_args=("-m", "not gpu and not slow", "-k", "nextafter or infinity or nvidias_recipe or full_disk_fails"),
     tests_s=240, tests_workers=1, profile_config=DEFAULT_CONFIG, profile_pairs=(("tiny-medium", "baseline", "streamback"), ("tiny-medium", "baseline", "baseline eager")),
     profile_batch=2, profile_seq=16, profile_vocab=64, add_shape=(2, 16, 106), bench_reserve=30,
     bench_config=DEFAULT_CONFIG,

@@ -23,6 +23,8 @@ COMMANDS = {
     "drift": "streamback.drift.stage",
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
+    "preflight": "streamback.preflight.stage",
+    "preflight-table": "streamback.preflight.table",
     "train": "streamback.train.trainer",
     "checkpoints": "streamback.train.recipes",
     "training-curves": "streamback.train.curves",

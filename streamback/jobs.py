@@ -24,6 +24,8 @@ from streamback.runs import is_reversible, run_matrix, run_setting
 
 # how a run executes, resolved per run (train.per_run may override them)
 RUN_EXECUTION = ("micro_batch_size", "activation_checkpointing", "compile")
+# train keys that the preflight reads and training does not (so that setting one reruns no train job)
+PREFLIGHT_SETTINGS = ("preflight", "budget_gpu_hours", "stated_gpu_hours")
 # the keys each analysis reads from the analysis section
 ANALYSIS_SETTINGS = {
     "layer-error": ("batch_size", "reference", "variants", "seed"),
@@ -75,7 +77,7 @@ def train(config: dict, run: str) -> dict:
     arguments. The data is the rule's input (tokenize's manifest)."""
     cfg, model = config["train"], config["model"]
     spec = run_matrix(cfg)[run]
-    skip = (*RUN_EXECUTION, "checkpoint", "resources", "per_run")
+    skip = (*RUN_EXECUTION, *PREFLIGHT_SETTINGS, "checkpoint", "resources", "per_run")
     recipe = {k: v for k, v in cfg.items() if k not in skip}
     # shadow_every off (the schema's default) leaves the rule's params as before the key existed: nothing reruns
     recipe["log"] = {k: v for k, v in cfg["log"].items() if k not in ("tensorboard", "wandb") and not (k == "shadow_every" and not v)}
@@ -93,6 +95,32 @@ def train_execution(config: dict, run: str) -> dict:
     cfg = config["train"]
     return {"train": {**{key: run_setting(cfg, run, key) for key in RUN_EXECUTION}, "checkpoint": cfg["checkpoint"],
                       "log": {"tensorboard": cfg["log"]["tensorboard"], "wandb": cfg["log"]["wandb"]}}}
+
+
+def preflight_arms(config: dict) -> dict[str, str]:
+    """Rule preflight: arm -> the run its preflight checks, the arm's first (its train.seed run when
+    it has one). The seeds of an arm train the same shape, block, stream and execution, so one
+    preflight serves them all."""
+    arms = {}
+    for name, spec in run_matrix(config["train"]).items():
+        arms.setdefault(spec.arm, name)
+    return arms
+
+
+def preflight(config: dict, arm: str) -> dict:
+    """Rule preflight, one arm: what its run's train job is given (recipe, model arguments,
+    execution; tracked here, since the checks hold for them) and the preflight's own keys."""
+    run = preflight_arms(config)[arm]
+    settings = train(config, run)
+    cfg = config["train"]
+    execution = {key: run_setting(cfg, run, key) for key in RUN_EXECUTION}
+    settings["train"] = {**settings["train"], **execution, "checkpoint": cfg["checkpoint"], **_pick(cfg, PREFLIGHT_SETTINGS)}
+    return settings
+
+
+def preflight_table(config: dict) -> dict:
+    """Rule preflight_table: the run matrix, the budget and the stated cost."""
+    return {"train": {**_matrix(config), **_pick(config["train"], ("budget_gpu_hours", "stated_gpu_hours"))}}
 
 
 def _matrix(config: dict) -> dict:

@@ -130,6 +130,28 @@ def recipe_dirs(checkpoints: str | Path) -> list[Path]:
     return sorted(p for p in Path(checkpoints).glob(f"{RECIPE_PREFIX}*") if p.is_dir())
 
 
+PREFLIGHT_DIR = RESULTS / "preflight"
+PREFLIGHT_TABLE = "preflights"  # table(name): every arm's checks, and the matrix's projected cost
+
+
+def preflight_file(arm: str) -> Path:
+    """The passed preflight of a run arm (`{shape}-{block}` or `{shape}-streamback-{stream}`),
+    which its runs' train jobs take as input: every check with its figure, device, versions."""
+    return PREFLIGHT_DIR / f"{checked_name(arm, 'run arm')}.json"
+
+
+def preflight_failed_file(record: str | Path) -> Path:
+    """Where a failed preflight's record goes instead of `record` (a `preflight_file`), so that
+    nothing takes it as passed: failed/ beside it."""
+    return Path(record).parent / "failed" / Path(record).name
+
+
+def preflight_scratch(record: str | Path) -> Path:
+    """The preflight's own checkpoint (removed when it ends), beside its record: on the
+    filesystem every node of the run sees."""
+    return Path(record).parent / f".scratch-{Path(record).stem}"
+
+
 TENSORBOARD_DIR = RESULTS / "tensorboard"  # `tensorboard --logdir results/tensorboard`: every run side by side
 
 

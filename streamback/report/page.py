@@ -106,6 +106,18 @@ def _figures(x: float, significant: int) -> str:
     return f"{x:,.{max(0, significant - 1 - math.floor(math.log10(abs(x))))}f}"
 
 
+def preflights() -> list:
+    """Every arm's preflight before it trained (rule preflight's table, `streamback.preflight.table`)."""
+    path = layout.table(layout.PREFLIGHT_TABLE)
+    if not path.exists():
+        return [_missing("The preflights", "preflight", [path])]
+    table = pd.read_csv(path)
+    shown = table.assign(tokens_per_s=table.tokens_per_s.round(0).astype(int), run_hours=table.run_hours.map("{:.3g}".format),
+                         arm_hours=table.arm_hours.map("{:.3g}".format))
+    return [shown, caption("preflights"), Caption(f"The matrix's projection: {table.arm_hours.sum():.3g} {table.unit.iloc[0]} "
+                                                  f"for {int(table.runs.sum())} runs, from {path}.")]
+
+
 def benchmarks() -> list:
     tables = _read_tables(layout.BENCHMARK_TABLES)
     if tables is None:
@@ -309,6 +321,7 @@ def sections(study: Study) -> list[tuple[str, list]]:
     return [
         ("The answer", the_answer(study)),
         ("What was run", what_was_run(study)),
+        ("Before training: the preflights", preflights()),
         ("Benchmarks", benchmarks()),
         ("Loss difference", analysis("loss-difference", study)),
         ("Training seeds", seeds(study)),

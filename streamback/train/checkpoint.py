@@ -289,6 +289,13 @@ def verify_checkpoint(path: Path) -> dict:
     return meta
 
 
+def load_checkpoint(path: Path, state: TrainState) -> dict:
+    """Verify the checkpoint at `path` and load it into `state` (a collective); returns its meta.json."""
+    meta = verify_checkpoint(path)
+    _load(path, state)
+    return meta
+
+
 def check_trusted(path: Path) -> None:
     """Refuse to load the checkpoint directory `path` (StreambackError naming each offender) if
     it or any file in it is owned by another user, or its group or others may write it: loading

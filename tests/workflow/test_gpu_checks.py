@@ -46,13 +46,14 @@ def test_quick_mode_runs_every_phase_and_passes(quick_run):
     for check in summary["checks"]:
         status.setdefault(check["group"], []).append(check["status"])
     assert not [c for c in summary["checks"] if c["status"] in ("FAIL", "SKIP")]
-    # tests: the CPU cases of the ulp, E4M3-infinity and NVFP4-recipe tests, one item each, and pytest's own
-    assert {g: len(s) for g, s in status.items()} == {"env": 2, "tests": 9, "eval": 3, "analysis": 4, "profile": 3, "bench": 4}
+    # tests: the CPU cases of the ulp, E4M3-infinity and NVFP4-recipe tests and a preflight's, one item each, and pytest's own
+    assert {g: len(s) for g, s in status.items()} == {"env": 2, "tests": 10, "eval": 3, "analysis": 4, "profile": 3, "bench": 4}
     assert summary["env"]["matmul_bf16_tflops"] > 0 and summary["env"]["copy_tb_s"] > 0
     tests = {c["name"]: c for c in summary["checks"] if c["group"] == "tests"}
     assert "test_rounding.py::test_ulp_against_nextafter[cpu-fp8_e4m3]" in tests
-    assert tests["pytest"]["value"].startswith("exit 0 after") and "8 passed" in tests["pytest"]["value"]
-    assert summary["tests"]["counts"] == {"PASSED": 8}
+    assert "unit/test_preflight.py::test_a_full_disk_fails_before_training_starts" in tests
+    assert tests["pytest"]["value"].startswith("exit 0 after") and "9 passed" in tests["pytest"]["value"]
+    assert summary["tests"]["counts"] == {"PASSED": 9}
     # profile: the two blocks compiled, their kernels counted and timed; the add rounding compared, same bits
     profile = {c["name"]: c for c in summary["checks"] if c["group"] == "profile"}
     assert re.match(r"busy [\d.]+ -> [\d.]+ ms, wall [\d.]+ -> [\d.]+ ms per step; baseline block \d+ \+ \d+ kernels", profile["tiny-medium baseline vs streamback"]["value"])
@@ -66,7 +67,7 @@ def test_quick_mode_outputs(quick_run):
     # what a device call brings back: at most 8 plain files (the caller's tee'd log is the 8th)
     files = sorted(p.name for p in out.iterdir())
     assert files == ["bench.json", "bench.md", "profile.md", "summary.json", "summary.md", "tests.log"]
-    assert re.search(r"8 passed", (out / "tests.log").read_text())
+    assert re.search(r"9 passed", (out / "tests.log").read_text())
     profile = (out / "profile.md").read_text()
     assert "| kind | ms baseline | ms streamback | diff ms | launches baseline | launches streamback |" in profile
     assert re.search(r"- streamback, graph 1: \d+ kernels \(cpp \d+\); \d+ library calls", profile)  # the block's backward

@@ -187,10 +187,11 @@ def test_editing_one_shape_reruns_only_its_runs_and_what_reads_them(run_snakemak
     jobs = planned_jobs(run_snakemake, touched_default, {"model": {"shapes": shapes}})
     assert {run for rule, run in jobs if rule == "train"} == set(MEDIUM_RUNS)
     assert {run for rule, run in jobs if rule == "evaluate"} == set(MEDIUM_RUNS)
-    assert rules_of(jobs) == {"train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
+    # the tiny-medium arms' preflights too (their recipe is theirs), and so the preflights' table
+    assert rules_of(jobs) == {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
     for (rule, run), reason in jobs.items():
-        expected = "Params have changed" if rule == "train" else "Input files updated by another job"
-        assert reason.startswith(expected), (rule, run, reason)
+        expected = "Params have changed" if rule == "preflight_run" else "Input files updated by another job"
+        assert reason.startswith(expected) or rule == "train" and "Params have changed" in reason, (rule, run, reason)
 
 
 @pytest.mark.slow
@@ -201,7 +202,8 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
     new = {f"{shape}-{block}-seed3" for shape in ("tiny-skinny-tall", "tiny-medium", "tiny-fat-short") for block in ("baseline", "streamback")}
     assert {run for rule, run in jobs if rule == "train"} == new
     assert {run for rule, run in jobs if rule == "evaluate"} == new
-    assert rules_of(jobs) == {"train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
+    # no arm is new, so no preflight reruns; the preflights' table counts the new runs in the matrix's cost (no train reads it)
+    assert rules_of(jobs) == {"preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
     for (rule, run), reason in jobs.items():
         if rule in ("train", "evaluate"):
             assert reason.startswith("Missing output files"), (rule, run, reason)
@@ -212,19 +214,23 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
     ({"drift": {"seeds": [0, 1], "settings": [{"mu": 0.2, "sigma": 0.5}]}}, {"drift"}),
     ({"eval": {"pairs": {"resamples": 500}}}, {"benchmark_table", "seed_variance"}),
     ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed", "analyze_public"}),
-    ({"train": {"optimizer": {"lr": 2e-3}}}, {"train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN}),
-    # how jobs run, not what they compute: nothing but the study page (whose params are the whole config)
+    ({"train": {"optimizer": {"lr": 2e-3}}}, {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN}),
+    # how jobs run, not what they compute: nothing but the preflights, which check the runs as they
+    # are run, what waits for them (a finished train job writes the same outputs again from its last
+    # checkpoint), and the study page (whose params are the whole config)
     ({"train": {"compile": True, "micro_batch_size": 2, "checkpoint": {"every": 5, "resume_on_other_kernels": True}, "resources": {"threads": 2},
                 "log": {"tensorboard": False, "wandb": {"project": "p", "mode": "offline"}},
                 "per_run": {"tiny-medium-baseline": {"activation_checkpointing": True}}},
-      "data": {"processes": 1, "batch_documents": 64}, "eval": {"resources": {"mem_mb": 999}}, "cpu_bf16": "emulated"}, set()),
+      "data": {"processes": 1, "batch_documents": 64}, "eval": {"resources": {"mem_mb": 999}}, "cpu_bf16": "emulated"}, {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN}),
 ], ids=["drift-grid", "eval-pairs", "analysis-variants", "recipe", "execution"])
 def test_a_changed_setting_reruns_the_jobs_that_read_it(run_snakemake, touched_default, change, rules):
     jobs = planned_jobs(run_snakemake, touched_default, change)
     assert rules_of(jobs) == rules | {"study_report", "all"}
     for (rule, run), reason in jobs.items():
-        if rule in rules - DOWNSTREAM_OF_TRAIN - PUBLIC_OF_TRAIN - {"evaluate"}:
+        if rule in rules - DOWNSTREAM_OF_TRAIN - PUBLIC_OF_TRAIN - {"evaluate", "preflight", "train"}:
             assert reason.startswith("Params have changed"), (rule, run, reason)
+        if rule == "train":  # its own params (the recipe), or its preflight's record (how it runs)
+            assert reason.startswith(("Params have changed", "Input files updated by another job")), (rule, run, reason)
 
 
 @pytest.mark.slow

@@ -90,6 +90,14 @@ RENDEZVOUS_PORT = 29500
 TORCHRUN_ENV = "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300"
 
 
+def of_arm(job_function):
+    """A train-job function of `wildcards.run` as one of a preflight's `wildcards.arm`: the same
+    resources and launcher for the run the arm's preflight checks (workflow/rules/preflight.smk)."""
+    from types import SimpleNamespace
+
+    return lambda wildcards: job_function(SimpleNamespace(run=jobs.preflight_arms(config)[wildcards.arm]))
+
+
 def train_resources(run):
     return run_setting(config["train"], run, "resources")
 

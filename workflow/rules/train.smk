@@ -1,5 +1,6 @@
 # Training: one job per run of the matrix in config["train"]["runs"] (streamback/runs.py), each
-# `streamback train` on the tokenized corpus (rules.tokenize).
+# `streamback train` on the tokenized corpus (rules.tokenize), once its arm's preflight passed
+# (rules.preflight_run).
 # Outputs (streamback/layout.py): results/runs/{run}/model.pt (the trained model,
 # streamback/model/weights.py), metrics.jsonl and summary.json (the completion record).
 # Checkpoints and the live metrics.jsonl go to results/checkpoints/{run}/recipe-<fingerprint>/, one
@@ -37,6 +38,7 @@ RUNS = run_matrix(TRAIN)
 rule train:
     input:
         manifest=rules.tokenize.output.manifest,
+        preflight=lambda wildcards: rules.preflight_run.output.record.format(arm=RUNS[wildcards.run].arm),
     output:
         model=str(layout.model_file("{run}")),
         metrics=str(layout.metrics_file("{run}")),

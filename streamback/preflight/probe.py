@@ -1,0 +1,190 @@
+"""What the preflight measures: a few steps of the run's own `Trainer` (its model, compile and
+FSDP2 settings, micro-batch, data and optimizer), on the run's resources, each measurement judged
+by `streamback.preflight.checks`.
+
+In order: the free disk under the run's checkpoint directory (before any step: a full disk stops
+the preflight there); one micro-batch's forward and backward with the stream captured at every
+layer boundary (`Transformer.capture` with gradients); `train.preflight.steps - 1` training steps
+(the losses; the tokens/s of all but the first two, which warm up, and the peak memory); a
+checkpoint of them; the next step, with the full-precision shadow; the checkpoint loaded and that
+step again, which must match it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import resource
+import statistics
+from pathlib import Path
+
+import torch
+
+from streamback.io import free_bytes, remove, tree_bytes, writable_dir
+from streamback.model.model import count_params
+from streamback.preflight import checks
+from streamback.runs import RunSpec, train_steps
+from streamback.train.batches import rank_micro_batches, read_windows, train_windows
+from streamback.train.checkpoint import load_checkpoint, save_checkpoint
+from streamback.train.processes import Distributed, StopRequest
+from streamback.train.trainer import Diverged, Trainer
+
+WARMUP_STEPS = 2  # steps not timed: the first compiles (torch.compile) and fills the allocator's caches
+
+
+class Preflight:
+    """One run's preflight: `run()` returns its checks (a collective under several processes)."""
+
+    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, checkpoints: Path, scratch: Path,
+                 env: Distributed, mem_mb: int, processes_per_node: int):
+        self.steps = cfg["preflight"]["steps"]
+        cfg = copy.deepcopy(cfg)
+        cfg["log"]["shadow_every"] = self.steps  # the shadow on the last step (the one run twice)
+        self.env, self.checkpoints, self.scratch = env, Path(checkpoints), Path(scratch)
+        self.mem_limit = mem_mb * 2**20 // processes_per_node
+        self.rss_start, self.ram_start = _rss_bytes(), _available_ram()
+        writable_dir(self.checkpoints, "checkpoint directory")
+        # the run's own checkpoint directory holds the record of the shards hashed: the run then skips them
+        self.trainer = Trainer(spec, cfg, model_cfg, Path(data_dir), self.scratch / "out", self.checkpoints, env)
+        self.trainer.elapsed = 0.0
+        self.results: list[checks.Check] = []
+
+    @property
+    def unit(self) -> str:
+        return "GPU-hours" if self.env.device.type == "cuda" else "CPU process-hours"
+
+    def run(self) -> list[checks.Check]:
+        if not self._agreed(self.disk(estimate=True)):
+            return self.results  # before any step
+        self.stream_dtype()
+        if self.env.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.env.device)  # the training steps' peak, not the probe's
+        try:
+            records = [self._step(step) for step in range(self.steps - 1)]
+        except Diverged as err:
+            self.results.append(checks.Check("losses", False, str(err), "finite, the last below the first", {}))
+            return self.results
+        self.speed_and_memory(records)
+        self.resume_and_shadow(records)
+        return self.results
+
+    def _agreed(self, check: checks.Check) -> bool:
+        """Did `check` pass on every rank."""
+        failed = self.env.all_reduce(torch.tensor(float(not check.passed), device=self.env.device)).item()
+        return failed == 0
+
+    def _step(self, step: int) -> dict:
+        record, _ = self.trainer._step(step, StopRequest(), None)
+        return record
+
+    def disk(self, estimate: bool, checkpoint_bytes: int | None = None) -> checks.Check:
+        """Room under the checkpoint directory for train.checkpoint.keep checkpoints, the one being
+        written beside them and the final fp32 model; a checkpoint estimated (fp32 weights and
+        AdamW's two moments: 12 bytes a parameter) or as measured."""
+
+        params = count_params(self.trainer.model)
+        size = 12 * params if estimate else max(12 * params, checkpoint_bytes)
+        needed = (self.trainer.cfg["checkpoint"]["keep"] + 1) * size + 4 * params
+        check = checks.disk(free_bytes(self.checkpoints), needed, str(self.checkpoints))
+        check.values["checkpoint_bytes"] = size
+        self.results = [check if c.name == "disk" else c for c in self.results] if not estimate else [check, *self.results]
+        return check
+
+    def stream_dtype(self) -> None:
+        """One micro-batch of step 1 forward and backward, the stream captured at every boundary."""
+        t = self.trainer
+        windows = train_windows(t.seed, 0, t.batch_size, t.n_train)
+        micro = rank_micro_batches(windows, self.env.rank, self.env.world_size, t.micro_batch_size)[0]
+        batch = read_windows(t.train_data, micro, t.seq_len).to(self.env.device)
+        with t.model.capture(("residual",), grad=True) as seen:
+            t.model(batch[:, :-1], targets=batch[:, 1:]).backward()
+            forward = [str(h.dtype) for h in seen["residual"]]
+            gradients = [None if h.grad is None else str(h.grad.dtype) for h in seen["residual"]]
+        t.optimizer.zero_grad(set_to_none=True)
+        self.results.append(checks.stream_dtype(str(t.model.stream_format.container_dtype), forward, gradients))
+
+    def speed_and_memory(self, records: list[dict]) -> None:
+        t = self.trainer
+        self.results.append(checks.losses([r["loss"] for r in records]))
+        timed = [r["tokens_per_s"] for r in records[WARMUP_STEPS:]] or [records[-1]["tokens_per_s"]]
+        tokens_per_s = statistics.median(timed)
+        hours = train_steps(t.cfg) * t.tokens_per_step / tokens_per_s / 3600 * self.env.world_size
+        self.results.append(checks.speed(tokens_per_s, hours, self.unit))
+        self.results.append(checks.budget(hours, t.cfg["budget_gpu_hours"], self.unit))
+        self.results.append(self._memory())
+
+    def _memory(self) -> checks.Check:
+        if self.env.device.type == "cuda":
+            peak = torch.cuda.max_memory_reserved(self.env.device)
+            total = torch.cuda.get_device_properties(self.env.device).total_memory
+            what = f"the caching allocator's peak reservation on {torch.cuda.get_device_name(self.env.device)}"
+        else:
+            peak = _peak_rss_bytes()
+            total = min(self.ram_start + self.rss_start, self.mem_limit)
+            what = "the process's peak resident set, against the lesser of the RAM available and the job's mem_mb per process"
+        peak = int(self.env.all_reduce(torch.tensor(float(peak), dtype=torch.float64, device=self.env.device), op=_MAX).item())
+        return checks.memory(peak, total, what)
+
+    def resume_and_shadow(self, records: list[dict]) -> None:
+        """Save the state after the steps so far, take the next step, load the state, take it again."""
+        t, last = self.trainer, self.steps - 1
+        if self.env.rank == 0:
+            self.scratch.mkdir(parents=True, exist_ok=True)
+        path = save_checkpoint(self.scratch, last, t.state, {"identity": t.identity, "elapsed_s": t.elapsed}, keep=1)
+        size = float(tree_bytes(path)) if self.env.rank == 0 else 0.0  # every rank's files (one filesystem)
+        size = self.env.all_reduce(torch.tensor(size, dtype=torch.float64, device=self.env.device)).item()
+        self.disk(estimate=False, checkpoint_bytes=int(size))
+        first = self._step(last)
+        after = _local_weights(t.params)
+        load_checkpoint(path, t.state)
+        again = self._step(last)
+        diffs = [(a - b).abs() for a, b in zip(after, _local_weights(t.params))]
+        top = max((float(d.max()) for d in diffs if d.numel()), default=0.0)
+        top = self.env.all_reduce(torch.tensor([top], dtype=torch.float64, device=self.env.device), op=_MAX).item()
+        sums = torch.tensor([sum(float(d.sum()) for d in diffs), sum(d.numel() for d in diffs)], dtype=torch.float64, device=self.env.device)
+        total, count = self.env.all_reduce(sums).tolist()
+        self.results.append(checks.resume(abs(first["loss"] - again["loss"]), top, total / count, first["lr"],
+                                          bitwise=self.env.device.type == "cpu"))
+        self.results.append(self._shadow(first))
+        if self.env.rank == 0:
+            remove(self.scratch, self.scratch.parent)
+
+    def _shadow(self, record: dict) -> checks.Check:
+        fmt = self.trainer.model.stream_format
+        if "shadow_gap" not in record:
+            return checks.shadow(None, None, None, fmt.label)
+        absmax = torch.tensor(record["shadow_absmax"])
+        grid = (fmt.spacing(absmax) / absmax.clamp_min(torch.finfo(torch.float32).tiny)).tolist()
+        bounds = [max(checks.SHADOW_FP32_GAP, checks.SHADOW_GRID_STEPS * g) for g in grid]
+        return checks.shadow(record["shadow_gap"], bounds, record["shadow_loss"], fmt.label)
+
+
+_MAX = torch.distributed.ReduceOp.MAX
+
+
+def _local_weights(params) -> list[torch.Tensor]:
+    """This rank's share of every parameter (its FSDP2 shard), in fp64 on the CPU."""
+    return [(p.detach().to_local() if hasattr(p, "to_local") else p.detach()).double().cpu() for p in params]
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _rss_bytes() -> int:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return _peak_rss_bytes()
+
+
+def _available_ram() -> int:
+    """MemAvailable of /proc/meminfo (Linux), else the machine's physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+

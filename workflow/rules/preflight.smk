@@ -1,0 +1,89 @@
+# Preflight: before any run trains, one `preflight_run` job per arm of the matrix (shape, block,
+# stream; the seeds of an arm train alike, so its first run stands for them) runs
+# `streamback preflight`: a few steps of that run's own training on the same GPUs, nodes, CPUs,
+# memory and launcher (torchrun, srun) as its train job, judged check by check
+# (streamback/preflight/). A passed preflight writes results/preflight/{arm}.json; a failed one
+# fails its job, prints one line per failed check and leaves its record in
+# results/preflight/failed/, never at the output. Each train job takes its arm's record as input,
+# so nothing trains before its preflight passed. Rule `preflight` (`snakemake preflight`: the
+# preflights alone; also part of the default target) puts them in one table and checks the whole
+# matrix's projected cost against train.budget_gpu_hours and train.stated_gpu_hours. The train
+# jobs do not take that table: its params hold the whole matrix, so adding a seed or changing one
+# shape would rerun every run (and Snakemake 9.27 weighs no job's own params downstream of one
+# that reruns, so an ancient() input would leave a changed recipe untrained until the next call).
+# Reruns: a preflight's params hold its run's recipe, execution (micro-batch, compile,
+# checkpointing), resources and the software versions, so it reruns when one of them changes and
+# not on every call; `snakemake -R preflight_run preflight` forces every one. A preflight run
+# again reruns its arm's train jobs (a finished recipe resumes at its end and writes the same
+# outputs) and what reads them.
+
+import platform
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+PREFLIGHT_ARMS = jobs.preflight_arms(config)  # arm -> the run it checks
+SOFTWARE = {"python": platform.python_version(), "torch": version("torch")}
+
+
+rule preflight_run:
+    input:
+        manifest=rules.tokenize.output.manifest,
+    output:
+        record=str(layout.preflight_file("{arm}")),
+    conda:
+        "../../envs/train.yaml"
+    log:
+        "logs/preflight/{arm}.log",
+    benchmark:
+        str(layout.timing_file("preflight", "{arm}")),
+    wildcard_constraints:
+        arm="|".join(re.escape(arm) for arm in PREFLIGHT_ARMS) or "(?!)",
+    threads: of_arm(train_threads)
+    resources:
+        runtime=lambda wildcards: train_resources(PREFLIGHT_ARMS[wildcards.arm])["runtime"],
+        mem_mb=lambda wildcards: train_resources(PREFLIGHT_ARMS[wildcards.arm])["mem_mb"],
+        nodes=lambda wildcards: train_resources(PREFLIGHT_ARMS[wildcards.arm])["nodes"],
+        gpu=of_arm(train_slurm("gpu")),
+        cpus_per_gpu=of_arm(train_slurm("cpus_per_gpu")),
+        cpus_per_task=of_arm(train_slurm("cpus_per_task")),
+        tasks=of_arm(train_slurm("tasks")),
+        mpi=of_arm(train_slurm("mpi")),
+        slurm_extra=of_arm(train_slurm("slurm_extra")),
+    params:
+        train=lambda wildcards: as_json(jobs.preflight(config, wildcards.arm)["train"]),
+        model=lambda wildcards: as_json(jobs.preflight(config, wildcards.arm)["model"]),
+        resources=lambda wildcards: as_json(train_resources(PREFLIGHT_ARMS[wildcards.arm])),
+        software=as_json(SOFTWARE),
+        launch=untracked(of_arm(train_launcher)),
+        threads=untracked(lambda wildcards: train_resources(PREFLIGHT_ARMS[wildcards.arm])["threads"]),
+        tokens=lambda wildcards, input: Path(input.manifest).parent,
+        checkpoints=lambda wildcards: layout.checkpoint_dir(PREFLIGHT_ARMS[wildcards.arm]),
+    shell:
+        "{params.launch} preflight --params {params.train} --model-params {params.model} --arm {wildcards.arm:q} "
+        "--data {params.tokens:q} --checkpoints {params.checkpoints:q} --resources {params.resources} --out {output.record:q} "
+        "--threads {params.threads:q} > {log:q} 2>&1 || log_tail {log:q}"
+
+
+rule preflight:
+    input:
+        records=expand(rules.preflight_run.output.record, arm=list(PREFLIGHT_ARMS)),
+    output:
+        table=report(str(layout.table(layout.PREFLIGHT_TABLE)), caption="../report/preflights.rst", category="Preflight"),
+    conda:
+        "../../envs/analysis.yaml"
+    log:
+        "logs/preflight.log",
+    benchmark:
+        str(layout.timing_file("preflight")),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        train=as_json(jobs.preflight_table(config)["train"]),
+    shell:
+        "streamback preflight-table --params {params.train} --records {input.records:q} --out {output.table:q} > {log:q} 2>&1 || log_tail {log:q}"
+
+
+TARGETS.append(rules.preflight.output.table)
