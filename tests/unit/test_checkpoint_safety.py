@@ -14,6 +14,8 @@ from streamback.data.shards import file_sha256
 from streamback.train import checkpoint as ckpt
 from streamback.train.dcp_safe import MetadataUnpickler, UnsafeCheckpoint
 
+from test_train import _linear_state
+
 
 class RunsACommand:
     """Unpickled, this would run `command` in a shell."""
@@ -23,15 +25,6 @@ class RunsACommand:
 
     def __reduce__(self):
         return os.system, (self.command,)
-
-
-def _linear_state(seed):
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(4, 3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.randn(2, 4)).sum().backward()
-    optimizer.step()
-    return model, optimizer, ckpt.TrainState(model, optimizer)
 
 
 def _reseal(path, name):
