@@ -65,10 +65,10 @@ def main(argv=None) -> int:
     rows = []
     for _ in range(args.repeat):
         shutil.rmtree(workdir / layout.checkpoint_dir(args.run))  # else the run resumes at its end and trains nothing
-        snakemake(workdir, "--forcerun", "train", str(layout.model_file(args.run)))
+        snakemake(workdir, str(layout.model_file(args.run)), "--forcerun", "train")  # the target first: --forcerun takes a list
         work = json.loads((workdir / layout.summary_file(args.run)).read_text())["train_seconds"]
         rows.append(("train", wall_seconds(workdir, "train", args.run), work))
-        snakemake(workdir, "--forcerun", "evaluate", results)
+        snakemake(workdir, results, "--forcerun", "evaluate")
         log = (workdir / "logs" / "evaluate" / f"{args.run}.log").read_text()
         work = float(re.search(rf"evaluate: {re.escape(args.run)} in ([0-9.]+) s", log).group(1))
         rows.append(("evaluate", wall_seconds(workdir, "evaluate", args.run), work))
