@@ -41,6 +41,7 @@ def final_outputs(page: bool = True) -> list[str]:
     outputs = [
         rules.tokenize.output.manifest,
         *rules.drift.output,
+        rules.preflight.output.table,
         *expand(list(rules.train.output), run=list(RUNS)),
         *rules.training_curves.output,
         *rules.analyze_layer_error.output,

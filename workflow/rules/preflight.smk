@@ -86,4 +86,3 @@ rule preflight:
         "streamback preflight-table --params {params.train} --records {input.records:q} --out {output.table:q} > {log:q} 2>&1 || log_tail {log:q}"
 
 
-TARGETS.append(rules.preflight.output.table)
