@@ -31,7 +31,6 @@ from pathlib import Path
 
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args
-from streamback.eval.lm import StreambackLM
 from streamback.eval.taskload import load_tasks, task_manager
 from streamback.io import write_json
 from streamback.model import compute
@@ -68,10 +67,12 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
     """Evaluate one run on cfg["tasks"]; writes results.json and samples_<task>.jsonl to `outdir`
     and returns lm-eval's results (without the samples)."""
     os.environ.setdefault("DISABLE_MULTIPROC", "1")  # lm-eval's bootstrap stderrs in this process, on its threads
-    import lm_eval
+    import lm_eval  # lm-eval (and tqdm with it) after plain_logs() has turned tqdm's bars off
     import lm_eval.evaluator  # its add_env_info, taken once per machine (environment_record)
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.utils import make_table
+
+    from streamback.eval.lm import StreambackLM  # imports lm-eval: after plain_logs(), as the lines above
 
     outdir = Path(outdir)
     for stale in (outdir / layout.EVAL_RESULTS_FILE, *(outdir / layout.EVAL_SAMPLES_FILE.format(task=n) for n in cfg["tasks"])):

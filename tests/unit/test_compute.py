@@ -59,7 +59,7 @@ def record_ops(model, batch):
     def recording(fn, kind):
         def call(*args, **kwargs):
             out = fn(*args, **kwargs)
-            entry = {"kind": kind, "args": [a.detach().to(out.dtype) for a in args], "kwargs": kwargs}
+            entry = {"kind": kind, "args": [a.detach().to(out.dtype) for a in args if a is not None], "kwargs": kwargs}
             out.register_hook(lambda grad: entry.__setitem__("grad", grad.detach()))
             calls.append(entry)
             return out
@@ -85,11 +85,11 @@ def skip_attention_rounding(q, k, v, **kwargs):
 
 def replay(fn, call, mode, dtype=None):
     """[output, *input gradients] of `fn` on the call's inputs (as `dtype`), backward from its recorded gradient."""
-    inputs = [a.to(dtype or a.dtype, copy=True).requires_grad_(True) for a in call["args"]]
+    inputs = [None if a is None else a.to(dtype or a.dtype, copy=True).requires_grad_(True) for a in call["args"]]
     with compute.use(mode):
         out = fn(*inputs, **call["kwargs"])
         out.backward(call["grad"].to(out.dtype))
-    return [out.detach(), *(i.grad for i in inputs)]
+    return [out.detach(), *(i.grad for i in inputs if i is not None)]
 
 
 def relative_errors(calls):

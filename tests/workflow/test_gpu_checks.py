@@ -50,7 +50,7 @@ def test_quick_mode_runs_every_phase_and_passes(quick_run):
     assert {g: len(s) for g, s in status.items()} == {"env": 2, "tests": 10, "eval": 3, "analysis": 4, "profile": 3, "bench": 4}
     assert summary["env"]["matmul_bf16_tflops"] > 0 and summary["env"]["copy_tb_s"] > 0
     tests = {c["name"]: c for c in summary["checks"] if c["group"] == "tests"}
-    assert "test_rounding.py::test_ulp_against_nextafter[cpu-fp8_e4m3]" in tests
+    assert "unit/test_rounding.py::test_ulp_against_nextafter[cpu-fp8_e4m3]" in tests
     assert "unit/test_preflight.py::test_a_full_disk_fails_before_training_starts" in tests
     assert tests["pytest"]["value"].startswith("exit 0 after") and "9 passed" in tests["pytest"]["value"]
     assert summary["tests"]["counts"] == {"PASSED": 9}

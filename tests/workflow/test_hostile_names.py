@@ -121,11 +121,11 @@ def test_a_path_snakemake_would_read_as_a_wildcard_is_refused_with_its_key(run_s
 def test_every_value_in_a_rule_s_shell_line_is_quoted_there_or_by_construction():
     """Each `{...}` of a shell line carries `:q`, or is a param made shell-quoted in common.smk
     (as_json, shell_words, train_settings), the thread count, or train's launcher (a command line)."""
-    quoted = {"data", "execution", "drift", "analysis", "train", "model", "eval", "config", "runs", "files", "seed"}
+    quoted = {"data", "execution", "drift", "analysis", "train", "model", "eval", "config", "runs", "files", "seed", "resources"}
     sources = {smk.name: smk.read_text() for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk"))}
     shells = [(name, m.group(1)) for name, text in sources.items()
               for m in re.finditer(r"(?:shell:\n|_SHELL = \()((?:\s+(?:\"[^\n]*\"|'[^\n]*'))+)", text)]
-    assert len(shells) == 11
+    assert len(shells) == 14
     for name, shell in shells:
         for field in re.findall(r"(?<!\{)\{([^{}]+)\}(?!\})", shell):
             ok = field.endswith(":q") or field in {"threads", "params.launch"} or field.removeprefix("params.") in quoted

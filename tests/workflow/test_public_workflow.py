@@ -21,7 +21,7 @@ def test_the_default_study_analyses_its_own_exported_run(run_snakemake, tmp_path
     common = ("--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", tmp_path / "small.yaml")
     planned = run_snakemake(*targets, "-n", *common)
     assert planned.returncode == 0, planned.stderr[-3000:]
-    assert sorted(set(re.findall(r"^rule (\w+):", planned.stdout, flags=re.M))) == ["analyze_public", "corpus", "export_hf", "tokenize", "train"]
+    assert sorted(set(re.findall(r"^rule (\w+):", planned.stdout, flags=re.M))) == ["analyze_public", "corpus", "export_hf", "preflight_run", "tokenize", "train"]
     result = run_snakemake(*targets, "--cores", "2", *common, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     hf = tmp_path / layout.hf_dir("tiny-skinny-tall-baseline")

@@ -201,7 +201,7 @@ def test_a_run_on_two_nodes_matches_one_node_and_resumes_across_them_and_after_a
     workflow = _snakemake(two, "multinode")
     try:
         checkpoints = two / layout.checkpoint_dir(MICRO_RUN)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600  # its preflight job on the two nodes runs first
         while not any(len(p.read_text().splitlines()) >= 15 for d in layout.recipe_dirs(checkpoints)
                       if (p := d / layout.METRICS_FILE).exists()):
             assert workflow.poll() is None, workflow.communicate()[0][-3000:]

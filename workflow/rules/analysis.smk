@@ -73,6 +73,10 @@ rule export_hf:
         "logs/export_hf/{run}.log",
     benchmark:
         str(layout.timing_file("export_hf", "{run}")),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
     wildcard_constraints:
         run="|".join(re.escape(run) for run in RUNS) or "(?!)",
     params:
