@@ -21,7 +21,6 @@ ANALYSIS_SHELL = (
 )
 
 
-
 # One rule per kind, alike but for its runs and whether it reads the runs' metrics logs.
 ANALYSES = {  # kind: (runs, shapes, reads metrics.jsonl)
     "layer-error": (ANALYSIS_RUNS, ANALYSIS_SHAPES, False),
@@ -30,10 +29,11 @@ ANALYSES = {  # kind: (runs, shapes, reads metrics.jsonl)
     "loss-difference": (COMPARED_RUNS, COMPARED_SHAPES, True),
 }
 for kind, (kind_runs, kind_shapes, metrics) in ANALYSES.items():
+    rule_name = f"analyze_{kind.replace('-', '_')}"
 
     rule:
         name:
-            f"analyze_{kind.replace('-', '_')}"
+            rule_name
         input:
             **analysis_inputs(kind_runs, metrics=metrics),
         output:
@@ -43,7 +43,7 @@ for kind, (kind_runs, kind_shapes, metrics) in ANALYSES.items():
         log:
             f"logs/analysis/{kind}.log",
         benchmark:
-            str(layout.timing_file(f"analyze_{kind.replace('-', '_')}")),
+            str(layout.timing_file(rule_name)),
         threads: ANALYSIS_RES["threads"]
         resources:
             **analysis_resources(),

@@ -9,6 +9,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from snakemake.settings.types import DeploymentMethod
 
@@ -94,9 +95,7 @@ TORCHRUN_ENV = "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORC
 def of_arm(job_function):
     """A train-job function of `wildcards.run` as one of a preflight's `wildcards.arm`: the same
     resources and launcher for the run the arm's preflight checks (workflow/rules/preflight.smk)."""
-    from types import SimpleNamespace
-
-    return lambda wildcards: job_function(SimpleNamespace(run=jobs.preflight_arms(config)[wildcards.arm]))
+    return lambda wildcards: job_function(SimpleNamespace(run=PREFLIGHT_ARMS[wildcards.arm]))
 
 
 def train_resources(run):
