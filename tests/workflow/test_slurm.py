@@ -143,9 +143,11 @@ ONE_NODE = {"nodes": 1, "processes": 2}
 
 
 def _snakemake(root, partition=None):
-    """Snakemake on the micro run: locally, or through Slurm with the train job in `partition`
+    """Snakemake on the micro run: locally, or through Slurm with the train job and its preflight in `partition`
     (tests/slurm/start-cluster.sh's `multinode` holds node1 and node2)."""
-    how = ["--profile", "slurm", *SLURM_SITE, "--set-resources", f"train:slurm_partition={partition}"] if partition else ["--cores", "2"]
+    # the train job and its preflight, which runs on the same resources, in `partition`
+    resources = [f"{rule}:slurm_partition={partition}" for rule in ("preflight_run", "train")]
+    how = ["--profile", "slurm", *SLURM_SITE, "--set-resources", *resources] if partition else ["--cores", "2"]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), str(layout.summary_file(MICRO_RUN)), *how,
            "--directory", str(root), "--configfile", str(root / "micro.yaml")]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
