@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 from streamback.errors import DiskFull, StreambackError
+from streamback.progress import plain_logs
 
 COMMANDS = {
     "check": "streamback.check",
@@ -79,6 +80,7 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    plain_logs()  # before the stage's module imports torch, whose torch.hub imports tqdm
     command = next((a for a in argv if not a.startswith("-")), None)
     args = _parser(command if command in COMMANDS else None).parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command])
