@@ -27,6 +27,7 @@ COMMANDS = {
     "preflight": "streamback.preflight.stage",
     "preflight-table": "streamback.preflight.table",
     "train": "streamback.train.trainer",
+    "train-attempt": "streamback.train.attempt",
     "checkpoints": "streamback.train.recipes",
     "training-curves": "streamback.train.curves",
     "seed-variance": "streamback.report.seeds",

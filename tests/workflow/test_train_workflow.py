@@ -68,17 +68,17 @@ TORCHRUN = r"PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORCH_E
 @pytest.mark.parametrize(
     "resources, expect",
     [
-        ({"nodes": 1}, [r"--nproc-per-node 8 --standalone -m streamback train", r"resources: .*gpu=8, cpus_per_gpu=8"]),
+        ({"nodes": 1}, [r"--launch '[^']*--nproc-per-node 8 --standalone -m streamback' ", r"resources: .*gpu=8, cpus_per_gpu=8"]),
         ({"nodes": 2}, [NODES + r"srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 64 --gpus-per-task 8 --kill-on-bad-exit=1 env "
-                        + TORCHRUN + r'--nproc-per-node 8 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "\$head:29500" --rdzv-id "\$SLURM_JOB_ID" -m streamback train',
+                        + TORCHRUN + r'--nproc-per-node 8 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "\$head:29500" --rdzv-id "\$SLURM_JOB_ID" -m streamback\' ',
                         r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, slurm_extra=--gpus-per-task=8"]),
         # on the CPU: `processes` gloo processes per node, threads x processes CPUs
-        ({"gpus": 0, "processes": 2, "threads": 3}, [r"status=0; OMP_NUM_THREADS=3 " + TORCHRUN + r"--nproc-per-node 2 --standalone -m streamback train",
+        ({"gpus": 0, "processes": 2, "threads": 3}, [r"--launch 'OMP_NUM_THREADS=3 " + TORCHRUN + r"--nproc-per-node 2 --standalone -m streamback' ",
                                                       r"resources: .*nodes=1(?!.*gpu)(?!.*cpus_per_task)"]),
         ({"gpus": 0, "processes": 2, "threads": 3, "nodes": 2},
          [NODES + r"srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 6 --kill-on-bad-exit=1 env OMP_NUM_THREADS=3 " + TORCHRUN
           + r"--nproc-per-node 2 --nnodes 2 --rdzv-backend c10d", r"resources: .*nodes=2, cpus_per_task=6, tasks=2, mpi=srun\n"]),
-        ({"gpus": 0, "threads": 2}, [r"status=0; OMP_NUM_THREADS=2 streamback train"]),
+        ({"gpus": 0, "threads": 2}, [r"""--launch 'OMP_NUM_THREADS=2 "\$STREAMBACK_PYTHON" -m streamback' """]),
     ],
     ids=["gpu-1-node", "gpu-2-nodes", "cpu-1-node", "cpu-2-nodes", "cpu-1-process"],
 )
@@ -92,8 +92,8 @@ def test_paper_runs_launch_torchrun_across_their_allocation(run_snakemake, tmp_p
     job = out[out.index("rule train:"):]
     for pattern in expect:
         assert re.search(pattern, job), pattern
-    assert "--run-name fat-short-streamback" in job and '--checkpoints "$checkpoints"' in job
-    assert f"checkpoints={layout.checkpoint_dir('fat-short-streamback')};" in job
+    assert "streamback train-attempt --launch" in job and "--run-name fat-short-streamback" in job
+    assert f"--checkpoints {layout.checkpoint_dir('fat-short-streamback')} " in job
 
 
 def _job_processes(directory, snakemake: int) -> dict[int, list[bytes]]:

@@ -130,7 +130,7 @@ def train_launcher(wildcards):
     res = train_resources(wildcards.run)
     per_node, nodes, threads, gpus = processes_per_node(res), res["nodes"], res["threads"], res["gpus"]
     if not gpus and per_node * nodes == 1:
-        return f"OMP_NUM_THREADS={threads} streamback"
+        return f'OMP_NUM_THREADS={threads} "$STREAMBACK_PYTHON" -m streamback'
     cpu = "" if gpus else f"OMP_NUM_THREADS={threads} "
     torchrun = f'{cpu}{TORCHRUN_ENV} "$STREAMBACK_PYTHON" -m torch.distributed.run --nproc-per-node {per_node}'
     if nodes == 1:

@@ -17,14 +17,12 @@
 #                     train_slurm in common.smk.
 # torchrun forwards SIGTERM and SIGUSR1 to the trainers (PET_SIGNALS_TO_HANDLE) and waits up to
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for them to save a checkpoint before killing them.
-# The log tells the whole story of a run resumed over several jobs: Snakemake deletes a job's log
-# before every attempt, so each attempt appends to results/checkpoints/{run}/train.log (kept
-# with the checkpoints) and logs/train/{run}.log is a hard link to it (a copy where the two are on
-# different filesystems). torchrun reports a failed worker as status 1, so the trainer also writes
-# its own status (75: stopped to be requeued, 3: diverged, 2: bad input) to a file the shell exits
-# with: a scheduler can tell "requeue me" from "failed" under torchrun too. The shell outlives the
-# SIGTERM/SIGUSR1 that Slurm sends every process of a job (`trap :`; its children still get them
-# and act on them) so that it can.
+# Each attempt is `streamback train-attempt` (streamback/train/attempt.py): it starts the trainer
+# with the run's launcher, appends the attempt to the run's history (results/checkpoints/{run}/
+# train.log, kept with the checkpoints; logs/train/{run}.log is a hard link to it) and exits with
+# the trainer's own status (75: stopped to be requeued, 3: diverged, 2: bad input) where torchrun
+# reports another. The rule's shell outlives the SIGTERM/SIGUSR1 that Slurm sends every process
+# of a job (`trap :`), as the attempt does, so the status reaches Snakemake.
 
 import re
 from pathlib import Path
@@ -75,17 +73,10 @@ rule train:
         checkpoints=lambda wildcards: layout.checkpoint_dir(wildcards.run),
         history=lambda wildcards: layout.train_log(wildcards.run),
     shell:
-        "trap : TERM USR1; checkpoints={params.checkpoints:q}; history={params.history:q}; log={log:q}; "
-        'mkdir -p "$checkpoints"; touch "$history"; {{ ln -f "$history" "$log" 2>/dev/null || cp "$history" "$log"; }}; '
-        'echo "=== attempt started $(date \'+%Y-%m-%d %H:%M:%S %Z\') on $(hostname)${{SLURM_JOB_ID:+, Slurm job $SLURM_JOB_ID}}" >> "$history"; '
-        'status_file="$checkpoints/.exit-status.$$"; status=0; '
-        "{params.launch} train --params {params.train} --model-params {params.model} --execution {params.execution} --run-name {wildcards.run:q} "
-        '--data {params.tokens:q} --outdir {params.outdir:q} --checkpoints "$checkpoints" '
-        '--cpu-bf16 {params.cpu_bf16:q} --threads {params.threads:q} --status-file "$status_file" >> "$history" 2>&1 || status=$?; '
-        'launcher=$status; if [ "$status" -ne 0 ] && [ -s "$status_file" ]; then status=$(cat "$status_file"); fi; rm -f "$status_file"; '
-        'echo "=== attempt ended with status $status (the launcher returned $launcher)" >> "$history"; '
-        '[ "$history" -ef "$log" ] || cp "$history" "$log"; '
-        'if [ "$status" -ne 0 ]; then echo "--- the end of $log:" >&2; tail -n 5 "$history" >&2; fi; exit "$status"'
+        "trap : TERM USR1; streamback train-attempt --launch {params.launch:q} --checkpoints {params.checkpoints:q} "
+        "--history {params.history:q} --log {log:q} -- --params {params.train} --model-params {params.model} "
+        "--execution {params.execution} --run-name {wildcards.run:q} --data {params.tokens:q} --outdir {params.outdir:q} "
+        "--cpu-bf16 {params.cpu_bf16:q} --threads {params.threads:q}"
 
 
 
