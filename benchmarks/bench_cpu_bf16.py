@@ -101,15 +101,22 @@ def trainer_step(model, train_cfg: dict):
 
 def report(args) -> None:
     torch.set_num_threads(1)
-    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16 matmuls: {compute.cpu_has_native_bf16()}, "
-          f"auto takes: {compute.path('cpu')}; one thread")
+    print(
+        f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16 matmuls: "
+        f"{compute.cpu_has_native_bf16()}, "
+        f"auto takes: {compute.path('cpu')}; one thread"
+    )
     rates = matmul_rates(max(3, args.steps))
     print("512x512 matmul GFLOP/s: " + ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items()))
     for shape in args.shapes.split(","):
         t = step_times(shape, args.steps, args.rounds)
-        print(f"{shape} step ({' x '.join(map(str, step_tokens()))} tokens): " + ", ".join(f"{name} {s * 1e3:.0f} ms" for name, s in t.items())
-              + f"; native / emulated {t['native bf16'] / t['emulated bf16']:.2f}x, emulated / fp32 {t['emulated bf16'] / t['fp32 compute']:.2f}x",
-              flush=True)
+        print(
+            f"{shape} step ({' x '.join(map(str, step_tokens()))} tokens): "
+            + ", ".join(f"{name} {s * 1e3:.0f} ms" for name, s in t.items())
+            + f"; native / emulated {t['native bf16'] / t['emulated bf16']:.2f}x"
+            + f", emulated / fp32 {t['emulated bf16'] / t['fp32 compute']:.2f}x",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -117,7 +124,9 @@ def main() -> None:
     parser.add_argument("--shapes", default="tiny-skinny-tall,tiny-medium,tiny-fat-short")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per path and round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the paths, interleaved")
-    parser.add_argument("--avx2", action="store_true", help="measure as an AVX2-only CPU (a child process with oneDNN and ATen capped)")
+    parser.add_argument(
+        "--avx2", action="store_true", help="measure as an AVX2-only CPU (a child process with oneDNN and ATen capped)"
+    )
     parser.add_argument("--both", action="store_true", help="this CPU, then as an AVX2-only one")
     args = parser.parse_args()
     if os.environ.get("_BENCH_CHILD"):  # the capped child: its figures only
@@ -128,9 +137,23 @@ def main() -> None:
         report(args)
     if args.both or args.avx2:
         print("== capped at AVX2 (" + " ".join(f"{k}={v}" for k, v in AVX2.items()) + ")", flush=True)
-        child = [sys.executable, __file__, "--shapes", args.shapes, "--steps", str(args.steps), "--rounds", str(args.rounds)]
+        child = [
+            sys.executable,
+            __file__,
+            "--shapes",
+            args.shapes,
+            "--steps",
+            str(args.steps),
+            "--rounds",
+            str(args.rounds),
+        ]
         # an Inductor cache of its own: compiled code cached under the capped ISA must not serve uncapped processes
-        env = {**os.environ, **AVX2, "_BENCH_CHILD": "1", "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), "torchinductor_avx2")}
+        env = {
+            **os.environ,
+            **AVX2,
+            "_BENCH_CHILD": "1",
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), "torchinductor_avx2"),
+        }
         subprocess.run(child, env=env, check=True)
 
 

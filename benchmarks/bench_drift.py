@@ -26,7 +26,16 @@ import time
 import torch
 
 from streamback.config import load_config
-from streamback.drift.simulate import PATHS, advance, compiled_step, draws, rounding_seed, simulate, skip_reason, start_value
+from streamback.drift.simulate import (
+    PATHS,
+    advance,
+    compiled_step,
+    draws,
+    rounding_seed,
+    simulate,
+    skip_reason,
+    start_value,
+)
 from streamback.model.rounding import stochastic_noise
 
 GOAL_S = 1.0
@@ -56,8 +65,11 @@ def plain_loop(cfg: dict, steps: int) -> dict:
                 comp = torch.zeros(cfg["coords"]) if path.compensated else None
                 for _ in range(steps):
                     update = mu + sigma * torch.randn(cfg["coords"], generator=gen)
-                    noise = ([stochastic_noise(total.shape, path.sum_format, sr_gen) for _ in range(path.sum_roundings)]
-                             if path.rounding == "stochastic" else None)
+                    noise = (
+                        [stochastic_noise(total.shape, path.sum_format, sr_gen) for _ in range(path.sum_roundings)]
+                        if path.rounding == "stochastic"
+                        else None
+                    )
                     total, comp = advance(path, total, comp, update, noise)
                 finals[path.name, j, k] = total
     return finals
@@ -102,8 +114,11 @@ def breakdown(cfg: dict, steps: int) -> dict[str, float]:
             compiled(*args)
 
     noise = per_step(noise_only, steps)
-    times = {"noise N(0, 1), per seed": noise, "stochastic-rounding bits": per_step(all_draws, steps) - noise,
-             "compiled step, all paths": per_step(steps_only, steps)}
+    times = {
+        "noise N(0, 1), per seed": noise,
+        "stochastic-rounding bits": per_step(all_draws, steps) - noise,
+        "compiled step, all paths": per_step(steps_only, steps),
+    }
     total = per_step(lambda n: simulate(cfg | {"steps": n}), steps)
     times["the rest (recording, loop)"] = total - sum(times.values())
     return times
@@ -124,32 +139,48 @@ def main() -> None:
         inductor_config.force_disable_caches = True
     cfg = load_config()["drift"]
     steps = cfg["steps"]
-    print(f"default grid: {len(cfg['paths'])} paths x {len(cfg['settings'])} settings x {len(cfg['seeds'])} seeds x "
-          f"{cfg['coords']} coordinates x {steps} steps; torch {torch.__version__}, {torch.get_num_threads()} thread")
+    print(
+        f"default grid: {len(cfg['paths'])} paths x {len(cfg['settings'])} settings x {len(cfg['seeds'])} seeds x "
+        f"{cfg['coords']} coordinates x {steps} steps; torch {torch.__version__}, {torch.get_num_threads()} thread"
+    )
 
     step_args = step_arguments(cfg)
     _, compile_cpu, compile_wall = timed(compiled_step(), *step_args)
-    print(f"compile (one-off, first call of the step{', caches off' if args.cold else ', on-disk cache allowed'}): "
-          f"{compile_wall:6.2f} s wall ({compile_cpu:.2f} s CPU in this process)")
+    print(
+        f"compile (one-off, first call of the step{', caches off' if args.cold else ', on-disk cache allowed'}): "
+        f"{compile_wall:6.2f} s wall ({compile_cpu:.2f} s CPU in this process)"
+    )
 
     runs = [timed(simulate, cfg) for _ in range(args.repeats)]
     assert all(sim.compiled for sim, _, _ in runs)
     cpu = min(c for _, c, _ in runs)
-    print(f"vectorised, compiled step (all paths, settings, seeds at once): {cpu:6.2f} s CPU "
-          f"(median {statistics.median(c for _, c, _ in runs):.2f}; {min(w for _, _, w in runs):.2f} s wall), "
-          f"{args.repeats} runs")
+    print(
+        f"vectorised, compiled step (all paths, settings, seeds at once): {cpu:6.2f} s CPU "
+        f"(median {statistics.median(c for _, c, _ in runs):.2f}; {min(w for _, _, w in runs):.2f} s wall), "
+        f"{args.repeats} runs"
+    )
 
     def extrapolated(label, fn, n):
         _, c, w = timed(fn, n)
         print(f"{label} {c * steps / n:6.2f} s CPU ({w * steps / n:.2f} s wall), {n} steps x{steps / n:g}")
         return c * steps / n
 
-    eager = extrapolated("vectorised, eager step (the fallback):        ",
-                         lambda n: simulate(cfg | {"steps": n}, compiled=False), args.eager_steps)
-    plain = extrapolated("plain per-step loop per (path, setting, seed):", lambda n: plain_loop(cfg, n), args.plain_steps)
-    print(f"speed-up of the compiled vectorised grid: {plain / cpu:.0f}x over the plain loop, {eager / cpu:.1f}x over eager")
-    print(f"goal: under {GOAL_S:g} s of compute for the default grid on one core: "
-          f"{'met' if cpu < GOAL_S else 'not met'} ({cpu:.2f} s)")
+    eager = extrapolated(
+        "vectorised, eager step (the fallback):        ",
+        lambda n: simulate(cfg | {"steps": n}, compiled=False),
+        args.eager_steps,
+    )
+    plain = extrapolated(
+        "plain per-step loop per (path, setting, seed):", lambda n: plain_loop(cfg, n), args.plain_steps
+    )
+    print(
+        f"speed-up of the compiled vectorised grid: {plain / cpu:.0f}x over the plain loop, {eager / cpu:.1f}x over "
+        f"eager"
+    )
+    print(
+        f"goal: under {GOAL_S:g} s of compute for the default grid on one core: "
+        f"{'met' if cpu < GOAL_S else 'not met'} ({cpu:.2f} s)"
+    )
 
     # the implementations agree: plain loop = vectorised on every deterministic path; compiled = eager on all
     finals, short = plain_loop(cfg, args.plain_steps), simulate(cfg | {"steps": args.plain_steps})

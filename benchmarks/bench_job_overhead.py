@@ -32,7 +32,18 @@ from streamback import layout  # noqa: E402
 
 
 def snakemake(workdir: Path, *args: str) -> None:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--cores",
+        "2",
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
@@ -45,19 +56,24 @@ def wall_seconds(workdir: Path, rule: str, run: str) -> float:
 
 def import_seconds(module: str) -> float:
     """A fresh process's time to import `module` (the median of three), less a bare interpreter's."""
+
     def timed(code: str) -> float:
         began = time.perf_counter()
         subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
         return time.perf_counter() - began
 
-    return statistics.median(timed(f"import {module}") for _ in range(3)) - statistics.median(timed("pass") for _ in range(3))
+    return statistics.median(timed(f"import {module}") for _ in range(3)) - statistics.median(
+        timed("pass") for _ in range(3)
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="tiny-fat-short-baseline", help="a run of the default config's matrix")
     parser.add_argument("--repeat", type=int, default=2, help="times each job runs (forced)")
-    parser.add_argument("--workdir", type=Path, default=None, help="the working directory (default: a new temporary one)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="the working directory (default: a new temporary one)"
+    )
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="job-overhead-"))
     results = str(layout.eval_results(args.run))
@@ -65,7 +81,9 @@ def main(argv=None) -> int:
     rows = []
     for _ in range(args.repeat):
         shutil.rmtree(workdir / layout.checkpoint_dir(args.run))  # else the run resumes at its end and trains nothing
-        snakemake(workdir, str(layout.model_file(args.run)), "--forcerun", "train")  # the target first: --forcerun takes a list
+        snakemake(
+            workdir, str(layout.model_file(args.run)), "--forcerun", "train"
+        )  # the target first: --forcerun takes a list
         work = json.loads((workdir / layout.summary_file(args.run)).read_text())["train_seconds"]
         rows.append(("train", wall_seconds(workdir, "train", args.run), work))
         snakemake(workdir, results, "--forcerun", "evaluate")

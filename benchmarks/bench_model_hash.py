@@ -53,7 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=256, help="size of the fp32 record timed")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--dir", type=Path, default=None, help="where the record is written (default: a temporary directory)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the record is written (default: a temporary directory)"
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -67,9 +69,15 @@ def main() -> None:
         saving = median_seconds(lambda: torch.save(record, path), args.repeat)
         loading = median_seconds(lambda: torch.load(path, weights_only=True), args.repeat)
     rate = size / hashing
-    print(f"record of {size / 1e9:.3f} GB, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeat}")
-    print(f"content_sha256: {hashing:.3f} s = {rate / 1e9:.2f} GB/s; torch.save {saving:.3f} s ({size / saving / 1e9:.2f} GB/s); "
-          f"torch.load {loading:.3f} s ({size / loading / 1e9:.2f} GB/s)")
+    print(
+        f"record of {size / 1e9:.3f} GB, torch {torch.__version__}, {torch.get_num_threads()} threads, median of "
+        f"{args.repeat}"
+    )
+    print(
+        f"content_sha256: {hashing:.3f} s = {rate / 1e9:.2f} GB/s; torch.save {saving:.3f} s "
+        f"({size / saving / 1e9:.2f} GB/s); "
+        f"torch.load {loading:.3f} s ({size / loading / 1e9:.2f} GB/s)"
+    )
     print("what hashing adds to save_model and read_model of the paper's models (fp32):")
     for shape, params in paper_params().items():
         print(f"  {shape}: {params / 1e9:.3f} B parameters, {4 * params / 1e9:.2f} GB: {4 * params / rate:.1f} s")

@@ -48,7 +48,9 @@ def cpu_seconds(fn) -> float:
 def steps(config: dict, run: str, rounds: int) -> None:
     cfg, spec = config["train"], run_matrix(config["train"])[run]
     data = TokenDataset(layout.tokens_dir(config["data"]), "train")
-    model = Transformer(ModelArgs.from_config(config["model"], spec.shape, data.vocab_size, block=spec.block, stream=spec.stream))
+    model = Transformer(
+        ModelArgs.from_config(config["model"], spec.shape, data.vocab_size, block=spec.block, stream=spec.stream)
+    )
     model.init_weights(cfg["seed"])
     windows = train_windows(cfg["seed"], 0, cfg["micro_batch_size"], num_windows(data.num_tokens, cfg["seq_len"]))
     tokens = read_windows(data, windows, cfg["seq_len"])
@@ -59,7 +61,11 @@ def steps(config: dict, run: str, rounds: int) -> None:
             training_step(model, tokens)
         record.add(stream)
 
-    kinds = {"plain": lambda: training_step(model, tokens), "envelope": lambda: stream_step(False), "signals": lambda: stream_step(True)}
+    kinds = {
+        "plain": lambda: training_step(model, tokens),
+        "envelope": lambda: stream_step(False),
+        "signals": lambda: stream_step(True),
+    }
     for fn in kinds.values():  # warm-up
         fn()
     times = {name: [] for name in kinds}
@@ -68,10 +74,14 @@ def steps(config: dict, run: str, rounds: int) -> None:
             times[name].append(cpu_seconds(fn))
     median = {name: statistics.median(t) for name, t in times.items()}
     every = cfg["log"]["stream_every"]
-    print(f"{run} steps ({cfg['micro_batch_size']} x {cfg['seq_len']} tokens), medians of {rounds} rounds in CPU ms: "
-          + ", ".join(f"{name} {1e3 * t:.2f}" for name, t in median.items())
-          + f"; signals on a stream step +{100 * (median['signals'] / median['envelope'] - 1):.2f}%, "
-          f"at stream_every {every} {100 * (median['signals'] - median['envelope']) / (every * median['plain']):+.3f}% of the run's steps", flush=True)
+    print(
+        f"{run} steps ({cfg['micro_batch_size']} x {cfg['seq_len']} tokens), medians of {rounds} rounds in CPU ms: "
+        + ", ".join(f"{name} {1e3 * t:.2f}" for name, t in median.items())
+        + f"; signals on a stream step +{100 * (median['signals'] / median['envelope'] - 1):.2f}%, "
+        f"at stream_every {every} {100 * (median['signals'] - median['envelope']) / (every * median['plain']):+.3f}% "
+        f"of the run's steps",
+        flush=True,
+    )
 
 
 def runs(config: dict, run: str, pairs: int) -> None:
@@ -80,17 +90,33 @@ def runs(config: dict, run: str, pairs: int) -> None:
         for signals in (True, False):
             cfg = validate_config(merge_config(config, {"train": {"log": {"signals": signals, "tensorboard": False}}}))
             with tempfile.TemporaryDirectory() as root:
-                cpu[signals].append(cpu_seconds(lambda: train(cfg["train"], cfg["model"], run, layout.tokens_dir(cfg["data"]),
-                                                              Path(root) / "out", Path(root) / "ckpt")))
+                cpu[signals].append(
+                    cpu_seconds(
+                        lambda: train(
+                            cfg["train"],
+                            cfg["model"],
+                            run,
+                            layout.tokens_dir(cfg["data"]),
+                            Path(root) / "out",
+                            Path(root) / "ckpt",
+                        )
+                    )
+                )
     ratios = np.array(cpu[True]) / np.array(cpu[False])
-    print(f"{run} whole runs, CPU seconds: on {', '.join(f'{s:.2f}' for s in cpu[True])}; off {', '.join(f'{s:.2f}' for s in cpu[False])}; "
-          f"on / off {statistics.median(ratios):.4f} (median of {pairs} pairs: {', '.join(f'{r:.4f}' for r in ratios)})", flush=True)
+    print(
+        f"{run} whole runs, CPU seconds: on {', '.join(f'{s:.2f}' for s in cpu[True])}; off "
+        f"{', '.join(f'{s:.2f}' for s in cpu[False])}; "
+        f"on / off {statistics.median(ratios):.4f} (median of {pairs} pairs: {', '.join(f'{r:.4f}' for r in ratios)})",
+        flush=True,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    parser.add_argument("--run", default="tiny-skinny-tall-baseline", help="a run of the config's matrix (default: its slowest shape)")
+    parser.add_argument(
+        "--run", default="tiny-skinny-tall-baseline", help="a run of the config's matrix (default: its slowest shape)"
+    )
     parser.add_argument("--rounds", type=int, default=100, help="round-robin rounds of the three steps (0: none)")
     parser.add_argument("--pairs", type=int, default=2, help="whole runs with signals on and off (0: none)")
     args = parser.parse_args()

@@ -61,14 +61,14 @@ def cross_entropies(train: np.ndarray, val: np.ndarray, vocab: int) -> dict[str,
     def conditional(order: int):
         ctx = np.zeros(train.size - order + 1, np.int64)
         for k in range(order - 1):
-            ctx = ctx * vocab + train[k:train.size - order + 1 + k]
-        full = ctx * vocab + train[order - 1:]
+            ctx = ctx * vocab + train[k : train.size - order + 1 + k]
+        full = ctx * vocab + train[order - 1 :]
         keys, counts = np.unique(full, return_counts=True)
         ckeys, ccounts = np.unique(ctx, return_counts=True)
         vctx = np.zeros(val.size - order + 1, np.int64)
         for k in range(order - 1):
-            vctx = vctx * vocab + val[k:val.size - order + 1 + k]
-        vfull = vctx * vocab + val[order - 1:]
+            vctx = vctx * vocab + val[k : val.size - order + 1 + k]
+        vfull = vctx * vocab + val[order - 1 :]
         num = np.where(np.isin(vfull, keys), counts[np.clip(np.searchsorted(keys, vfull), 0, keys.size - 1)], 0)
         den = np.where(np.isin(vctx, ckeys), ccounts[np.clip(np.searchsorted(ckeys, vctx), 0, ckeys.size - 1)], 0)
         return np.where(den > 0, num / np.maximum(den, 1), 0.0)
@@ -78,8 +78,11 @@ def cross_entropies(train: np.ndarray, val: np.ndarray, vocab: int) -> dict[str,
     p3 = conditional(3)
     bigram = 0.8 * p2[1:] + 0.2 * p1[2:]
     trigram = 0.6 * p3 + 0.3 * p2[1:] + 0.1 * p1[2:]
-    return {"unigram": float(-np.log(p1).mean()), "bigram": float(-np.log(bigram).mean()),
-            "trigram": float(-np.log(trigram).mean())}
+    return {
+        "unigram": float(-np.log(p1).mean()),
+        "bigram": float(-np.log(bigram).mean()),
+        "trigram": float(-np.log(trigram).mean()),
+    }
 
 
 def measure(name: str, tmp: Path) -> None:
@@ -95,7 +98,7 @@ def measure(name: str, tmp: Path) -> None:
 
         def run():
             for i in range(0, len(texts), batch):
-                encode(texts[i:i + batch], add_special_tokens=False)
+                encode(texts[i : i + batch], add_special_tokens=False)
 
         wall, cpu, _ = timed(run)
         n_tokens = sum(len(e.ids) + 1 for e in tokenizer.encode_batch(texts, add_special_tokens=False))
@@ -139,10 +142,14 @@ def main() -> None:
             seconds, _, files = timed(lambda: generate(data, tmp / "corpus", processes=p))
             print(f"generate {data['synthetic']['documents']} documents, {p} process(es): {seconds:.2f} s")
 
-        seconds, _, manifest = timed(lambda: tokenize(data, tmp / "default", inputs=files, processes=data["processes"], progress=False))
+        seconds, _, manifest = timed(
+            lambda: tokenize(data, tmp / "default", inputs=files, processes=data["processes"], progress=False)
+        )
         train_tokens, val_tokens = manifest["splits"]["train"]["tokens"], manifest["splits"]["val"]["tokens"]
-        print(f"default tokenize stage ({data['processes']} processes, BPE training included): {seconds:.2f} s "
-              f"for {train_tokens} train + {val_tokens} val tokens, vocabulary {manifest['vocab_size']}")
+        print(
+            f"default tokenize stage ({data['processes']} processes, BPE training included): {seconds:.2f} s "
+            f"for {train_tokens} train + {val_tokens} val tokens, vocabulary {manifest['vocab_size']}"
+        )
 
         table = pq.read_table(files[0]).to_pydict()
         for f in files[1:]:
@@ -161,22 +168,34 @@ def main() -> None:
         best = {name: (float("inf"), float("inf")) for name in contenders}
         for _ in range(args.repeats):
             for name in contenders:
-                out = subprocess.run([sys.executable, __file__, "--measure", name, "--dir", str(tmp)],
-                                     capture_output=True, text=True, check=True).stdout
+                out = subprocess.run(
+                    [sys.executable, __file__, "--measure", name, "--dir", str(tmp)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
                 wall, cpu, tokens = json.loads(out.splitlines()[-1])
                 best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
                 if name != "startup":
                     n_tokens = tokens
         base_wall, base_cpu = best["encode_batch"]
         base_rate = n_tokens / base_cpu
-        print(f"tokenizers encode_batch, 1 thread: {base_rate:,.0f} tokens per CPU-second, {n_tokens / base_wall:,.0f} tokens/s "
-              f"wall (encode_batch_fast: {n_tokens / best['encode_batch_fast'][1]:,.0f} per CPU-second)")
-        print(f"stage start-up, once per run (datasets' lazy imports, loader set-up): {best['startup'][1]:.2f} s CPU, "
-              f"{best['startup'][0]:.2f} s wall")
+        print(
+            f"tokenizers encode_batch, 1 thread: {base_rate:,.0f} tokens per CPU-second, {n_tokens / base_wall:,.0f} "
+            f"tokens/s "
+            f"wall (encode_batch_fast: {n_tokens / best['encode_batch_fast'][1]:,.0f} per CPU-second)"
+        )
+        print(
+            f"stage start-up, once per run (datasets' lazy imports, loader set-up): {best['startup'][1]:.2f} s CPU, "
+            f"{best['startup'][0]:.2f} s wall"
+        )
         for p in args.processes:
             wall, cpu = best[str(p)]
-            print(f"stage, {p} process(es): {n_tokens / cpu:,.0f} tokens per CPU-second = {n_tokens / cpu / base_rate:.2f}x "
-                  f"encode_batch; {n_tokens / wall:,.0f} tokens/s wall = {n_tokens / wall / p:,.0f} per process")
+            print(
+                f"stage, {p} process(es): {n_tokens / cpu:,.0f} tokens per CPU-second = "
+                f"{n_tokens / cpu / base_rate:.2f}x "
+                f"encode_batch; {n_tokens / wall:,.0f} tokens/s wall = {n_tokens / wall / p:,.0f} per process"
+            )
 
         train = TokenDataset(tmp / "default", "train")
         val = TokenDataset(tmp / "default", "val")

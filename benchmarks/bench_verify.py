@@ -43,8 +43,18 @@ def token_dir(root: Path, count: int, tokens_each: int, seed: int = 0) -> Path:
             digest = write_shard(root / shard_name(split, k), ids, {**meta, "split": split, "index": k})
             entries.append({"file": shard_name(split, k), "tokens": tokens_each, "sha256": digest})
         splits[split] = {"shards": entries, "tokens": n * tokens_each}
-    write_json(root / "manifest.json", {"format": FORMAT, "vocab_size": VOCAB, "eos_id": 0, "dtype": "uint32",
-                                        "tokenizer": {"sha256": "0" * 64}, "fingerprint": "bench", "splits": splits})
+    write_json(
+        root / "manifest.json",
+        {
+            "format": FORMAT,
+            "vocab_size": VOCAB,
+            "eos_id": 0,
+            "dtype": "uint32",
+            "tokenizer": {"sha256": "0" * 64},
+            "fingerprint": "bench",
+            "splits": splits,
+        },
+    )
     return root
 
 
@@ -64,13 +74,19 @@ def main() -> None:
         print(f"1. token shards: {args.shards} x {args.mb} MB of uint32 ids (page cache)")
         rates = {}
         for threads in args.threads:
-            best = min(_timed(lambda threads=threads: ds.scan(range(len(ds.paths)), threads)) for _ in range(args.repeats))
+            best = min(
+                _timed(lambda threads=threads: ds.scan(range(len(ds.paths)), threads)) for _ in range(args.repeats)
+            )
             rates[threads] = total / best / 1e6
             print(f"   sha256 + largest id, {threads} thread(s): {rates[threads]:,.0f} MB/s")
         one = rates[min(rates)]
-        print(f"   the paper's 100B tokens = {PAPER_BYTES / 1e9:.0f} GB: {PAPER_BYTES / one / 1e6 / 60:.1f} min on one thread; "
-              f"shared by 8 ranks of one thread each {PAPER_BYTES / one / 1e6 / 8:.0f} s, by 16 {PAPER_BYTES / one / 1e6 / 16:.0f} s "
-              "(if the filesystem keeps up) - once per run; a resume re-hashes only shards whose files changed")
+        print(
+            f"   the paper's 100B tokens = {PAPER_BYTES / 1e9:.0f} GB: {PAPER_BYTES / one / 1e6 / 60:.1f} min on one "
+            f"thread; "
+            f"shared by 8 ranks of one thread each {PAPER_BYTES / one / 1e6 / 8:.0f} s, by 16 "
+            f"{PAPER_BYTES / one / 1e6 / 16:.0f} s "
+            "(if the filesystem keeps up) - once per run; a resume re-hashes only shards whose files changed"
+        )
 
         small = token_dir(Path(tmp) / "many", PAPER_SHARDS, 16)
         ds = TokenDataset(small, "train", verify=False)
@@ -78,15 +94,23 @@ def main() -> None:
         write_record(Path(tmp) / "record.json", ds.verified_record())
         record = read_record(Path(tmp) / "record.json")
         shards._VERIFIED.clear()  # as a new process
-        seconds = min(_timed(lambda: (shards._VERIFIED.clear(), TokenDataset(small, "train", verify=False).unverified(record)))
-                      for _ in range(args.repeats))
-        print(f"2. a resume of {PAPER_SHARDS} recorded shards: {seconds * 1e3:.0f} ms (manifest, headers and a stat per shard)")
+        seconds = min(
+            _timed(lambda: (shards._VERIFIED.clear(), TokenDataset(small, "train", verify=False).unverified(record)))
+            for _ in range(args.repeats)
+        )
+        print(
+            f"2. a resume of {PAPER_SHARDS} recorded shards: {seconds * 1e3:.0f} ms (manifest, headers and a stat per "
+            f"shard)"
+        )
 
         first = data / shard_name("train", 0)
         best = min(_timed(lambda: file_sha256(first)) for _ in range(args.repeats))
         rate = first.stat().st_size / best / 1e6
-        print(f"3. checkpoint files: sha256 {rate:,.0f} MB/s; the paper's {PAPER_CHECKPOINT / 1e9:.0f} GB checkpoint on 8 ranks: "
-              f"{PAPER_CHECKPOINT / 8 / rate / 1e6:.1f} s per save and per resume (one checkpoint every 25-35 min)")
+        print(
+            f"3. checkpoint files: sha256 {rate:,.0f} MB/s; the paper's {PAPER_CHECKPOINT / 1e9:.0f} GB checkpoint on "
+            f"8 ranks: "
+            f"{PAPER_CHECKPOINT / 8 / rate / 1e6:.1f} s per save and per resume (one checkpoint every 25-35 min)"
+        )
 
 
 def _timed(fn) -> float:

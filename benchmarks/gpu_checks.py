@@ -89,9 +89,21 @@ SHAPES = {"medium": dict(dim=106, n_layers=4, n_heads=4, n_kv_heads=1)}  # tiny:
 VOCAB = 97
 TRAIN_SHAPE = "check-medium"  # SHAPES["medium"]'s name in the quick analysis
 # the test modules with CUDA cases (`pytest -m gpu`); tests/workflow/test_gpu_checks.py checks this is all of them
-GPU_TEST_FILES = tuple(f"tests/{f}.py" for f in (
-    "unit/test_rounding", "unit/test_formats", "unit/test_model", "unit/test_reversible", "unit/test_train", "unit/test_eval", "unit/test_preflight",
-    "workflow/test_formats_end_to_end", "workflow/test_model_end_to_end", "workflow/test_reversible_end_to_end"))
+GPU_TEST_FILES = tuple(
+    f"tests/{f}.py"
+    for f in (
+        "unit/test_rounding",
+        "unit/test_formats",
+        "unit/test_model",
+        "unit/test_reversible",
+        "unit/test_train",
+        "unit/test_eval",
+        "unit/test_preflight",
+        "workflow/test_formats_end_to_end",
+        "workflow/test_model_end_to_end",
+        "workflow/test_reversible_end_to_end",
+    )
+)
 # A plain PyTorch Llama 3 block stack on one H200, torch 2.11, micro-batch 4 x 2048: tokens/s and peak GiB
 # (docs/measurements.md; tests/unit/test_docs.py keeps the two the same).
 REFERENCE = {
@@ -136,26 +148,61 @@ class Sizes:
 
 
 GPU = Sizes(
-    budget=420, matmul_n=8192, copy_mib=1024, tests_args=("-m", "gpu"), tests_s=130, tests_workers=4,
+    budget=420,
+    matmul_n=8192,
+    copy_mib=1024,
+    tests_args=("-m", "gpu"),
+    tests_s=130,
+    tests_workers=4,
     profile_config=ROOT / "config" / "paper.yaml",
-    profile_pairs=(("medium", "baseline", "streamback"), ("skinny-tall", "baseline", "streamback-reversible"),
-                   ("fat-short", "baseline", "streamback"), ("skinny-tall", "baseline", "baseline eager")),
-    profile_batch=4, profile_seq=2048, profile_vocab=128256, add_shape=(4, 2048, 1512), bench_reserve=150,
+    profile_pairs=(
+        ("medium", "baseline", "streamback"),
+        ("skinny-tall", "baseline", "streamback-reversible"),
+        ("fat-short", "baseline", "streamback"),
+        ("skinny-tall", "baseline", "baseline eager"),
+    ),
+    profile_batch=4,
+    profile_seq=2048,
+    profile_vocab=128256,
+    add_shape=(4, 2048, 1512),
+    bench_reserve=150,
     bench_config=ROOT / "config" / "paper.yaml",
     bench_groups=(
-        ("fat-short", "compiled", VARIANTS), ("skinny-tall", "compiled", VARIANTS), ("medium", "compiled", VARIANTS),
-        ("skinny-tall", "eager", VARIANTS), ("medium", "eager", VARIANTS), ("fat-short", "eager", VARIANTS),
+        ("fat-short", "compiled", VARIANTS),
+        ("skinny-tall", "compiled", VARIANTS),
+        ("medium", "compiled", VARIANTS),
+        ("skinny-tall", "eager", VARIANTS),
+        ("medium", "eager", VARIANTS),
+        ("fat-short", "eager", VARIANTS),
     ),
-    bench_batch=4, bench_seq=2048, bench_vocab=128256, bench_steps=10, bench_warmup=3,
+    bench_batch=4,
+    bench_seq=2048,
+    bench_vocab=128256,
+    bench_steps=10,
+    bench_warmup=3,
     bench_first_call={"eager": 15, "compiled": 60},
 )
 QUICK = Sizes(
-    budget=300, matmul_n=256, copy_mib=16, tests_args=("-m", "not gpu and not slow", "-k", "nextafter or infinity or nvidias_recipe or full_disk_fails"),
-    tests_s=240, tests_workers=1, profile_config=DEFAULT_CONFIG, profile_pairs=(("tiny-medium", "baseline", "streamback"), ("tiny-medium", "baseline", "baseline eager")),
-    profile_batch=2, profile_seq=16, profile_vocab=64, add_shape=(2, 16, 106), bench_reserve=30,
+    budget=300,
+    matmul_n=256,
+    copy_mib=16,
+    tests_args=("-m", "not gpu and not slow", "-k", "nextafter or infinity or nvidias_recipe or full_disk_fails"),
+    tests_s=240,
+    tests_workers=1,
+    profile_config=DEFAULT_CONFIG,
+    profile_pairs=(("tiny-medium", "baseline", "streamback"), ("tiny-medium", "baseline", "baseline eager")),
+    profile_batch=2,
+    profile_seq=16,
+    profile_vocab=64,
+    add_shape=(2, 16, 106),
+    bench_reserve=30,
     bench_config=DEFAULT_CONFIG,
     bench_groups=(("tiny-medium", "eager", VARIANTS), ("tiny-medium", "compiled", ("streamback",))),
-    bench_batch=2, bench_seq=16, bench_vocab=64, bench_steps=1, bench_warmup=1,
+    bench_batch=2,
+    bench_seq=16,
+    bench_vocab=64,
+    bench_steps=1,
+    bench_warmup=1,
     bench_first_call={"eager": 5, "compiled": 30},
 )
 
@@ -181,8 +228,13 @@ def environment(report: Report, device: torch.device, sizes: Sizes) -> None:
     env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": device.type}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(name=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
-                   memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+        env.update(
+            name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sms=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+        )
     else:
         env.update(name="cpu", threads=torch.get_num_threads())
     report.env.update(env)
@@ -197,15 +249,23 @@ def environment(report: Report, device: torch.device, sizes: Sizes) -> None:
         ref = a[rows].float() @ b.float()
         error = ((out[rows].float() - ref).norm() / ref.norm()).item()
         report.env["matmul_bf16_tflops"] = 2 * n**3 / (ms / 1e3) / 1e12
-        report.record("env", "matmul_bf16", error < 1e-2 and not out.isnan().any().item(),
-                      f"{report.env['matmul_bf16_tflops']:.1f} TFLOP/s ({n}^3, median {ms:.3f} ms), rel. error {error:.1e}")
+        report.record(
+            "env",
+            "matmul_bf16",
+            error < 1e-2 and not out.isnan().any().item(),
+            f"{report.env['matmul_bf16_tflops']:.1f} TFLOP/s ({n}^3, median {ms:.3f} ms), rel. error {error:.1e}",
+        )
     with report.guard("env", "copy"):
         src = torch.randn(sizes.copy_mib * 2**18, device=device)
         dst = torch.full_like(src, math.nan)
         ms = median_ms(lambda: dst.copy_(src), device)
         report.env["copy_tb_s"] = 2 * src.nbytes / (ms / 1e3) / 1e12
-        report.record("env", "copy", torch.equal(dst, src),
-                      f"{report.env['copy_tb_s']:.2f} TB/s read + write ({2 * src.nbytes / 2**30:.2f} GiB, median {ms:.3f} ms)")
+        report.record(
+            "env",
+            "copy",
+            torch.equal(dst, src),
+            f"{report.env['copy_tb_s']:.2f} TB/s read + write ({2 * src.nbytes / 2**30:.2f} GiB, median {ms:.3f} ms)",
+        )
 
 
 # ---- 2. tests: the CUDA cases of the test suite ---------------------------------------------
@@ -222,7 +282,19 @@ def run_tests(report: Report, device, sizes: Sizes, work: Path) -> None:
         return
     log = work / "pytest.log"
     workers = ["-n", str(sizes.tests_workers)] if sizes.tests_workers > 1 and importlib.util.find_spec("xdist") else []
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfE", "--color=no", *workers, *sizes.tests_args, *GPU_TEST_FILES]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        "-rfE",
+        "--color=no",
+        *workers,
+        *sizes.tests_args,
+        *GPU_TEST_FILES,
+    ]
     timeout = max(10.0, min(sizes.tests_s, report.left()))
     env = dict(os.environ)
     if device.type == "cpu":
@@ -230,7 +302,9 @@ def run_tests(report: Report, device, sizes: Sizes, work: Path) -> None:
     began = time.perf_counter()
     with open(log, "w") as sink:
         try:
-            status = subprocess.run(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            status = subprocess.run(
+                cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             status = f"cut off after {timeout:.0f} s"
     seconds = time.perf_counter() - began
@@ -238,11 +312,27 @@ def run_tests(report: Report, device, sizes: Sizes, work: Path) -> None:
     outcomes, reasons = pytest_outcomes(log.read_text(errors="replace").splitlines())
     for test, outcome in outcomes.items():
         ok = {"PASSED": True, "XFAIL": True, "SKIPPED": "skipped"}.get(outcome, False)
-        report.record("tests", test.removeprefix("tests/"), ok, outcome.lower() + (f": {reasons[test]}" if test in reasons else ""))
+        report.record(
+            "tests",
+            test.removeprefix("tests/"),
+            ok,
+            outcome.lower() + (f": {reasons[test]}" if test in reasons else ""),
+        )
     counts = {o: list(outcomes.values()).count(o) for o in sorted(set(outcomes.values()))}
-    report.tests.update(command=" ".join(cmd), selection=" ".join(sizes.tests_args), exit_status=status, seconds=round(seconds, 1), counts=counts)
-    report.record("tests", "pytest", status in (0, 1) and bool(outcomes),  # 1: some failed, each recorded above
-                  f"exit {status} after {seconds:.0f} s: " + (", ".join(f"{n} {o.lower()}" for o, n in counts.items()) or "no test ran"))
+    report.tests.update(
+        command=" ".join(cmd),
+        selection=" ".join(sizes.tests_args),
+        exit_status=status,
+        seconds=round(seconds, 1),
+        counts=counts,
+    )
+    report.record(
+        "tests",
+        "pytest",
+        status in (0, 1) and bool(outcomes),  # 1: some failed, each recorded above
+        f"exit {status} after {seconds:.0f} s: "
+        + (", ".join(f"{n} {o.lower()}" for o, n in counts.items()) or "no test ran"),
+    )
 
 
 # ---- 3. evaluation: the `streamback` lm-eval backend's scoring ---------------------------------------
@@ -262,7 +352,11 @@ def run_eval(report: Report, device, sizes: Sizes) -> None:
     if quick:
         args, items, batch = ModelArgs(**SHAPES["medium"], vocab_size=VOCAB, multiple_of=32, max_seq_len=256), 12, 8
     else:
-        args, items, batch = ModelArgs.from_config(load_config(ROOT / "config" / "paper.yaml")["model"], "fat-short", 128256), 512, 32
+        args, items, batch = (
+            ModelArgs.from_config(load_config(ROOT / "config" / "paper.yaml")["model"], "fat-short", 128256),
+            512,
+            32,
+        )
     g = torch.Generator().manual_seed(0)
 
     def draw(low, high, count=None):
@@ -279,12 +373,17 @@ def run_eval(report: Report, device, sizes: Sizes) -> None:
             model.init_weights(0)
             scorer = Scorer(model.eval(), None, eos_id=0, batch_size=batch)
             if compute == torch.float32:
-                batched = scorer.loglikelihood(requests[:4 * batch])
-                single = Scorer(model, None, eos_id=0, batch_size=1).loglikelihood(requests[:4 * batch])
+                batched = scorer.loglikelihood(requests[: 4 * batch])
+                single = Scorer(model, None, eos_id=0, batch_size=1).loglikelihood(requests[: 4 * batch])
                 err = max(abs(a[0] - b[0]) for a, b in zip(batched, single))
                 same = all(a[1] == b[1] for a, b in zip(batched, single))
-                report.record("eval", "batched_eq_single_fp32", err <= 1e-3 and same,
-                              f"max |diff| {err:.1e} nats over {4 * batch} requests in batches of {batch}, is_greedy {'equal' if same else 'differs'}")
+                report.record(
+                    "eval",
+                    "batched_eq_single_fp32",
+                    err <= 1e-3 and same,
+                    f"max |diff| {err:.1e} nats over {4 * batch} requests in batches of {batch}, is_greedy "
+                    f"{'equal' if same else 'differs'}",
+                )
                 continue
             scorer.loglikelihood(requests[:batch])  # warm-up
             _sync(device)
@@ -292,8 +391,13 @@ def run_eval(report: Report, device, sizes: Sizes) -> None:
             scorer.loglikelihood(requests)
             _sync(device)
             seconds = time.perf_counter() - began
-            report.record("eval", f"items_per_s_{block}", None,
-                          f"{items / seconds:,.1f} items/s ({len(requests) / seconds:,.0f} requests/s, batch {batch}, {args.n_layers} x {args.dim}, bf16 compute)")
+            report.record(
+                "eval",
+                f"items_per_s_{block}",
+                None,
+                f"{items / seconds:,.1f} items/s ({len(requests) / seconds:,.0f} requests/s, batch {batch}, "
+                f"{args.n_layers} x {args.dim}, bf16 compute)",
+            )
             del model, scorer
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -316,29 +420,45 @@ def run_analysis(report: Report, device, sizes: Sizes) -> None:
     paper = load_config(ROOT / "config" / "paper.yaml")
     cfg = paper["analysis"]
     if quick:
-        shapes = {TRAIN_SHAPE: ModelArgs(**SHAPES["medium"], vocab_size=VOCAB, multiple_of=32, max_seq_len=256, block="streamback")}
+        shapes = {
+            TRAIN_SHAPE: ModelArgs(
+                **SHAPES["medium"], vocab_size=VOCAB, multiple_of=32, max_seq_len=256, block="streamback"
+            )
+        }
         batch, seq, variants, windows = 2, 16, ["bf16", "fp32", "nvfp4_sr"], 8
     else:
-        shapes = {s: ModelArgs.from_config(paper["model"], s, 128256, "streamback") for s in ("skinny-tall", "medium", "fat-short")}
+        shapes = {
+            s: ModelArgs.from_config(paper["model"], s, 128256, "streamback")
+            for s in ("skinny-tall", "medium", "fat-short")
+        }
         batch, seq, variants, windows = cfg["batch_size"], paper["train"]["seq_len"], cfg["variants"], 64
     cuda = device.type == "cuda"
     estimate = 20.0 if quick else 150.0  # seconds for a shape, until one has run
     for shape, args in shapes.items():
         if report.left() < 0.4 * report.budget + estimate:
-            report.record("analysis", shape, "skipped", f"{report.left():.0f} s left, about {estimate:.0f} s needed beyond the bench's 40%")
+            report.record(
+                "analysis",
+                shape,
+                "skipped",
+                f"{report.left():.0f} s left, about {estimate:.0f} s needed beyond the bench's 40%",
+            )
             continue
         began = time.perf_counter()
         with report.guard("analysis", shape):
             with torch.device(device):
                 model = Transformer(args)
             model.init_weights(0)
-            trained = TrainedModel(args, {k: v.detach().cpu() for k, v in model.state_dict().items()}, "fp32", torch.bfloat16)
+            trained = TrainedModel(
+                args, {k: v.detach().cpu() for k, v in model.state_dict().items()}, "fp32", torch.bfloat16
+            )
             del model
             tokens = torch.randint(0, args.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
             where = f"{args.n_layers} x {args.dim}, {batch} x {seq} tokens"
-            for name, compute in (("layer_error", lambda: layer_error(trained, tokens, cfg["reference"], variants, device, cfg["seed"])),
-                                  ("swallowed", lambda: swallowed(trained, tokens, variants, device, cfg["seed"])),
-                                  ("envelope", lambda: envelope(trained, tokens, device))):
+            for name, compute in (
+                ("layer_error", lambda: layer_error(trained, tokens, cfg["reference"], variants, device, cfg["seed"])),
+                ("swallowed", lambda: swallowed(trained, tokens, variants, device, cfg["seed"])),
+                ("envelope", lambda: envelope(trained, tokens, device)),
+            ):
                 gc.collect()
                 if cuda:
                     torch.cuda.empty_cache()
@@ -351,14 +471,24 @@ def run_analysis(report: Report, device, sizes: Sizes) -> None:
                 peak = f"peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else "peak n/a (CPU)"
                 value = f"{seconds:.1f} s, {peak}; {len(variants) if name != 'envelope' else 1} variant(s), {where}"
                 if name == "layer_error":  # the check: on the same weights, the fp32 stream ends closer to the truth
-                    last = table[(table.kind == "activations") & (table.layer == args.n_layers)].set_index("variant").max_abs_error
-                    report.record("analysis", f"{shape}_{name}", bool(last["fp32"] < last["bf16"]),
-                                  f"{value}; last-layer max |error| fp32 {last['fp32']:.3g} < bf16 {last['bf16']:.3g}")
+                    last = (
+                        table[(table.kind == "activations") & (table.layer == args.n_layers)]
+                        .set_index("variant")
+                        .max_abs_error
+                    )
+                    report.record(
+                        "analysis",
+                        f"{shape}_{name}",
+                        bool(last["fp32"] < last["bf16"]),
+                        f"{value}; last-layer max |error| fp32 {last['fp32']:.3g} < bf16 {last['bf16']:.3g}",
+                    )
                 else:
                     report.record("analysis", f"{shape}_{name}", None, value)
             model = load_model(trained, device=device)
             micro = cfg["micro_batch_size"]
-            data = torch.randint(0, args.vocab_size, (micro, seq + 1), generator=torch.Generator().manual_seed(1)).to(device)
+            data = torch.randint(0, args.vocab_size, (micro, seq + 1), generator=torch.Generator().manual_seed(1)).to(
+                device
+            )
             with torch.no_grad():
                 next_token_loss(model(data[:, :-1]), data[:, 1:])  # warm-up
                 _sync(device)
@@ -368,9 +498,14 @@ def run_analysis(report: Report, device, sizes: Sizes) -> None:
                 _sync(device)
             rate = max(1, windows // micro) * micro / (time.perf_counter() - start)
             count = cfg["loss_windows"] or paper["train"]["log"]["val_sequences"]
-            report.record("analysis", f"{shape}_loss_windows", None,
-                          f"{rate:,.1f} windows/s of {seq} tokens (micro-batch {micro}): loss-difference's 2 splits x {count} windows "
-                          f"take {2 * count / rate:.0f} s per run")
+            report.record(
+                "analysis",
+                f"{shape}_loss_windows",
+                None,
+                f"{rate:,.1f} windows/s of {seq} tokens (micro-batch {micro}): loss-difference's 2 splits x {count} "
+                f"windows "
+                f"take {2 * count / rate:.0f} s per run",
+            )
             del model, trained
         estimate = 1.2 * (time.perf_counter() - began)
 
@@ -430,39 +565,75 @@ def compare_add_rounding(report: Report, device, sizes: Sizes) -> None:
         ms[name] = median_ms(lambda fn=fn: fn(h, d0, d1, weight), device)
     torch._dynamo.reset()
     same = all(torch.equal(a, b) for a, b in zip(results["bit pattern"], results["native"]))
-    as_eager = torch.equal(results["bit pattern"][0], _stream_adds(h, d0, d1, weight, torch.add)[0])  # the stream (the norm's reduction order may differ)
-    report.record("profile", "add_rounding", same and as_eager,
-                  f"{'x'.join(map(str, sizes.add_shape))} bf16 stream: bit-pattern rounding {ms['bit pattern']:.3f} ms, native add "
-                  f"{ms['native']:.3f} ms; same bits: {same}, as eager: {as_eager}")
+    as_eager = torch.equal(
+        results["bit pattern"][0], _stream_adds(h, d0, d1, weight, torch.add)[0]
+    )  # the stream (the norm's reduction order may differ)
+    report.record(
+        "profile",
+        "add_rounding",
+        same and as_eager,
+        f"{'x'.join(map(str, sizes.add_shape))} bf16 stream: bit-pattern rounding {ms['bit pattern']:.3f} ms, native "
+        f"add "
+        f"{ms['native']:.3f} ms; same bits: {same}, as eager: {as_eager}",
+    )
 
 
 def run_profile(report: Report, device, sizes: Sizes) -> None:
     """Each pair of `sizes.profile_pairs` profiled while the bench keeps its reserve; profile.md."""
     model_cfg = load_config(sizes.profile_config)["model"]
-    lines = [(f"# Compiled training step, micro-batch {sizes.profile_batch} x {sizes.profile_seq}, vocabulary "
-              f"{sizes.profile_vocab:,}, on {report.env.get('name', device.type)} (torch {torch.__version__})\n")]
+    lines = [
+        (
+            f"# Compiled training step, micro-batch {sizes.profile_batch} x {sizes.profile_seq}, vocabulary "
+            f"{sizes.profile_vocab:,}, on {report.env.get('name', device.type)} (torch {torch.__version__})\n"
+        )
+    ]
     estimate = 0.0
     for shape, a, b in sizes.profile_pairs:
         name = f"{shape} {a} vs {b}"
         if report.left() < sizes.bench_reserve + estimate:
-            report.record("profile", name, "skipped", f"{report.left():.0f} s left, the bench keeps {sizes.bench_reserve:.0f} s")
+            report.record(
+                "profile", name, "skipped", f"{report.left():.0f} s left, the bench keeps {sizes.bench_reserve:.0f} s"
+            )
             continue
         began = time.perf_counter()
         with report.guard("profile", name):
             prof = {v: profile_variant(model_cfg, shape, v, device, sizes) for v in (a, b)}
             lines.append(f"\n## {name}: kernels Inductor generated for a block (forward; backward; further graphs)\n")
             for v in (a, b):
-                lines += [f"- {v}, graph {i}: {kernels.graph_summary(graph)}\n" for i, graph in enumerate(prof[v]["graphs"])]
+                lines += [
+                    f"- {v}, graph {i}: {kernels.graph_summary(graph)}\n" for i, graph in enumerate(prof[v]["graphs"])
+                ]
             lines.append(f"\n## {name}: ms per step by kernel kind\n\n")
-            lines.append(markdown_table(["kind", f"ms {a}", f"ms {b}", "diff ms", f"launches {a}", f"launches {b}"],
-                                        kernels.kind_table(prof[a], prof[b])))
-            lines.append("\ntop kernel differences (ms per step, launches per step):\n\n```\n" + "\n".join(kernels.top_differences(prof[a], prof[b])) + "\n```\n")
-            lines.append(f"\n{a}'s most expensive kernels (ms per step, launches per step):\n\n```\n" + "\n".join(kernels.top_kernels(prof[a])) + "\n```\n")
+            lines.append(
+                markdown_table(
+                    ["kind", f"ms {a}", f"ms {b}", "diff ms", f"launches {a}", f"launches {b}"],
+                    kernels.kind_table(prof[a], prof[b]),
+                )
+            )
+            lines.append(
+                "\ntop kernel differences (ms per step, launches per step):\n\n```\n"
+                + "\n".join(kernels.top_differences(prof[a], prof[b]))
+                + "\n```\n"
+            )
+            lines.append(
+                f"\n{a}'s most expensive kernels (ms per step, launches per step):\n\n```\n"
+                + "\n".join(kernels.top_kernels(prof[a]))
+                + "\n```\n"
+            )
             busy = {v: prof[v]["busy_ms"] for v in (a, b)}
             wall = {v: prof[v]["wall_ms"] for v in (a, b)}
-            blocks = "; ".join(f"{v} block {' + '.join(str(len(g['kernels'])) for g in prof[v]['graphs'][:2])} kernels" if prof[v]["graphs"]
-                               else f"{v} {sum(n for _, n in prof[v]['kernels'].values()):,.0f} launches per step" for v in (a, b))
-            report.record("profile", name, None, f"busy {busy[a]:.1f} -> {busy[b]:.1f} ms, wall {wall[a]:.1f} -> {wall[b]:.1f} ms per step; {blocks}")
+            blocks = "; ".join(
+                f"{v} block {' + '.join(str(len(g['kernels'])) for g in prof[v]['graphs'][:2])} kernels"
+                if prof[v]["graphs"]
+                else f"{v} {sum(n for _, n in prof[v]['kernels'].values()):,.0f} launches per step"
+                for v in (a, b)
+            )
+            report.record(
+                "profile",
+                name,
+                None,
+                f"busy {busy[a]:.1f} -> {busy[b]:.1f} ms, wall {wall[a]:.1f} -> {wall[b]:.1f} ms per step; {blocks}",
+            )
         estimate = time.perf_counter() - began
         report.profile = lines
         write_text(report.out / "profile.md", "".join(lines))
@@ -492,9 +663,31 @@ def run_bench(report: Report, device, sizes: Sizes, work: Path, groups) -> None:
                 report.record("bench", f"{shape}/{mode}/{variant}", "skipped", calls[-1]["status"])
                 continue
             out = work / "bench" / f"{shape}-{mode}-{variant}.json"
-            argv = ["bench", "--config", str(sizes.bench_config), "--shapes", shape, "--variants", variant, "--modes", mode,
-                    "--batch", str(sizes.bench_batch), "--seq-len", str(sizes.bench_seq), "--vocab-size", str(sizes.bench_vocab),
-                    "--steps", str(sizes.bench_steps), "--warmup", str(sizes.bench_warmup), "--device", device.type, "--out", str(out)]
+            argv = [
+                "bench",
+                "--config",
+                str(sizes.bench_config),
+                "--shapes",
+                shape,
+                "--variants",
+                variant,
+                "--modes",
+                mode,
+                "--batch",
+                str(sizes.bench_batch),
+                "--seq-len",
+                str(sizes.bench_seq),
+                "--vocab-size",
+                str(sizes.bench_vocab),
+                "--steps",
+                str(sizes.bench_steps),
+                "--warmup",
+                str(sizes.bench_warmup),
+                "--device",
+                device.type,
+                "--out",
+                str(out),
+            ]
             if mode == "compiled":  # the memory estimate is of the eager step: made once, in the eager call
                 argv.append("--no-estimate")
             began = time.perf_counter()
@@ -511,8 +704,12 @@ def run_bench(report: Report, device, sizes: Sizes, work: Path, groups) -> None:
                 for row in result["rows"]:
                     rows.append({**row, "matmul_tflops": result.get("matmul_tflops"), "call_s": round(seconds, 1)})
                     ok = not row.get("error") and (row.get("tokens_per_s") or 0) > 0
-                    report.record("bench", f"{shape}/{mode}/{variant}", ok,
-                                  row.get("error") or f"{row['tokens_per_s']:,.0f} tok/s in a {seconds:.0f} s call")
+                    report.record(
+                        "bench",
+                        f"{shape}/{mode}/{variant}",
+                        ok,
+                        row.get("error") or f"{row['tokens_per_s']:,.0f} tok/s in a {seconds:.0f} s call",
+                    )
                 if status != 0:
                     report.record("bench", f"{shape}/{mode}/{variant}", False, f"streamback bench exited with {status}")
                 calls.append({**call, "status": f"ran: exit {status}", "seconds": round(seconds, 1)})
@@ -535,23 +732,52 @@ def save_bench(report: Report, results: list[dict], rows: list[dict], calls: lis
 
 def bench_goals(rows: list[dict]) -> list[dict]:
     """Issues 3 and 15's goals on the bench rows that ran without error."""
-    by = {(r.get("shape"), r.get("mode"), r.get("variant")): r for r in rows if not r.get("error") and r.get("tokens_per_s")}
+    by = {
+        (r.get("shape"), r.get("mode"), r.get("variant")): r
+        for r in rows
+        if not r.get("error") and r.get("tokens_per_s")
+    }
     goals = []
     for shape, mode in sorted({(s, m) for s, m, _ in by}):
         base, stream, reversible = (by.get((shape, mode, v)) for v in VARIANTS)
         if base and stream:
             ratio = stream["tokens_per_s"] / base["tokens_per_s"]
-            goals.append({"goal": "streamback >= 0.99x baseline tok/s", "where": f"{shape} {mode}", "value": f"{ratio:.3f}x", "met": ratio >= 0.99})
+            goals.append(
+                {
+                    "goal": "streamback >= 0.99x baseline tok/s",
+                    "where": f"{shape} {mode}",
+                    "value": f"{ratio:.3f}x",
+                    "met": ratio >= 0.99,
+                }
+            )
         if base and reversible and mode == "compiled":
             ratio = reversible["tokens_per_s"] / base["tokens_per_s"]
-            goals.append({"goal": "reversible >= 0.97x baseline tok/s", "where": f"{shape} {mode}", "value": f"{ratio:.3f}x", "met": ratio >= 0.97})
+            goals.append(
+                {
+                    "goal": "reversible >= 0.97x baseline tok/s",
+                    "where": f"{shape} {mode}",
+                    "value": f"{ratio:.3f}x",
+                    "met": ratio >= 0.97,
+                }
+            )
         if base and reversible and base.get("peak_mem_gib") is not None and reversible.get("peak_mem_gib") is not None:
-            goals.append({"goal": "reversible peak <= baseline peak", "where": f"{shape} {mode}",
-                          "value": f"{reversible['peak_mem_gib']:.2f} vs {base['peak_mem_gib']:.2f} GiB",
-                          "met": reversible["peak_mem_gib"] <= base["peak_mem_gib"]})
+            goals.append(
+                {
+                    "goal": "reversible peak <= baseline peak",
+                    "where": f"{shape} {mode}",
+                    "value": f"{reversible['peak_mem_gib']:.2f} vs {base['peak_mem_gib']:.2f} GiB",
+                    "met": reversible["peak_mem_gib"] <= base["peak_mem_gib"],
+                }
+            )
         if base and mode == "compiled" and shape in MFU_GOALS and base.get("mfu"):
-            goals.append({"goal": f"baseline MFU >= {100 * MFU_GOALS[shape]:.0f}%", "where": f"{shape} {mode}",
-                          "value": f"{100 * base['mfu']:.1f}%", "met": base["mfu"] >= MFU_GOALS[shape]})
+            goals.append(
+                {
+                    "goal": f"baseline MFU >= {100 * MFU_GOALS[shape]:.0f}%",
+                    "where": f"{shape} {mode}",
+                    "value": f"{100 * base['mfu']:.1f}%",
+                    "met": base["mfu"] >= MFU_GOALS[shape],
+                }
+            )
     for key, (ref_tps, ref_peak) in REFERENCE.items():
         row = by.get(key)
         if row is None:
@@ -562,7 +788,14 @@ def bench_goals(rows: list[dict]) -> list[dict]:
             value += f" (MFU {100 * mfu:.1f}% vs {100 * mfu * ref_tps / row['tokens_per_s']:.1f}%)"
         if ref_peak is not None and row.get("peak_mem_gib") is not None:
             value += f"; peak {row['peak_mem_gib']:.1f} vs {ref_peak} GiB"
-        goals.append({"goal": "tok/s (MFU) above the reference", "where": " ".join(key), "value": value, "met": row["tokens_per_s"] >= ref_tps})
+        goals.append(
+            {
+                "goal": "tok/s (MFU) above the reference",
+                "where": " ".join(key),
+                "value": value,
+                "met": row["tokens_per_s"] >= ref_tps,
+            }
+        )
     return goals
 
 

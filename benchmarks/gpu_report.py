@@ -32,7 +32,9 @@ class Report:
     def record(self, group: str, name: str, ok: bool | None, value: str) -> None:
         """ok: True/False for a check, None for a finding (reported, never a failure), "skipped"."""
         status = {True: "PASS", False: "FAIL", None: "INFO", "skipped": "SKIP"}[ok]
-        self.checks.append({"group": group, "name": name, "status": status, "value": value, "at_s": round(self.elapsed(), 1)})
+        self.checks.append(
+            {"group": group, "name": name, "status": status, "value": value, "at_s": round(self.elapsed(), 1)}
+        )
         print(f"[{self.elapsed():6.1f} s] {status} {group}/{name}: {value}", flush=True)
 
     @contextlib.contextmanager
@@ -50,10 +52,19 @@ class Report:
         return [c for c in self.checks if c["status"] == "FAIL"]
 
     def save(self) -> None:
-        write_json(self.out / "summary.json", {
-            "env": self.env, "checks": self.checks, "tests": self.tests, "profile": self.profile, "bench": self.bench,
-            "elapsed_s": round(self.elapsed(), 1), "budget_s": self.budget, "failed": len(self.failed()),
-        })
+        write_json(
+            self.out / "summary.json",
+            {
+                "env": self.env,
+                "checks": self.checks,
+                "tests": self.tests,
+                "profile": self.profile,
+                "bench": self.bench,
+                "elapsed_s": round(self.elapsed(), 1),
+                "budget_s": self.budget,
+                "failed": len(self.failed()),
+            },
+        )
 
 
 _OUTCOMES = "PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS"
@@ -86,16 +97,24 @@ def _num(value, fmt: str) -> str:
 
 
 def summary_text(report: Report, args, test_files: tuple, reference: dict, listed: int) -> str:
-    """The table printed last: the machine, checks by group, what failed, the findings, the tests, the bench rows against `reference` and the goals."""
+    """The table printed last: the machine, checks by group, what failed, the findings, the tests, the bench rows
+    against `reference` and the goals."""
     env, parts = report.env, []
-    parts.append(f"# gpu_checks: {env.get('name', '?')} (capability {env.get('capability', 'n/a')}), torch {env.get('torch')}, "
-                 f"{'quick' if args.quick else 'full'} sizes, parts {','.join(args.parts)}\n")
+    parts.append(
+        f"# gpu_checks: {env.get('name', '?')} (capability {env.get('capability', 'n/a')}), torch {env.get('torch')}, "
+        f"{'quick' if args.quick else 'full'} sizes, parts {','.join(args.parts)}\n"
+    )
     if "matmul_bf16_tflops" in env or "copy_tb_s" in env:
-        parts.append(f"bf16 matmul {_num(env.get('matmul_bf16_tflops'), '.1f')} TFLOP/s; device copy {_num(env.get('copy_tb_s'), '.2f')} TB/s (read + write)\n")
+        parts.append(
+            f"bf16 matmul {_num(env.get('matmul_bf16_tflops'), '.1f')} TFLOP/s; device copy "
+            f"{_num(env.get('copy_tb_s'), '.2f')} TB/s (read + write)\n"
+        )
     counts: dict[str, dict[str, int]] = {}
     for c in report.checks:
         counts.setdefault(c["group"], {"PASS": 0, "FAIL": 0, "INFO": 0, "SKIP": 0})[c["status"]] += 1
-    parts.append(markdown_table(["group", "pass", "fail", "info", "skipped"], [[g, *n.values()] for g, n in counts.items()]))
+    parts.append(
+        markdown_table(["group", "pass", "fail", "info", "skipped"], [[g, *n.values()] for g, n in counts.items()])
+    )
     for status, title in (("FAIL", "Failed"), ("INFO", "Findings"), ("SKIP", "Skipped")):
         items = [c for c in report.checks if c["status"] == status]
         if items:  # at most LISTED each, cut short: the device call returns only the output's last 12,000 characters
@@ -104,24 +123,69 @@ def summary_text(report: Report, args, test_files: tuple, reference: dict, liste
             parts.append(f"{title}:\n" + "".join(lines) + more)
     if report.tests.get("counts") is not None:
         t = report.tests
-        parts.append(f"Tests (pytest {t['selection']}, {len(test_files)} modules): exit {t['exit_status']} after {t['seconds']} s; "
-                     + (", ".join(f"{n} {o.lower()}" for o, n in t["counts"].items()) or "none ran") + "\n")
+        parts.append(
+            f"Tests (pytest {t['selection']}, {len(test_files)} modules): exit {t['exit_status']} after {t['seconds']} "
+            f"s; " + (", ".join(f"{n} {o.lower()}" for o, n in t["counts"].items()) or "none ran") + "\n"
+        )
     rows = report.bench.get("rows", [])
     if rows:
         table = []
         for r in rows:
             ref = reference.get((r.get("shape"), r.get("mode"), r.get("variant")))
-            base = next((b for b in rows if (b.get("shape"), b.get("mode"), b.get("variant")) == (r.get("shape"), r.get("mode"), "baseline")
-                         and b.get("tokens_per_s")), None)
+            base = next(
+                (
+                    b
+                    for b in rows
+                    if (b.get("shape"), b.get("mode"), b.get("variant")) == (r.get("shape"), r.get("mode"), "baseline")
+                    and b.get("tokens_per_s")
+                ),
+                None,
+            )
             ratio = r["tokens_per_s"] / base["tokens_per_s"] if base and r.get("tokens_per_s") else None
-            table.append([r.get("shape"), r.get("mode"), r.get("variant"), r.get("error") or _num(r.get("tokens_per_s"), ",.0f"),
-                          _num(ratio, ".3f"), _num(r.get("mfu") and 100 * r["mfu"], ".1f"), _num(r.get("peak_mem_gib"), ".1f"),
-                          _num(r.get("est_peak_gib"), ".1f"), f"{ref[0]:,}" if ref else "", _num(ref and ref[1], ".1f"), r.get("call_s")])
-        parts.append(markdown_table(["shape", "mode", "variant", "tok/s", "vs base", "MFU %", "peak GiB", "est GiB", "ref tok/s", "ref GiB", "call s"], table))
+            table.append(
+                [
+                    r.get("shape"),
+                    r.get("mode"),
+                    r.get("variant"),
+                    r.get("error") or _num(r.get("tokens_per_s"), ",.0f"),
+                    _num(ratio, ".3f"),
+                    _num(r.get("mfu") and 100 * r["mfu"], ".1f"),
+                    _num(r.get("peak_mem_gib"), ".1f"),
+                    _num(r.get("est_peak_gib"), ".1f"),
+                    f"{ref[0]:,}" if ref else "",
+                    _num(ref and ref[1], ".1f"),
+                    r.get("call_s"),
+                ]
+            )
+        parts.append(
+            markdown_table(
+                [
+                    "shape",
+                    "mode",
+                    "variant",
+                    "tok/s",
+                    "vs base",
+                    "MFU %",
+                    "peak GiB",
+                    "est GiB",
+                    "ref tok/s",
+                    "ref GiB",
+                    "call s",
+                ],
+                table,
+            )
+        )
     goals = report.bench.get("goals", [])
     if goals:
-        parts.append(markdown_table(["goal", "where", "value", "met"], [[g["goal"], g["where"], g["value"], met_text(g["met"])] for g in goals]))
+        parts.append(
+            markdown_table(
+                ["goal", "where", "value", "met"],
+                [[g["goal"], g["where"], g["value"], met_text(g["met"])] for g in goals],
+            )
+        )
     failed = len(report.failed())
-    parts.append(f"{len(report.checks)} checks, {failed} failed; {report.elapsed():.0f} s of a {report.budget:.0f} s budget; "
-                 f"exit status {1 if failed else 0}; files in {report.out}\n")
+    parts.append(
+        f"{len(report.checks)} checks, {failed} failed; {report.elapsed():.0f} s of a {report.budget:.0f} s budget; "
+        f"exit status {1 if failed else 0}; files in {report.out}\n"
+    )
     return "\n".join(parts)

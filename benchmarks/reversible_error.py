@@ -67,8 +67,15 @@ def main(argv=None) -> None:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--shape", default="tiny-skinny-tall")
     parser.add_argument("--n-layers", type=int, default=None, help="override the shape's depth")
-    parser.add_argument("--checkpoint", type=Path, default=None, help="a trained model (export-hf's input format) instead of random init")
-    parser.add_argument("--stream-scale", type=float, default=1.0, help="multiply the embedding (the stream's start) by this")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="a trained model (export-hf's input format) instead of random init",
+    )
+    parser.add_argument(
+        "--stream-scale", type=float, default=1.0, help="multiply the embedding (the stream's start) by this"
+    )
     parser.add_argument("--compute", choices=list(DTYPES), default="bf16")
     parser.add_argument("--vocab-size", type=int, default=512)
     parser.add_argument("--batch", type=int, default=2)
@@ -79,10 +86,16 @@ def main(argv=None) -> None:
     margs, state = build(args)
     compute = DTYPES[args.compute]
     models = {}
-    for name, block, reversible in (("plain", "streamback", False), ("reversible", "streamback", True), ("baseline", "baseline", False)):
+    for name, block, reversible in (
+        ("plain", "streamback", False),
+        ("reversible", "streamback", True),
+        ("baseline", "baseline", False),
+    ):
         models[name] = Transformer(dataclasses.replace(margs, block=block, reversible=reversible), compute)
         models[name].load_state_dict(state)
-    tokens = torch.randint(0, margs.vocab_size, (args.batch, args.seq_len + 1), generator=torch.Generator().manual_seed(args.seed))
+    tokens = torch.randint(
+        0, margs.vocab_size, (args.batch, args.seq_len + 1), generator=torch.Generator().manual_seed(args.seed)
+    )
 
     slots, deltas = forward_residuals(models["plain"], tokens[:, :-1])
     rebuilt = [slots[-1]]
@@ -91,7 +104,10 @@ def main(argv=None) -> None:
     rebuilt.reverse()
     grads = {name: layer_grads(model, tokens) for name, model in models.items()}
 
-    print(f"{margs.n_layers} layers x {margs.dim}, compute {args.compute}, tokens {args.batch}x{args.seq_len}, stream scale {args.stream_scale}")
+    print(
+        f"{margs.n_layers} layers x {margs.dim}, compute {args.compute}, tokens {args.batch}x{args.seq_len}, stream "
+        f"scale {args.stream_scale}"
+    )
     print(f"{'layer':>5} {'max|h|':>10} {'rebuild err':>12} {'ulps':>6} {'grad err rev':>13} {'baseline vs sb':>15}")
     worst = {"ulps": 0.0, "rev": 0.0, "ref": float("inf")}
     for i in range(margs.n_layers):

@@ -55,12 +55,19 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=128256)
     parser.add_argument("--bandwidth", type=float, default=4.3, help="TB/s (an H200's measured copy rate)")
     parser.add_argument("--tflops", type=float, default=790.0, help="bf16 TFLOP/s (an H200's measured matmul rate)")
-    parser.add_argument("--step-ms", type=float, default=None, help="measured baseline step time to compare the extra with")
-    parser.add_argument("--signals", action="store_true", help="then the live signals' cost, at the config's train.log.stream_every")
+    parser.add_argument(
+        "--step-ms", type=float, default=None, help="measured baseline step time to compare the extra with"
+    )
+    parser.add_argument(
+        "--signals", action="store_true", help="then the live signals' cost, at the config's train.log.stream_every"
+    )
     args = parser.parse_args()
     config = load_config(args.config)
     model_cfg = config["model"]
-    print(f"{'shape':12} {'variant':22} {'TFLOP':>7} {'floor ms':>9} {'GB moved':>9} {'at BW ms':>9} {'extra GB':>9} {'extra ms':>9} {'of step':>8}")
+    print(
+        f"{'shape':12} {'variant':22} {'TFLOP':>7} {'floor ms':>9} {'GB moved':>9} {'at BW ms':>9} {'extra GB':>9} "
+        f"{'extra ms':>9} {'of step':>8}"
+    )
     for shape in parse_names(args.shapes, model_cfg["shapes"], "shapes"):
         base = None
         for variant in parse_names(args.variants, VARIANTS, "variants"):
@@ -69,16 +76,29 @@ def main() -> None:
             base = base or (moved, args.step_ms or floor_ms)
             extra = moved - base[0]
             extra_ms = extra / (args.bandwidth * 1e12) * 1e3
-            print(f"{shape:12} {variant:22} {flops / 1e12:7.4g} {floor_ms:9.4g} {moved / 1e9:9.4g} {moved / (args.bandwidth * 1e12) * 1e3:9.4g}"
-                  f" {extra / 1e9:9.3g} {extra_ms:9.3g} {100 * extra_ms / base[1]:7.2f}%", flush=True)
+            print(
+                f"{shape:12} {variant:22} {flops / 1e12:7.4g} {floor_ms:9.4g} {moved / 1e9:9.4g} "
+                f"{moved / (args.bandwidth * 1e12) * 1e3:9.4g}"
+                f" {extra / 1e9:9.3g} {extra_ms:9.3g} {100 * extra_ms / base[1]:7.2f}%",
+                flush=True,
+            )
     if args.signals:
         every = config["train"]["log"]["stream_every"]
-        print(f"\nlive signals every {every} steps: {'shape':12} {'variant':22} {'GB':>7} {'at BW ms':>9} {'of bytes':>9} {'of FLOPs':>10}")
+        print(
+            f"\nlive signals every {every} steps: {'shape':12} {'variant':22} {'GB':>7} {'at BW ms':>9} "
+            f"{'of bytes':>9} {'of FLOPs':>10}"
+        )
         for shape in parse_names(args.shapes, model_cfg["shapes"], "shapes"):
             for variant in parse_names(args.variants, VARIANTS, "variants"):
-                cost = signals_cost(model_args(model_cfg, shape, variant, args.vocab_size), args.batch, args.seq_len, every)
-                print(f"{'':31} {shape:12} {variant:22} {cost['bytes'] / 1e9:7.4g} {cost['bytes'] / (args.bandwidth * 1e9):9.4g} "
-                      f"{100 * cost['bytes_share']:8.3f}% {100 * cost['flops_share']:9.5f}%", flush=True)
+                cost = signals_cost(
+                    model_args(model_cfg, shape, variant, args.vocab_size), args.batch, args.seq_len, every
+                )
+                print(
+                    f"{'':31} {shape:12} {variant:22} {cost['bytes'] / 1e9:7.4g} "
+                    f"{cost['bytes'] / (args.bandwidth * 1e9):9.4g} "
+                    f"{100 * cost['bytes_share']:8.3f}% {100 * cost['flops_share']:9.5f}%",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

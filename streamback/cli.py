@@ -53,7 +53,12 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if not action.option_strings or action.nargs == 0 or "default" in text or default in (None, [], argparse.SUPPRESS):
+        if (
+            not action.option_strings
+            or action.nargs == 0
+            or "default" in text
+            or default in (None, [], argparse.SUPPRESS)
+        ):
             return text
         return f"{text} (default: %(default)s)"
 
@@ -68,12 +73,16 @@ def stage_help(module_name: str) -> str:
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamback", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="streamback", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", metavar="<stage>", required=True)
     for name, module_name in COMMANDS.items():
         if name == command:
             module = importlib.import_module(module_name)
-            module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter))
+            module.add_arguments(
+                sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter)
+            )
         else:  # listed with its line; its options are parsed only when it is the one asked for
             sub.add_parser(name, help=stage_help(module_name) if command is None else None)
     return parser

@@ -69,13 +69,20 @@ def _error_lines(error) -> list[str]:
     """One line per problem, naming the key: an unknown key with the closest allowed name and the
     keys its section takes (jsonschema says only that it "was unexpected")."""
     where = ".".join(map(str, error.absolute_path))
-    if error.validator == "additionalProperties" and error.validator_value is False and isinstance(error.instance, dict):
+    if (
+        error.validator == "additionalProperties"
+        and error.validator_value is False
+        and isinstance(error.instance, dict)
+    ):
         allowed = list(error.schema.get("properties", {}))
         lines = []
         for key in (k for k in error.instance if k not in allowed):
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            lines.append(f"{where + '.' if where else ''}{key}: unknown key{hint}; {where or 'the config'} takes {', '.join(allowed)}")
+            lines.append(
+                f"{where + '.' if where else ''}{key}: unknown key{hint}; {where or 'the config'} takes "
+                f"{', '.join(allowed)}"
+            )
         return lines
     return [f"{where or '(top level)'}: {error.message}"]
 
@@ -93,7 +100,9 @@ def read_config_file(path: str | Path) -> dict:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = ": ".join(str(part) for part in (getattr(err, "context", None), getattr(err, "problem", None)) if part) or str(err)
+        what = ": ".join(
+            str(part) for part in (getattr(err, "context", None), getattr(err, "problem", None)) if part
+        ) or str(err)
         raise StreambackError(f"config file {path}{where} is not valid YAML: {what}") from None
     if not isinstance(config, dict):
         raise StreambackError(f"config file {path} must hold a mapping of sections, got {type(config).__name__}")
@@ -109,11 +118,24 @@ def add_config_arguments(parser: argparse.ArgumentParser, section: str) -> None:
     """`--config FILE` (a whole config, the section is taken from it) or `--params JSON`, and
     `--execution JSON` over either."""
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--config", type=Path, default=None, help=f"config file; its '{section}' section is used (default: {DEFAULT_CONFIG.relative_to(ROOT)})")
-    group.add_argument("--params", default=None, help=f"the '{section}' section as a JSON object (what the Snakemake rules pass: the settings the job reads)")
-    parser.add_argument("--execution", default=None, metavar="JSON",
-                        help=f"keys of the '{section}' section that say how the job runs, merged over the section (the rules pass them "
-                             "apart, so that changing them reruns nothing; streamback/jobs.py)")
+    group.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"config file; its '{section}' section is used (default: {DEFAULT_CONFIG.relative_to(ROOT)})",
+    )
+    group.add_argument(
+        "--params",
+        default=None,
+        help=f"the '{section}' section as a JSON object (what the Snakemake rules pass: the settings the job reads)",
+    )
+    parser.add_argument(
+        "--execution",
+        default=None,
+        metavar="JSON",
+        help=f"keys of the '{section}' section that say how the job runs, merged over the section (the rules pass them "
+        "apart, so that changing them reruns nothing; streamback/jobs.py)",
+    )
 
 
 def section_from_args(args: argparse.Namespace, section: str) -> dict:

@@ -37,7 +37,8 @@ _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 90rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
 p { max-width: 60rem; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.25rem; margin-top: 2rem; }
-table { border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; display: block; max-width: 100%; overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; display: block; max-width: 100%; overflow-x:
+auto; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
 th { background: #f4f4f4; }
 .chart { margin: 1rem 0; max-width: 100%; overflow-x: auto; }
@@ -57,13 +58,17 @@ def _block(block: Block, index: int) -> str:
     if isinstance(block, str):
         return f"<p>{html.escape(block)}</p>"
     if isinstance(block, pd.DataFrame):
-        return _table_style(block, f"table{index}") + block.to_html(index=False, border=0, na_rep="", escape=True, table_id=f"table{index}")
+        return _table_style(block, f"table{index}") + block.to_html(
+            index=False, border=0, na_rep="", escape=True, table_id=f"table{index}"
+        )
     if isinstance(block, alt.TopLevelMixin):
         # a "<" in the data could close the <script> early; JSON's "\u003c" means the same to the parser
         spec = json.dumps(block.to_dict()).replace("<", "\\u003c")
-        return (f'<div class="chart" id="chart{index}"></div>\n<script type="text/javascript">'
-                f'vegaEmbed("#chart{index}", {spec}, {{"mode": "vega-lite", "actions": false}}).catch(console.error);'
-                "</script>")
+        return (
+            f'<div class="chart" id="chart{index}"></div>\n<script type="text/javascript">'
+            f'vegaEmbed("#chart{index}", {spec}, {{"mode": "vega-lite", "actions": false}}).catch(console.error);'
+            "</script>"
+        )
     raise TypeError(f"a report block must be text, a pandas DataFrame or an Altair chart, not {type(block).__name__}")
 
 
@@ -74,7 +79,11 @@ def _table_style(frame: pd.DataFrame, table_id: str) -> str:
     rules = []
     for i, (_, column) in enumerate(frame.items(), start=1):
         text = column.dropna().astype(str)
-        if pd.api.types.is_numeric_dtype(column) or pd.api.types.is_bool_dtype(column) or text.str.match(r"[-+]?\.?\d").all():
+        if (
+            pd.api.types.is_numeric_dtype(column)
+            or pd.api.types.is_bool_dtype(column)
+            or text.str.match(r"[-+]?\.?\d").all()
+        ):
             continue
         layout = " white-space: nowrap;" if text.str.len().max() <= 40 else " min-width: 20rem;"
         rules.append(f"#{table_id} td:nth-child({i}), #{table_id} th:nth-child({i}) {{ text-align: left;{layout} }}")
@@ -91,12 +100,24 @@ def render_report(title: str, sections: Sequence[tuple[str, Sequence[Block]]]) -
             body.append(_block(block, index))
             index += 1
     bundle = vlc.javascript_bundle(vl_version=VL_VERSION).replace("</script", "<\\/script")
-    return "\n".join([
-        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title>", f"<style>{_STYLE}</style>",
-        f'<script type="text/javascript">\n{bundle}\n</script>', "</head>", "<body>",
-        f"<h1>{html.escape(title)}</h1>", *body, "</body>", "</html>", "",
-    ])
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            f"<title>{html.escape(title)}</title>",
+            f"<style>{_STYLE}</style>",
+            f'<script type="text/javascript">\n{bundle}\n</script>',
+            "</head>",
+            "<body>",
+            f"<h1>{html.escape(title)}</h1>",
+            *body,
+            "</body>",
+            "</html>",
+            "",
+        ]
+    )
 
 
 def write_report(path: str | os.PathLike, title: str, sections: Sequence[tuple[str, Sequence[Block]]]) -> None:

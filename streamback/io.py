@@ -51,7 +51,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     on this host, saying so on stderr; returns them."""
     removed = []
     for tmp in sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp")):
-        pid = tmp.name[len(path.name) + 2:-len(".tmp")]
+        pid = tmp.name[len(path.name) + 2 : -len(".tmp")]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
@@ -112,8 +112,9 @@ def remove(path: str | os.PathLike, owner: str | os.PathLike) -> None:
     path, owner = Path(path), Path(owner)
     target, root = path.parent.resolve() / path.name, owner.resolve()
     if root not in target.parents:
-        raise StreambackError(f"refusing to delete {path}: it is not inside {owner} ({root}), the only directory this "
-                              "command deletes in")
+        raise StreambackError(
+            f"refusing to delete {path}: it is not inside {owner} ({root}), the only directory this command deletes in"
+        )
     if target.is_dir() and not target.is_symlink():
         shutil.rmtree(target)
     else:
@@ -128,10 +129,14 @@ def writable_dir(path: str | os.PathLike, what: str, keep: bool = True) -> Path:
     created = _missing(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test."):  # a unique name: ranks on many hosts probe at once
+        with tempfile.NamedTemporaryFile(
+            dir=path, prefix=".write-test."
+        ):  # a unique name: ranks on many hosts probe at once
             pass
     except OSError as err:
-        raise StreambackError(f"{what} {path} is not writable ({err.strerror or err}): fix its permissions or choose another directory") from None
+        raise StreambackError(
+            f"{what} {path} is not writable ({err.strerror or err}): fix its permissions or choose another directory"
+        ) from None
     if not keep:
         _remove_empty(created)
     return path

@@ -10,7 +10,8 @@ out take schema defaults that the job never reads.
 
 Execution settings say how a job runs, not what it writes: a run's micro-batch size, activation
 checkpointing and torch.compile (the schema's `per_run` keys), its checkpoint cadence and whether
-it writes TensorBoard event files (`train.log.tensorboard`) or logs to W&B (`train.log.wandb`), and the tokenizer's reading batch. The rules pass them to the CLI (`--execution`) as params that
+it writes TensorBoard event files (`train.log.tensorboard`) or logs to W&B (`train.log.wandb`), and the tokenizer's
+reading batch. The rules pass them to the CLI (`--execution`) as params that
 Snakemake does not compare (common.smk's `untracked`), so changing one reruns nothing; a run
 resumed later continues with the new value. Resources (threads, GPUs, memory) are not settings.
 Standard library only: the rule files import it.
@@ -31,7 +32,16 @@ ANALYSIS_SETTINGS = {
     "layer-error": ("batch_size", "reference", "variants", "seed"),
     "envelope": ("batch_size", "curve_points"),
     "swallowed": ("batch_size", "variants", "seed"),
-    "loss-difference": ("loss_windows", "micro_batch_size", "confidence", "smooth_steps", "curve_points", "band", "power", "target"),
+    "loss-difference": (
+        "loss_windows",
+        "micro_batch_size",
+        "confidence",
+        "smooth_steps",
+        "curve_points",
+        "band",
+        "power",
+        "target",
+    ),
     "public": ("public_models", "public_sequences", "public_seq_len", "reference", "variants", "seed", "confidence"),
 }
 # the keys `streamback evaluate` reads from the eval section (eval_tasks: local; benchmark_table: pairs)
@@ -62,8 +72,12 @@ def _one_run_matrix(spec, cfg: dict) -> dict:
     (and what a seed varies only if not both), so a run of train.seed has the params it had before
     seeds existed, and adding seeds reruns none of them."""
     stream_run = spec.arm != f"{spec.shape}-{spec.block}"
-    matrix = {"shapes": [spec.shape], "blocks": [] if stream_run else [spec.block],
-              "streams": [spec.stream] if stream_run else [], "stream_shapes": None}
+    matrix = {
+        "shapes": [spec.shape],
+        "blocks": [] if stream_run else [spec.block],
+        "streams": [spec.stream] if stream_run else [],
+        "stream_shapes": None,
+    }
     if spec.seed != cfg["seed"]:
         matrix["seeds"] = [spec.seed]
         if cfg["runs"]["seeds_vary"] != "both":
@@ -80,7 +94,9 @@ def train(config: dict, run: str) -> dict:
     skip = (*RUN_EXECUTION, *PREFLIGHT_SETTINGS, "checkpoint", "resources", "per_run")
     recipe = {k: v for k, v in cfg.items() if k not in skip}
     # shadow_every off (the schema's default) leaves the rule's params as before the key existed: nothing reruns
-    recipe["log"] = {k: v for k, v in cfg["log"].items() if k not in ("tensorboard", "wandb") and not (k == "shadow_every" and not v)}
+    recipe["log"] = {
+        k: v for k, v in cfg["log"].items() if k not in ("tensorboard", "wandb") and not (k == "shadow_every" and not v)
+    }
     recipe["runs"] = _one_run_matrix(spec, cfg)
     recipe["reversible"] = is_reversible(cfg, spec)
     shape = model["shapes"][spec.shape]
@@ -93,8 +109,13 @@ def train(config: dict, run: str) -> dict:
 
 def train_execution(config: dict, run: str) -> dict:
     cfg = config["train"]
-    return {"train": {**{key: run_setting(cfg, run, key) for key in RUN_EXECUTION}, "checkpoint": cfg["checkpoint"],
-                      "log": {"tensorboard": cfg["log"]["tensorboard"], "wandb": cfg["log"]["wandb"]}}}
+    return {
+        "train": {
+            **{key: run_setting(cfg, run, key) for key in RUN_EXECUTION},
+            "checkpoint": cfg["checkpoint"],
+            "log": {"tensorboard": cfg["log"]["tensorboard"], "wandb": cfg["log"]["wandb"]},
+        }
+    }
 
 
 def preflight_arms(config: dict) -> dict[str, str]:
@@ -114,7 +135,12 @@ def preflight(config: dict, arm: str) -> dict:
     settings = train(config, run)
     cfg = config["train"]
     execution = {key: run_setting(cfg, run, key) for key in RUN_EXECUTION}
-    settings["train"] = {**settings["train"], **execution, "checkpoint": cfg["checkpoint"], **_pick(cfg, PREFLIGHT_SETTINGS)}
+    settings["train"] = {
+        **settings["train"],
+        **execution,
+        "checkpoint": cfg["checkpoint"],
+        **_pick(cfg, PREFLIGHT_SETTINGS),
+    }
     return settings
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from streamback.errors import StreambackError
 
 RESULTS = Path("results")
-NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"  # config/schema/config.schema.yaml: data.corpus and eval.tasks (a test keeps them equal)
+# config/schema/config.schema.yaml: data.corpus and eval.tasks (a test keeps them equal)
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _NAME = re.compile(NAME_PATTERN)
 _WILDCARD = re.compile(r"^\{[A-Za-z_]\w*\}$")  # `{run}`: a rule's pattern, filled by Snakemake with a checked name
 
@@ -29,8 +30,10 @@ def checked_name(value: str, what: str = "name") -> str:
     beginning with a letter or digit (so never '..', a '/' or a hidden name), or a Snakemake
     wildcard such as `{run}`; StreambackError naming `what` (e.g. "run name") otherwise."""
     if not isinstance(value, str) or not (_NAME.match(value) or _WILDCARD.match(value)):
-        raise StreambackError(f"{what} {value!r} cannot name a file or directory: a name is letters, digits, '.', '_' and '-', "
-                              "beginning with a letter or digit")
+        raise StreambackError(
+            f"{what} {value!r} cannot name a file or directory: a name is letters, digits, '.', '_' and '-', "
+            "beginning with a letter or digit"
+        )
     return value
 
 
@@ -88,7 +91,8 @@ def model_file(run: str) -> Path:
 
 
 def metrics_file(run: str) -> Path:
-    """One record per optimizer step (`streamback.train.metrics`); the live copy is in the recipe's checkpoint directory."""
+    """One record per optimizer step (`streamback.train.metrics`); the live copy is in the recipe's checkpoint
+    directory."""
     return run_dir(run) / METRICS_FILE
 
 
@@ -156,7 +160,8 @@ TENSORBOARD_DIR = RESULTS / "tensorboard"  # `tensorboard --logdir results/tenso
 
 
 def tensorboard_dir(run: str) -> Path:
-    """A run's TensorBoard event files, a directory per recipe (`recipe-<fingerprint>`, as in its checkpoint directory)."""
+    """A run's TensorBoard event files, a directory per recipe
+    (`recipe-<fingerprint>`, as in its checkpoint directory)."""
     return TENSORBOARD_DIR / run
 
 
@@ -169,7 +174,13 @@ def hf_dir(run: str) -> Path:
     return RESULTS / "hf" / checked_name(run, "run name")
 
 
-HF_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")  # config.json last
+HF_FILES = (
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "config.json",
+)  # config.json last
 
 
 def hf_files(run: str) -> list[Path]:
@@ -180,7 +191,12 @@ def hf_files(run: str) -> list[Path]:
 # -- drift (rule drift) -----------------------------------------------------------------------
 
 DRIFT_DIR = RESULTS / "drift"
-DRIFT_FILES = {"summary": "summary.csv", "trajectories": "trajectories.parquet", "spacing": "spacing.csv", "report": "report.html"}
+DRIFT_FILES = {
+    "summary": "summary.csv",
+    "trajectories": "trajectories.parquet",
+    "spacing": "spacing.csv",
+    "report": "report.html",
+}
 DRIFT_FIGURES = ("drift_ratio", "trajectories", "spacing")  # each as .svg and .png
 
 # -- measurement (streamback bench, streamback memory) ----------------------------------------
@@ -220,7 +236,10 @@ def eval_samples(run: str, task: str) -> Path:
 
 EVAL_TASKS_DIR = EVAL_DIR / "tasks"  # not a run: run names are <shape>-<block>...
 BENCHMARK_TABLES = ("benchmarks", "benchmark_pairs")  # table(name): scores per run, and run vs baseline
-SEED_TABLE, SEED_FIGURE = "seed_variance", "seed_differences"  # table(name) and figure(name, suffix) of rule seed_variance
+SEED_TABLE, SEED_FIGURE = (
+    "seed_variance",
+    "seed_differences",
+)  # table(name) and figure(name, suffix) of rule seed_variance
 TASK_SNR_TABLE = "task_snr"  # table(name) of rule seed_variance: each task's signal-to-noise over the run arms
 
 
@@ -246,7 +265,11 @@ ANALYSIS_TABLES = {  # kind -> the tables it writes, table(name)
     "envelope": ("envelope", "envelope_training"),
     "swallowed": ("swallowed",),
     "loss-difference": ("loss_difference", "loss_curves"),
-    "public": ("public_layer_error", "public_swallowed", "public_flip_ratio"),  # the public models of analysis.public_models
+    "public": (
+        "public_layer_error",
+        "public_swallowed",
+        "public_flip_ratio",
+    ),  # the public models of analysis.public_models
 }
 FIGURE_SUFFIXES = ("svg", "png")
 
@@ -267,7 +290,8 @@ def analysis_figures(kind: str, runs: list[str], shapes: list[str]) -> list[str]
 def analysis_outputs(kind: str, runs: list[str], shapes: list[str]) -> list[Path]:
     """Every file `streamback analyze <kind>` writes: its tables, then each figure as .svg and .png."""
     return [table(name) for name in ANALYSIS_TABLES[kind]] + [
-        figure(name, suffix) for name in analysis_figures(kind, runs, shapes) for suffix in FIGURE_SUFFIXES]
+        figure(name, suffix) for name in analysis_figures(kind, runs, shapes) for suffix in FIGURE_SUFFIXES
+    ]
 
 
 def timing_file(rule: str, job: str = "all") -> Path:

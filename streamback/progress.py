@@ -37,8 +37,15 @@ class Progress:
     e.g. on every rank but the first) it prints nothing.
     """
 
-    def __init__(self, name: str, total: int | None = None, unit: str = "it", initial: int = 0,
-                 active: bool = True, every_s: float | None = 30.0):
+    def __init__(
+        self,
+        name: str,
+        total: int | None = None,
+        unit: str = "it",
+        initial: int = 0,
+        active: bool = True,
+        every_s: float | None = 30.0,
+    ):
         self.name, self.total, self.unit, self.active, self.every_s = name, total, unit, active, every_s
         self.done = self.initial = initial
         self.t0 = self.last = time.monotonic()
@@ -46,7 +53,9 @@ class Progress:
         if active and on_terminal():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, desc=name, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+            self.bar = tqdm(
+                total=total, initial=initial, desc=name, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr
+            )
 
     def update(self, n: int = 1, status: str = "", log: bool | None = None) -> None:
         self.done += n

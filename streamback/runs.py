@@ -11,7 +11,8 @@ shape starts from the same weights and sees the same batches: the comparisons st
 run of train.seed keeps the arm's name; another seed k adds `-seed<k>` (`tiny-medium-baseline-seed1`),
 so adding seeds renames nothing and trains only the new runs.
 Each run may override how it is executed (`per_run`: micro-batch size, activation
-checkpointing, torch.compile, Slurm resources), never the recipe, so every run of a matrix is trained the same way. Standard library only: the
+checkpointing, torch.compile, Slurm resources), never the recipe, so every run of a matrix is trained the same way.
+Standard library only: the
 Snakemake rules import it to name their jobs.
 
 `check_runs` is the one cross-key check of the model, train and data sections: every run of the
@@ -52,8 +53,10 @@ def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
     stream_shapes = matrix["shapes"] if matrix["stream_shapes"] is None else matrix["stream_shapes"]
     outside = [s for s in stream_shapes if s not in matrix["shapes"]]
     if outside and matrix["streams"]:
-        raise StreambackError(f"train.runs.stream_shapes names shapes that are not in train.runs.shapes: {', '.join(outside)} "
-                              "(name some of train.runs.shapes, null for every shape, or set train.runs.streams: [])")
+        raise StreambackError(
+            f"train.runs.stream_shapes names shapes that are not in train.runs.shapes: {', '.join(outside)} "
+            "(name some of train.runs.shapes, null for every shape, or set train.runs.streams: [])"
+        )
     base = train_cfg["seed"]
     seeds = matrix["seeds"] if matrix["seeds"] is not None else [base]
     stream_seeds = matrix["stream_seeds"] if matrix["stream_seeds"] is not None else seeds
@@ -63,7 +66,16 @@ def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
     def add(arm, shape, block, stream, arm_seeds):
         for seed in arm_seeds:
             name = arm + seed_suffix(seed, base)
-            runs[name] = RunSpec(name, shape, block, stream, seed, base if vary == "data" else seed, base if vary == "init" else seed, arm)
+            runs[name] = RunSpec(
+                name,
+                shape,
+                block,
+                stream,
+                seed,
+                base if vary == "data" else seed,
+                base if vary == "init" else seed,
+                arm,
+            )
 
     for shape in matrix["shapes"]:
         for block in matrix["blocks"]:
@@ -72,7 +84,10 @@ def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
             add(f"{shape}-streamback-{stream}", shape, "streamback", stream, stream_seeds)
     unknown = set(train_cfg["per_run"]) - set(runs)
     if unknown:
-        raise StreambackError(f"train.per_run names runs that are not in the matrix: {', '.join(sorted(unknown))} (runs: {', '.join(runs)})")
+        raise StreambackError(
+            f"train.per_run names runs that are not in the matrix: {', '.join(sorted(unknown))} (runs: "
+            f"{', '.join(runs)})"
+        )
     return runs
 
 
@@ -82,8 +97,11 @@ def comparisons(runs: dict[str, RunSpec]) -> list[tuple[str, str, str]]:
     comparison's name is the other run's arm less its shape (`streamback`, `streamback-mxfp8`).
     The analyses compare each such pair (baseline minus other)."""
     baselines = {(spec.shape, spec.seed): name for name, spec in runs.items() if spec.block == "baseline"}
-    return [(spec.shape, baselines[spec.shape, spec.seed], name) for name, spec in runs.items()
-            if spec.block != "baseline" and (spec.shape, spec.seed) in baselines]
+    return [
+        (spec.shape, baselines[spec.shape, spec.seed], name)
+        for name, spec in runs.items()
+        if spec.block != "baseline" and (spec.shape, spec.seed) in baselines
+    ]
 
 
 def comparison_name(spec: RunSpec) -> str:
@@ -138,11 +156,16 @@ def token_budget_problem(train_cfg: dict, split_tokens: int, where: str) -> str 
         return None
     steps, batch, seq_len = train_steps(train_cfg), train_cfg["batch_size"], train_cfg["seq_len"]
     if passes == float("inf"):
-        return f"{where} holds {split_tokens:,} tokens, less than one window of train.seq_len + 1 = {seq_len + 1} tokens"
-    return (f"train.tokens ({train_cfg['tokens']:,}) takes {steps:,} steps x {batch} windows of {seq_len + 1} tokens = "
-            f"{steps * batch:,} windows, but {where} holds {split_tokens:,} tokens = {num_windows(split_tokens, seq_len):,} "
-            f"windows: the run would read its data {passes:.2f} times. Lower train.tokens, tokenize more data "
-            "(data.train_tokens), or set train.repeat_data: true to repeat it on purpose")
+        return (
+            f"{where} holds {split_tokens:,} tokens, less than one window of train.seq_len + 1 = {seq_len + 1} tokens"
+        )
+    return (
+        f"train.tokens ({train_cfg['tokens']:,}) takes {steps:,} steps x {batch} windows of {seq_len + 1} tokens = "
+        f"{steps * batch:,} windows, but {where} holds {split_tokens:,} tokens = "
+        f"{num_windows(split_tokens, seq_len):,} "
+        f"windows: the run would read its data {passes:.2f} times. Lower train.tokens, tokenize more data "
+        "(data.train_tokens), or set train.repeat_data: true to repeat it on purpose"
+    )
 
 
 def check_wsd(total_steps: int, warmup_steps: int, decay_steps: int) -> None:
@@ -162,22 +185,35 @@ def shape_problems(dim: int, n_heads: int, n_kv_heads: int, head_dim: int | None
     imported model, or dim // n_heads) must be even and at least 2. `ModelArgs` raises the same."""
     problems = []
     if n_heads % n_kv_heads:
-        problems.append(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}) (grouped-query attention)")
+        problems.append(
+            f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}) (grouped-query attention)"
+        )
     if head_dim is not None:
         if head_dim < 2 or head_dim % 2:
             problems.append(f"head_dim {head_dim} must be even and at least 2 (RoPE rotates pairs)")
         return problems
     head_dim = dim // n_heads
     if head_dim < 2:
-        problems.append(f"head_dim = dim // n_heads = {dim} // {n_heads} = {head_dim} is too small: RoPE rotates pairs, "
-                        "so it must be at least 2; raise dim or lower n_heads")
+        problems.append(
+            f"head_dim = dim // n_heads = {dim} // {n_heads} = {head_dim} is too small: RoPE rotates pairs, "
+            "so it must be at least 2; raise dim or lower n_heads"
+        )
     elif head_dim % 2:
-        problems.append(f"head_dim = dim // n_heads = {dim} // {n_heads} = {head_dim} is odd: RoPE rotates pairs, so it must be even")
+        problems.append(
+            f"head_dim = dim // n_heads = {dim} // {n_heads} = {head_dim} is odd: RoPE rotates pairs, so it must be "
+            f"even"
+        )
     return problems
 
 
-def check_runs(train_cfg: dict, model_cfg: dict, data_cfg: dict | None = None, processes: int | None = None,
-               only: str | None = None, tokenized: tuple[int, str] | None = None) -> None:
+def check_runs(
+    train_cfg: dict,
+    model_cfg: dict,
+    data_cfg: dict | None = None,
+    processes: int | None = None,
+    only: str | None = None,
+    tokenized: tuple[int, str] | None = None,
+) -> None:
     """Raise StreambackError listing, one line each, every reason a run of the matrix (or only the
     run `only`) cannot be built or trained with these validated sections. `processes`: the number
     of training processes (default: each run's from train.resources); `data_cfg` adds the static
@@ -203,24 +239,32 @@ def check_runs(train_cfg: dict, model_cfg: dict, data_cfg: dict | None = None, p
         problems += [f"model.shapes.{shape}: {p}" for p in shape_problems(s["dim"], s["n_heads"], s["n_kv_heads"])]
     seq_len, batch = train_cfg["seq_len"], train_cfg["batch_size"]
     if seq_len > model_cfg["max_seq_len"]:
-        problems.append(f"train.seq_len ({seq_len}) exceeds model.max_seq_len ({model_cfg['max_seq_len']}), the length of "
-                        "RoPE's table: raise model.max_seq_len or lower train.seq_len")
+        problems.append(
+            f"train.seq_len ({seq_len}) exceeds model.max_seq_len ({model_cfg['max_seq_len']}), the length of "
+            "RoPE's table: raise model.max_seq_len or lower train.seq_len"
+        )
     try:
         check_wsd(train_steps(train_cfg), train_cfg["schedule"]["warmup_steps"], train_cfg["schedule"]["decay_steps"])
     except StreambackError as err:
         problems.append(str(err))
-    gpu_processes = [name for name in runs if (res := run_setting(train_cfg, name, "resources"))["gpus"] and res["processes"] > 1]
+    gpu_processes = [
+        name for name in runs if (res := run_setting(train_cfg, name, "resources"))["gpus"] and res["processes"] > 1
+    ]
     if gpu_processes:
-        problems.append("train.resources.processes is for CPU runs (gpus = 0); a GPU run starts one process per GPU, so "
-                        f"leave processes at 1 for {', '.join(gpu_processes)}")
+        problems.append(
+            "train.resources.processes is for CPU runs (gpus = 0); a GPU run starts one process per GPU, so "
+            f"leave processes at 1 for {', '.join(gpu_processes)}"
+        )
     split = {}  # (micro-batch size, processes) -> runs whose batch does not split that way
     for name in runs:
         micro, procs = run_setting(train_cfg, name, "micro_batch_size"), processes or run_processes(train_cfg, name)
         if batch % (micro * procs):
             split.setdefault((micro, procs), []).append(name)
     for (micro, procs), names in split.items():
-        problems.append(f"train.batch_size ({batch}) must be a multiple of micro_batch_size ({micro}) x processes ({procs}) "
-                        f"= {micro * procs}; it is not for {', '.join(names)}")
+        problems.append(
+            f"train.batch_size ({batch}) must be a multiple of micro_batch_size ({micro}) x processes ({procs}) "
+            f"= {micro * procs}; it is not for {', '.join(names)}"
+        )
     if data_cfg is not None and runs:
         split_tokens, where = tokenized or (data_cfg["train_tokens"], "data.train_tokens")
         if split_tokens is not None:
@@ -228,7 +272,9 @@ def check_runs(train_cfg: dict, model_cfg: dict, data_cfg: dict | None = None, p
             problems += [problem] if problem else []
         most = max(processes or run_processes(train_cfg, name) for name in runs)
         if data_cfg["val_tokens"] is not None and num_windows(data_cfg["val_tokens"], seq_len) < most:
-            problems.append(f"data.val_tokens ({data_cfg['val_tokens']}) holds fewer than one validation sequence of "
-                            f"train.seq_len + 1 = {seq_len + 1} tokens per process ({most})")
+            problems.append(
+                f"data.val_tokens ({data_cfg['val_tokens']}) holds fewer than one validation sequence of "
+                f"train.seq_len + 1 = {seq_len + 1} tokens per process ({most})"
+            )
     if problems:
         raise StreambackError("the runs cannot be trained as configured:\n  " + "\n  ".join(problems))

@@ -46,14 +46,18 @@ import numpy as np
 from streamback.errors import StreambackError
 
 
-def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 10000,
-                        seed: int = 0) -> tuple[float, float, float]:
+def paired_bootstrap_ci(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 10000, seed: int = 0
+) -> tuple[float, float, float]:
     """(mean(b) - mean(a), lower, upper): the percentile interval of the mean difference over
     `resamples` resamples of the items (both runs' outcomes of an item drawn together)."""
     diff = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
     n = diff.size
     if n == 0 or np.asarray(a).shape != np.asarray(b).shape:
-        raise ValueError(f"paired_bootstrap_ci needs two equally long, non-empty samples, got {np.asarray(a).shape} and {np.asarray(b).shape}")
+        raise ValueError(
+            f"paired_bootstrap_ci needs two equally long, non-empty samples, got {np.asarray(a).shape} and "
+            f"{np.asarray(b).shape}"
+        )
     rng = np.random.default_rng(seed)
     means = np.empty(resamples)
     chunk = max(1, 4_000_000 // n)  # resamples per draw of indices (about 32 MB of int64)
@@ -65,8 +69,9 @@ def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], confidence: floa
     return float(diff.mean()), float(lower), float(upper)
 
 
-def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 10000,
-                       seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_ratio_ci(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 10000, seed: int = 0
+) -> tuple[float, float, float]:
     """(sum(a) / sum(b), lower, upper): the percentile interval of the ratio of sums over `resamples`
     resamples of the items (an item's a and b drawn together). The ratio is NaN where sum(b) is
     zero; resamples whose b sums to zero are left out of the interval (NaN if all are)."""
@@ -116,7 +121,7 @@ def mcnemar_exact(only_a: int, only_b: int) -> float:
     m = only_a + only_b
     if m == 0:
         return 1.0
-    tail = _binom_pmf(m, 0.5, _log_factorials(m))[:min(only_a, only_b) + 1].sum()
+    tail = _binom_pmf(m, 0.5, _log_factorials(m))[: min(only_a, only_b) + 1].sum()
     return float(min(1.0, 2.0 * tail))
 
 
@@ -160,14 +165,17 @@ def mcnemar_power(n: int, p_discordant: float, delta: float, alpha: float = 0.05
         if k < 0:
             continue
         pmf = _binom_pmf(int(m), favour, logfact)
-        power += weights[m] * (pmf[:k + 1].sum() + pmf[int(m) - k:].sum())
+        power += weights[m] * (pmf[: k + 1].sum() + pmf[int(m) - k :].sum())
     return float(power)
 
 
-def min_detectable_difference(n: int, p_discordant: float, alpha: float = 0.05, power: float = 0.8, tol: float = 1e-4) -> float:
+def min_detectable_difference(
+    n: int, p_discordant: float, alpha: float = 0.05, power: float = 0.8, tol: float = 1e-4
+) -> float:
     """The smallest accuracy difference delta that the exact McNemar test at level `alpha` detects
     with probability `power` over n items, the runs disagreeing on a fraction max(p_discordant,
     delta) of them; NaN if no difference can be (too few items). Bisection to `tol`."""
+
     def enough(delta: float) -> bool:
         return mcnemar_power(n, max(p_discordant, delta), delta, alpha) >= power
 
@@ -221,7 +229,7 @@ def sign_flip_p(differences: Sequence[float], draws: int = 200_000, seed: int = 
     observed = abs(d.sum())
     tolerance = 1e-12 * max(np.abs(d).sum(), 1e-300)
     if d.size <= 20:
-        patterns = 1 - 2 * ((np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1)
+        patterns = 1 - 2 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)
         return float(np.mean(np.abs(patterns @ d) >= observed - tolerance))
     signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, d.size))
     return float((1 + np.sum(np.abs(signs @ d) >= observed - tolerance)) / (1 + draws))
@@ -235,12 +243,22 @@ def across_seeds(differences: Sequence[float], confidence: float) -> dict:
     mean, low, high = t_interval(d, confidence)
     sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
     p = sign_flip_p(d) if d.size > 1 else math.nan
-    return {"n": int(d.size), "mean": mean, "sd": sd, "low": low, "high": high, "p": p, "p_floor": min(1.0, 2.0 / 2 ** d.size),
-            "min": float(d.min()), "max": float(d.max())}
+    return {
+        "n": int(d.size),
+        "mean": mean,
+        "sd": sd,
+        "low": low,
+        "high": high,
+        "p": p,
+        "p_floor": min(1.0, 2.0 / 2**d.size),
+        "min": float(d.min()),
+        "max": float(d.max()),
+    }
 
 
-def hierarchical_bootstrap(groups: Sequence[Sequence[float]], confidence: float = 0.95, resamples: int = 10000,
-                           seed: int = 0) -> tuple[float, float, float]:
+def hierarchical_bootstrap(
+    groups: Sequence[Sequence[float]], confidence: float = 0.95, resamples: int = 10000, seed: int = 0
+) -> tuple[float, float, float]:
     """(estimate, lower, upper) of the mean over seeds of each seed's mean paired difference:
     `groups` holds one array per seed (its per-item or per-window differences). Each resample
     draws as many seeds as there are, with replacement, then each drawn seed's items with
@@ -319,7 +337,9 @@ def within_se(groups: Sequence[Sequence[float]]) -> float:
     return float(math.sqrt(np.mean([a.var(ddof=1) / a.size if a.size > 1 else 0.0 for a in arrays])))
 
 
-def seed_verdict(summary: dict, per_seed_significant: Sequence[bool], noise_sd: float, fmt, better: str, worse: str) -> str:
+def seed_verdict(
+    summary: dict, per_seed_significant: Sequence[bool], noise_sd: float, fmt, better: str, worse: str
+) -> str:
     """The across-seeds verdict in words. `summary`: `across_seeds` of the per-seed differences
     (positive: the other run is better), with `boot_low`/`boot_high` from `hierarchical_bootstrap`;
     `per_seed_significant`: whether each seed's own test found a difference; `noise_sd`: the
@@ -333,16 +353,29 @@ def seed_verdict(summary: dict, per_seed_significant: Sequence[bool], noise_sd: 
     never count as consistent. The exact sign-flip p is quoted with its floor 2 / 2^n."""
     n, mean = summary["n"], summary["mean"]
     if n < 2:
-        return ("one training seed: training randomness is not covered (train more seeds, train.runs.seeds, to know whether "
-                "this difference survives a different initialisation and data order)")
+        return (
+            "one training seed: training randomness is not covered (train more seeds, train.runs.seeds, to know "
+            "whether "
+            "this difference survives a different initialisation and data order)"
+        )
     spread = f"per-seed differences {fmt(summary['min'])} to {fmt(summary['max'])}, sd {fmt(summary['sd'], sign=False)}"
-    floor = "" if math.isnan(noise_sd) else f"; the baseline's own score varies by sd {fmt(noise_sd, sign=False)} from seed to seed"
-    interval = f"{fmt(summary['low'])} to {fmt(summary['high'])} over {n} seeds (t), {fmt(summary['boot_low'])} to {fmt(summary['boot_high'])} (seeds, then items)"
+    floor = (
+        ""
+        if math.isnan(noise_sd)
+        else f"; the baseline's own score varies by sd {fmt(noise_sd, sign=False)} from seed to seed"
+    )
+    interval = (
+        f"{fmt(summary['low'])} to {fmt(summary['high'])} over {n} seeds (t), {fmt(summary['boot_low'])} to "
+        f"{fmt(summary['boot_high'])} (seeds, then items)"
+    )
     p = f"exact sign-flip p = {summary['p']:.2g}, the smallest {n} seeds can give being {summary['p_floor']:.2g}"
     t_side = 1 if summary["low"] > 0 else -1 if summary["high"] < 0 else 0
     boot_side = 1 if summary["boot_low"] > 0 else -1 if summary["boot_high"] < 0 else 0
     if summary["sd"] > 0 and t_side != 0 and t_side == boot_side:
-        return f"consistent across seeds: {better if mean > 0 else worse} by {fmt(abs(mean), sign=False)} ({interval}; {p}; {spread}{floor})"
+        return (
+            f"consistent across seeds: {better if mean > 0 else worse} by {fmt(abs(mean), sign=False)} ({interval}; "
+            f"{p}; {spread}{floor})"
+        )
     flips = sum(per_seed_significant) and (summary["min"] < 0 < summary["max"])
     if flips:
         why = "significant within some seeds, but of opposite signs"
@@ -372,7 +405,14 @@ def task_snr(scores: dict[str, Sequence[float]]) -> dict:
     from scipy import stats as sps  # imported here: a second of import time most callers need not pay
 
     arrays = [np.asarray(v, dtype=np.float64) for v in scores.values()]
-    out = {"models": len(arrays), "signal": math.nan, "noise": math.nan, "snr": math.nan, "decision_accuracy": math.nan, "can_rank": False}
+    out = {
+        "models": len(arrays),
+        "signal": math.nan,
+        "noise": math.nan,
+        "snr": math.nan,
+        "decision_accuracy": math.nan,
+        "can_rank": False,
+    }
     if len(arrays) < 2 or any(a.size < 2 for a in arrays):
         return out
     means = np.array([a.mean() for a in arrays])
@@ -383,4 +423,11 @@ def task_snr(scores: dict[str, Sequence[float]]) -> dict:
     gaps = np.abs(means[:, None] - means[None, :])[np.triu_indices(len(means), 1)]
     accuracy = float(np.mean(sps.norm.cdf(gaps / (sd * math.sqrt(2))))) if sd > 0 else 1.0
     snr = signal / noise if noise > 0 else math.inf
-    return {**out, "signal": signal, "noise": noise, "snr": snr, "decision_accuracy": accuracy, "can_rank": bool(snr >= RANK_Z)}
+    return {
+        **out,
+        "signal": signal,
+        "noise": noise,
+        "snr": snr,
+        "decision_accuracy": accuracy,
+        "can_rank": bool(snr >= RANK_Z),
+    }

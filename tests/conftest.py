@@ -20,13 +20,25 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # the default study, smaller: every stage and every run of config/config.yaml, on less data, fewer steps and two seeds
 SMALL = {
     "data": {"synthetic": {"documents": 4000, "files": 1}},
-    "train": {"tokens": 30 * 4 * 128, "runs": {"seeds": [0, 1]}, "schedule": {"warmup_steps": 5, "decay_steps": 10},
-              "log": {"every": 10, "stream_every": 10, "val_every": 10, "val_sequences": 16}, "checkpoint": {"every": 10}},
+    "train": {
+        "tokens": 30 * 4 * 128,
+        "runs": {"seeds": [0, 1]},
+        "schedule": {"warmup_steps": 5, "decay_steps": 10},
+        "log": {"every": 10, "stream_every": 10, "val_every": 10, "val_sequences": 16},
+        "checkpoint": {"every": 10},
+    },
     "eval": {"local": {"pairs": 30, "documents": 30}},
     "drift": {"coords": 256, "seeds": [0], "steps": 1000},
 }
-# what `--profile slurm` needs on the local test cluster (a real one sets them in the profile): no accounting, quick status checks
-SLURM_SITE = ["--slurm-no-account", "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1"]
+# what `--profile slurm` needs on the local test cluster (a real one sets them in the profile): no accounting, quick
+# status checks
+SLURM_SITE = [
+    "--slurm-no-account",
+    "--slurm-status-command",
+    "squeue",
+    "--slurm-init-seconds-before-status-checks",
+    "1",
+]
 
 
 @pytest.fixture(params=DEVICES)
@@ -62,7 +74,6 @@ def run_snakemake():
     return run
 
 
-
 @pytest.fixture(scope="session")
 def tokens(tmp_path_factory):
     """A 600-document synthetic corpus through the data stage (BPE of 300 tokens): its shard dir."""
@@ -72,7 +83,9 @@ def tokens(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("token-shards")
     write_part(11, 0, 600, root / "part.parquet")
-    data = validate_config({"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
+    data = validate_config(
+        {"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}}
+    )["data"]
     tokenize(data, root / "tokens", inputs=[root / "part.parquet"], progress=False)
     return root / "tokens"
 
@@ -116,7 +129,18 @@ def _study_build(request, tmp_path_factory):
     if slurm:
         start_slurm()
     how = ["--profile", "slurm", *SLURM_SITE] if slurm else ["--cores", "2"]
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *how, "--directory", str(root), "--configfile", str(root / "small.yaml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(ROOT / "Snakefile"),
+        *how,
+        "--directory",
+        str(root),
+        "--configfile",
+        str(root / "small.yaml"),
+    ]
     with open(root / "snakemake.out", "w") as out:
         workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:

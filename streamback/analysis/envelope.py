@@ -45,17 +45,26 @@ def envelope(trained: TrainedModel, batch: torch.Tensor, device="cpu") -> pd.Dat
     with torch.no_grad(), model.capture(("residual",), fn=_reach) as cap:
         model(batch[:, :-1].to(device))
         reach = cap["residual"]
-    return pd.DataFrame([{"layer": layer, "max": top, "min": bottom, "abs_p999": p999}
-                         for layer, (top, bottom, p999) in enumerate(reach)])
+    return pd.DataFrame(
+        [
+            {"layer": layer, "max": top, "min": bottom, "abs_p999": p999}
+            for layer, (top, bottom, p999) in enumerate(reach)
+        ]
+    )
 
 
 def training_envelope(records: list[dict], run: str) -> pd.DataFrame:
     """The envelope the trainer logged (metrics.jsonl records): per logged step and layer boundary,
     tokens, absmax, max and min."""
-    rows = [{"step": r["step"], "tokens": r["tokens"], "layer": layer, "absmax": absmax, "max": top, "min": bottom}
-            for r in records if "stream_max" in r
-            for layer, (absmax, top, bottom) in enumerate(zip(r["stream_absmax"], r["stream_max"], r["stream_min"]))]
+    rows = [
+        {"step": r["step"], "tokens": r["tokens"], "layer": layer, "absmax": absmax, "max": top, "min": bottom}
+        for r in records
+        if "stream_max" in r
+        for layer, (absmax, top, bottom) in enumerate(zip(r["stream_absmax"], r["stream_max"], r["stream_min"]))
+    ]
     if not rows:
-        raise StreambackError(f"run {run}: its metrics.jsonl has no stream_max/stream_min records (train.log.stream_every "
-                              "larger than the run's steps, or a run trained before they were logged: train it again)")
+        raise StreambackError(
+            f"run {run}: its metrics.jsonl has no stream_max/stream_min records (train.log.stream_every "
+            "larger than the run's steps, or a run trained before they were logged: train it again)"
+        )
     return pd.DataFrame(rows)

@@ -39,11 +39,15 @@ def subjects(train_cfg: dict, runs: list[str] | None = None, models: list[str] =
     for name in matrix if runs is None else runs:
         if name not in matrix:
             raise StreambackError(f"run {name!r} is not in the train.runs matrix: {', '.join(matrix)}")
-        out.append(Subject(name, matrix[name].shape, layout.model_file(name), layout.metrics_file(name), matrix[name].seed))
+        out.append(
+            Subject(name, matrix[name].shape, layout.model_file(name), layout.metrics_file(name), matrix[name].seed)
+        )
     for item in models:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise StreambackError(f"--model {item!r}: expected NAME=PATH, e.g. llama-3.2-1b=results/imported/llama-3.2-1b/model.pt")
+            raise StreambackError(
+                f"--model {item!r}: expected NAME=PATH, e.g. llama-3.2-1b=results/imported/llama-3.2-1b/model.pt"
+            )
         layout.checked_name(name, "--model name")  # it names the model's figures
         out.append(Subject(name, name, Path(path), None))
     names = [s.name for s in out]
@@ -51,8 +55,12 @@ def subjects(train_cfg: dict, runs: list[str] | None = None, models: list[str] =
         raise StreambackError(f"a model is named twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
     for s in out:
         if not s.model.is_file():
-            raise StreambackError(f"run {s.name} has not been trained: {s.model} does not exist (rule train: "
-                                  f"snakemake {layout.summary_file(s.name)})" if s.metrics else f"model {s.name}: {s.model} does not exist")
+            raise StreambackError(
+                f"run {s.name} has not been trained: {s.model} does not exist (rule train: "
+                f"snakemake {layout.summary_file(s.name)})"
+                if s.metrics
+                else f"model {s.name}: {s.model} does not exist"
+            )
         if s.metrics is not None and not s.metrics.is_file():
             raise StreambackError(f"run {s.name}: {s.metrics} does not exist (the run did not finish: rule train)")
     return out
@@ -63,8 +71,10 @@ def validation_batch(tokens_dir: str | Path, seq_len: int, size: int) -> torch.T
     dataset = TokenDataset(tokens_dir, "val")
     n = num_windows(dataset.num_tokens, seq_len)
     if n < size:
-        raise StreambackError(f"{tokens_dir}: the val split holds {n} windows of {seq_len} tokens, "
-                              f"fewer than the {size} asked for (analysis.batch_size or analysis.loss_windows)")
+        raise StreambackError(
+            f"{tokens_dir}: the val split holds {n} windows of {seq_len} tokens, "
+            f"fewer than the {size} asked for (analysis.batch_size or analysis.loss_windows)"
+        )
     return read_windows(dataset, val_windows(n, size, 0, 1), seq_len)
 
 

@@ -55,14 +55,25 @@ def loss_curves(baseline: list[dict], other: list[dict], smooth_steps: int, poin
     """Columns split, step, tokens, difference (baseline - other), smoothed; from two runs' metrics records."""
     frames = []
     for split, key in (("train", "loss"), ("val", "val_loss")):
-        a = pd.DataFrame([(r["step"], r["tokens"], r[key]) for r in baseline if key in r], columns=["step", "tokens", "a"])
+        a = pd.DataFrame(
+            [(r["step"], r["tokens"], r[key]) for r in baseline if key in r], columns=["step", "tokens", "a"]
+        )
         b = pd.DataFrame([(r["step"], r[key]) for r in other if key in r], columns=["step", "b"])
         both = a.merge(b, on="step").sort_values("step")
         difference = (both.a - both.b).to_numpy(dtype=np.float64)
         smoothed = trailing_mean(both.step.to_numpy(), difference, smooth_steps)
         keep = thin(len(both), points)
-        frames.append(pd.DataFrame({"split": split, "step": both.step.to_numpy()[keep], "tokens": both.tokens.to_numpy()[keep],
-                                    "difference": difference[keep], "smoothed": smoothed[keep]}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "split": split,
+                    "step": both.step.to_numpy()[keep],
+                    "tokens": both.tokens.to_numpy()[keep],
+                    "difference": difference[keep],
+                    "smoothed": smoothed[keep],
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -70,11 +81,15 @@ def split_windows(dataset, seq_len: int, count: int, split: str) -> np.ndarray:
     """The first `count` windows of `dataset` (one split of a TokenDataset)."""
     n = num_windows(dataset.num_tokens, seq_len)
     if n < count:
-        raise StreambackError(f"the {split} split holds {n} windows of {seq_len} tokens, fewer than analysis.loss_windows = {count}")
+        raise StreambackError(
+            f"the {split} split holds {n} windows of {seq_len} tokens, fewer than analysis.loss_windows = {count}"
+        )
     return val_windows(n, count, 0, 1)
 
 
-def model_window_losses(trained, dataset, windows: np.ndarray, seq_len: int, micro_batch_size: int, device) -> np.ndarray:
+def model_window_losses(
+    trained, dataset, windows: np.ndarray, seq_len: int, micro_batch_size: int, device
+) -> np.ndarray:
     """The model as trained (a model file, or what `read_model` returned): its mean loss (nats) on each window, fp64."""
     model = load_model(trained, device=device)
     return window_losses(model, dataset, windows, seq_len, micro_batch_size, device).cpu().numpy()
@@ -97,32 +112,100 @@ def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, cfg: di
     for shape, baseline, other in pairs:
         comparison, seed = comparison_name(matrix[other]), matrix[other].seed
         for split in ("train", "val"):
-            a, b = np.asarray(losses[baseline, split], dtype=np.float64), np.asarray(losses[other, split], dtype=np.float64)
+            a, b = (
+                np.asarray(losses[baseline, split], dtype=np.float64),
+                np.asarray(losses[other, split], dtype=np.float64),
+            )
             mean, low, high = stats.paired_difference(a, b, confidence)
-            logged = curves[(curves["shape"] == shape) & (curves.comparison == comparison) & (curves.seed == seed) & (curves.split == split)].smoothed
+            logged = curves[
+                (curves["shape"] == shape)
+                & (curves.comparison == comparison)
+                & (curves.seed == seed)
+                & (curves.split == split)
+            ].smoothed
             real = low > 0 or high < 0
-            rows.append({"shape": shape, "comparison": comparison, "seed": seed, "split": split, "final_difference": mean, "ci_low": low,
-                         "ci_high": high, "seeds": 1, "windows": windows, "baseline_loss": float(a.mean()), "compared_loss": float(b.mean()),
-                         "logged_difference": float(logged.iloc[-1]) if len(logged) else float("nan"),
-                         "verdict": f"{'distinguishable' if real else 'not distinguishable'} from zero over the {windows} windows of seed {seed}"})
+            rows.append(
+                {
+                    "shape": shape,
+                    "comparison": comparison,
+                    "seed": seed,
+                    "split": split,
+                    "final_difference": mean,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "seeds": 1,
+                    "windows": windows,
+                    "baseline_loss": float(a.mean()),
+                    "compared_loss": float(b.mean()),
+                    "logged_difference": float(logged.iloc[-1]) if len(logged) else float("nan"),
+                    "verdict": f"{'distinguishable' if real else 'not distinguishable'} from zero"
+                    f" over the {windows} windows of seed {seed}",
+                }
+            )
             groups.setdefault((shape, comparison, split), []).append((a - b, float(a.mean()), real))
     for (shape, comparison, split), seeds in groups.items():
         summary = stats.across_seeds([d.mean() for d, _, _ in seeds], confidence)
-        _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap([d for d, _, _ in seeds], confidence, BOOTSTRAP_RESAMPLES)
+        _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap(
+            [d for d, _, _ in seeds], confidence, BOOTSTRAP_RESAMPLES
+        )
         baseline_sd = stats.across_seeds([m for _, m, _ in seeds], confidence)["sd"]
-        text = stats.seed_verdict(summary, [r for *_, r in seeds], baseline_sd, _nats, f"{comparison} lower", f"{comparison} higher")
+        text = stats.seed_verdict(
+            summary, [r for *_, r in seeds], baseline_sd, _nats, f"{comparison} lower", f"{comparison} higher"
+        )
         noise = stats.within_se([d for d, _, _ in seeds])
         sigma = max(summary["sd"], noise)
-        rows.append({"shape": shape, "comparison": comparison, "seed": layout.ALL_SEEDS, "split": split, "final_difference": summary["mean"],
-                     "ci_low": summary["low"], "ci_high": summary["high"], "boot_low": summary["boot_low"], "boot_high": summary["boot_high"],
-                     "seeds": summary["n"], "sd": summary["sd"], "baseline_sd": baseline_sd, "windows": windows,
-                     "baseline_loss": float(np.mean([m for _, m, _ in seeds])), "p_seeds": summary["p"], "within_se": noise,
-                     "mde": stats.seed_mde(summary["sd"], summary["n"], alpha, power, noise),
-                     "band": cfg["band"], "seeds_for_band": stats.seeds_needed(sigma, cfg["band"], alpha, power),
-                     "target": cfg["target"], "seeds_for_target": stats.seeds_needed(sigma, cfg["target"], alpha, power), "verdict": text})
-    columns = ["shape", "comparison", "seed", "split", "final_difference", "ci_low", "ci_high", "boot_low", "boot_high", "seeds", "sd",
-               "baseline_sd", "windows", "baseline_loss", "compared_loss", "logged_difference", "p_seeds", "within_se", "mde",
-               "band", "seeds_for_band", "target", "seeds_for_target", "verdict"]
+        rows.append(
+            {
+                "shape": shape,
+                "comparison": comparison,
+                "seed": layout.ALL_SEEDS,
+                "split": split,
+                "final_difference": summary["mean"],
+                "ci_low": summary["low"],
+                "ci_high": summary["high"],
+                "boot_low": summary["boot_low"],
+                "boot_high": summary["boot_high"],
+                "seeds": summary["n"],
+                "sd": summary["sd"],
+                "baseline_sd": baseline_sd,
+                "windows": windows,
+                "baseline_loss": float(np.mean([m for _, m, _ in seeds])),
+                "p_seeds": summary["p"],
+                "within_se": noise,
+                "mde": stats.seed_mde(summary["sd"], summary["n"], alpha, power, noise),
+                "band": cfg["band"],
+                "seeds_for_band": stats.seeds_needed(sigma, cfg["band"], alpha, power),
+                "target": cfg["target"],
+                "seeds_for_target": stats.seeds_needed(sigma, cfg["target"], alpha, power),
+                "verdict": text,
+            }
+        )
+    columns = [
+        "shape",
+        "comparison",
+        "seed",
+        "split",
+        "final_difference",
+        "ci_low",
+        "ci_high",
+        "boot_low",
+        "boot_high",
+        "seeds",
+        "sd",
+        "baseline_sd",
+        "windows",
+        "baseline_loss",
+        "compared_loss",
+        "logged_difference",
+        "p_seeds",
+        "within_se",
+        "mde",
+        "band",
+        "seeds_for_band",
+        "target",
+        "seeds_for_target",
+        "verdict",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -132,6 +215,12 @@ def across_seeds_curves(curves: pd.DataFrame) -> pd.DataFrame:
     keys = ["shape", "comparison", "split", "step", "tokens"]
     seeds = curves.groupby(["shape", "comparison", "split"]).seed.transform("nunique")
     grouped = curves.assign(seeds=seeds).groupby(keys, sort=False)
-    out = grouped.agg(difference=("difference", "mean"), smoothed=("smoothed", "mean"), band_low=("smoothed", "min"),
-                      band_high=("smoothed", "max"), logged=("seed", "nunique"), seeds=("seeds", "first")).reset_index()
+    out = grouped.agg(
+        difference=("difference", "mean"),
+        smoothed=("smoothed", "mean"),
+        band_low=("smoothed", "min"),
+        band_high=("smoothed", "max"),
+        logged=("seed", "nunique"),
+        seeds=("seeds", "first"),
+    ).reset_index()
     return out[out.logged == out.seeds].drop(columns=["logged", "seeds"]).assign(seed=layout.ALL_SEEDS)

@@ -21,7 +21,8 @@ Swallowed updates. For every sublayer's add into the stream, h' = round(h + d) w
 own stream h and delta d (forward pass only): `swallowed_fraction` is the share of coordinates
 with d != 0 where h' == h (the update was rounded away), `lost_mass_fraction` is
 sum |h' - (h + d)| / sum |d|, what rounding took from the update, relative to its size (the exact
-sum in fp64): `streamback.model.swallow`, whose definitions the trainer's live signals share. A block format (MXFP8, NVFP4) may also move coordinates whose update is zero, when
+sum in fp64): `streamback.model.swallow`, whose definitions the trainer's live signals share. A block format (MXFP8,
+NVFP4) may also move coordinates whose update is zero, when
 the block's scale changes; that counts as lost mass too.
 """
 
@@ -55,7 +56,8 @@ def error_stats(x: torch.Tensor, truth: torch.Tensor) -> dict:
 
 
 def _forward_backward(model, batch: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-    """One forward and backward pass; per layer the residual, its gradient and the block's parameter gradients (detached)."""
+    """One forward and backward pass; per layer the residual, its gradient and the block's parameter gradients
+    (detached)."""
     model.zero_grad(set_to_none=True)
     with model.capture(("residual",), grad=True) as cap:
         next_token_loss(model(batch[:, :-1]), batch[:, 1:]).backward()
@@ -74,8 +76,16 @@ def reference_model(trained: TrainedModel, reference: str, device):
     return model.to(dtype)
 
 
-def layer_error(trained: TrainedModel, batch: torch.Tensor, reference: str, variants: list[str], device="cpu",
-                seed: int = 0, compute_dtype: torch.dtype | None = None, progress: Progress | None = None) -> pd.DataFrame:
+def layer_error(
+    trained: TrainedModel,
+    batch: torch.Tensor,
+    reference: str,
+    variants: list[str],
+    device="cpu",
+    seed: int = 0,
+    compute_dtype: torch.dtype | None = None,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
     """Per variant, kind and layer: the error against the ground truth (columns: variant, kind,
     layer, max_abs_error, rel_error, sign_flips, sign_flip_fraction). `compute_dtype`: the
     variants' (default: as trained)."""
@@ -100,8 +110,14 @@ def layer_error(trained: TrainedModel, batch: torch.Tensor, reference: str, vari
     return pd.DataFrame(rows)
 
 
-def swallowed(trained: TrainedModel, batch: torch.Tensor, variants: list[str], device="cpu", seed: int = 0,
-              progress: Progress | None = None) -> pd.DataFrame:
+def swallowed(
+    trained: TrainedModel,
+    batch: torch.Tensor,
+    variants: list[str],
+    device="cpu",
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
     """Per variant, layer and sublayer: what the stream's rounding took from each add (columns:
     variant, layer, sublayer, swallowed_fraction, lost_mass_fraction)."""
     inputs = batch[:, :-1].to(device)
@@ -113,10 +129,14 @@ def swallowed(trained: TrainedModel, batch: torch.Tensor, variants: list[str], d
             model(inputs)
             res, mid = cap["residual"], cap["mid"]
             for layer in range(len(model.layers)):
-                adds = {"attention": (res[layer], cap["attention"][layer], mid[layer]),
-                        "feed_forward": (mid[layer], cap["feed_forward"][layer], res[layer + 1])}
+                adds = {
+                    "attention": (res[layer], cap["attention"][layer], mid[layer]),
+                    "feed_forward": (mid[layer], cap["feed_forward"][layer], res[layer + 1]),
+                }
                 for sublayer in SUBLAYERS:
-                    rows.append({"variant": variant, "layer": layer, "sublayer": sublayer, **swallow_stats(*adds[sublayer])})
+                    rows.append(
+                        {"variant": variant, "layer": layer, "sublayer": sublayer, **swallow_stats(*adds[sublayer])}
+                    )
         del model, cap, res, mid
         if progress is not None:
             progress.update(1, variant)

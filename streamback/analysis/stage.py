@@ -23,11 +23,25 @@ from streamback import layout
 from streamback.analysis.envelope import envelope, training_envelope
 from streamback.analysis.figures import charts
 from streamback.analysis.inputs import Subject, read_subject, subjects, validation_batch
-from streamback.analysis.loss import across_seeds_curves, final_differences, loss_curves, model_window_losses, split_windows, thin
+from streamback.analysis.loss import (
+    across_seeds_curves,
+    final_differences,
+    loss_curves,
+    model_window_losses,
+    split_windows,
+    thin,
+)
 from streamback.analysis.precision import layer_error, swallowed
 from streamback.analysis.public import public_tables as tables
 from streamback.charts import save_figure
-from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, public_models, section_from_args, section_from_json
+from streamback.config import (
+    DEFAULT_CONFIG,
+    add_config_arguments,
+    load_config,
+    public_models,
+    section_from_args,
+    section_from_json,
+)
 from streamback.data.shards import TokenDataset
 from streamback.errors import StreambackError
 from streamback.io import write_csv
@@ -45,11 +59,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=KINDS, help="which analysis")
     add_config_arguments(parser, "analysis")
     compute.add_argument(parser)
-    parser.add_argument("--train-params", default=None, help="the 'train' section as a JSON object (what the rule passes; default: from --config)")
-    parser.add_argument("--data", type=Path, default=None, help="token directory of the data stage (default: the config's, results/tokens/<corpus>)")
-    parser.add_argument("--runs", nargs="+", default=None, help="runs to analyse (default: every run of train.runs; loss-difference: every compared run)")
-    parser.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
-                        help="also analyse this model file (layer-error, envelope, swallowed), e.g. one written by `streamback import-hf`")
+    parser.add_argument(
+        "--train-params",
+        default=None,
+        help="the 'train' section as a JSON object (what the rule passes; default: from --config)",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="token directory of the data stage (default: the config's, results/tokens/<corpus>)",
+    )
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        default=None,
+        help="runs to analyse (default: every run of train.runs; loss-difference: every compared run)",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help=(
+            "also analyse this model file (layer-error, envelope, swallowed), e.g. one written by `streamback "
+            "import-hf`"
+        ),
+    )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
 
@@ -58,21 +94,32 @@ def run(args: argparse.Namespace) -> int:
     compute.choose_for_stage(args)
     cfg = section_from_args(args, "analysis")
     config = load_config(args.config or DEFAULT_CONFIG) if args.train_params is None or args.data is None else None
-    train_cfg = section_from_json(args.train_params, "train", "--train-params") if args.train_params is not None else config["train"]
+    train_cfg = (
+        section_from_json(args.train_params, "train", "--train-params")
+        if args.train_params is not None
+        else config["train"]
+    )
     tokens = args.data or layout.tokens_dir(config["data"])
     if args.kind in ("loss-difference", "public") and args.model:
-        raise StreambackError(f"{args.kind} takes no --model (loss-difference compares trained runs by their metrics; public "
-                              "reads the Hugging Face directories of analysis.public_models)")
+        raise StreambackError(
+            f"{args.kind} takes no --model (loss-difference compares trained runs by their metrics; public "
+            "reads the Hugging Face directories of analysis.public_models)"
+        )
     runs = args.runs
     if runs is None and args.kind == "loss-difference":
         runs = list(dict.fromkeys(name for _, *pair in comparisons(run_matrix(train_cfg)) for name in pair))
     if args.kind == "public":
         if not public_models(cfg):
-            raise StreambackError("analyze public: analysis.public_models is empty (name it a model: NAME: <Hugging Face directory>)")
+            raise StreambackError(
+                "analyze public: analysis.public_models is empty (name it a model: NAME: <Hugging Face directory>)"
+            )
         for name, directory in public_models(cfg).items():
             layout.checked_name(name, "analysis.public_models name")  # it names the model's figures
             if not (Path(directory) / "config.json").is_file():
-                raise StreambackError(f"analysis.public_models {name}: {directory} has no config.json (a local Hugging Face model directory)")
+                raise StreambackError(
+                    f"analysis.public_models {name}: {directory} has no config.json (a local Hugging Face model "
+                    f"directory)"
+                )
         todo = list(public_models(cfg))
     else:
         todo = subjects(train_cfg, runs, args.model)
@@ -80,16 +127,23 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     began = time.perf_counter()
-    tables_of = {"layer-error": layer_error_tables, "envelope": envelope_tables, "swallowed": swallowed_tables,
-                 "loss-difference": loss_tables, "public": public_tables}[args.kind]
+    tables_of = {
+        "layer-error": layer_error_tables,
+        "envelope": envelope_tables,
+        "swallowed": swallowed_tables,
+        "loss-difference": loss_tables,
+        "public": public_tables,
+    }[args.kind]
     tables = tables_of(todo, cfg, train_cfg, Path(tokens), device)
     for name, table in tables.items():
         write_csv(layout.table(name), table)
     computed = time.perf_counter() - began
     figures = write_figures(args.kind, tables, cfg["band"])
-    print(f"analyze {args.kind}: {len(todo)} models on {device.type} in {computed:.1f} s, figures in "
-          f"{time.perf_counter() - began - computed:.1f} s; wrote {', '.join(str(layout.table(n)) for n in tables)} "
-          f"and {len(figures)} figures (.svg, .png) in {layout.FIGURES_DIR}")
+    print(
+        f"analyze {args.kind}: {len(todo)} models on {device.type} in {computed:.1f} s, figures in "
+        f"{time.perf_counter() - began - computed:.1f} s; wrote {', '.join(str(layout.table(n)) for n in tables)} "
+        f"and {len(figures)} figures (.svg, .png) in {layout.FIGURES_DIR}"
+    )
     return 0
 
 
@@ -100,7 +154,9 @@ def write_figures(kind: str, tables: dict[str, pd.DataFrame], band: float) -> li
     return list(drawn)
 
 
-def _per_model(todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, name: str, steps_per_model: int, fn) -> pd.DataFrame:
+def _per_model(
+    todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, name: str, steps_per_model: int, fn
+) -> pd.DataFrame:
     """`fn(trained, batch, progress)` for each model on the validation batch, its rows tagged with the run and its
     training seed (first) and shape (last)."""
     batch = validation_batch(tokens, train_cfg["seq_len"], cfg["batch_size"])
@@ -118,14 +174,34 @@ def _per_model(todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, na
 
 
 def layer_error_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
-    table = _per_model(todo, cfg, train_cfg, tokens, "layer-error", len(cfg["variants"]) + 1, lambda trained, batch, progress: layer_error(
-        trained, batch, cfg["reference"], cfg["variants"], device, cfg["seed"], progress=progress))
+    table = _per_model(
+        todo,
+        cfg,
+        train_cfg,
+        tokens,
+        "layer-error",
+        len(cfg["variants"]) + 1,
+        lambda trained, batch, progress: layer_error(
+            trained, batch, cfg["reference"], cfg["variants"], device, cfg["seed"], progress=progress
+        ),
+    )
     return {"layer_error": table.drop(columns="shape")}
 
 
 def swallowed_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
-    return {"swallowed": _per_model(todo, cfg, train_cfg, tokens, "swallowed", len(cfg["variants"]), lambda trained, batch, progress: swallowed(
-        trained, batch, cfg["variants"], device, cfg["seed"], progress=progress))}
+    return {
+        "swallowed": _per_model(
+            todo,
+            cfg,
+            train_cfg,
+            tokens,
+            "swallowed",
+            len(cfg["variants"]),
+            lambda trained, batch, progress: swallowed(
+                trained, batch, cfg["variants"], device, cfg["seed"], progress=progress
+            ),
+        )
+    }
 
 
 def public_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
@@ -148,8 +224,12 @@ def envelope_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFr
         logged = logged[logged.step.isin(steps[thin(len(steps), cfg["curve_points"])])]
         frames.append(logged.assign(run=subject.name, seed=subject.seed)[TRAINING_ENVELOPE_COLUMNS])
     on_batch = _per_model(todo, cfg, train_cfg, tokens, "envelope", 1, reach)
-    return {"envelope": on_batch[["run", "seed", "layer", "max", "min", "abs_p999", "shape", "stream"]],
-            "envelope_training": pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=TRAINING_ENVELOPE_COLUMNS)}
+    return {
+        "envelope": on_batch[["run", "seed", "layer", "max", "min", "abs_p999", "shape", "stream"]],
+        "envelope_training": pd.concat(frames, ignore_index=True)
+        if frames
+        else pd.DataFrame(columns=TRAINING_ENVELOPE_COLUMNS),
+    }
 
 
 def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]:
@@ -158,11 +238,15 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
     pairs = [(shape, a, b) for shape, a, b in comparisons(matrix) if b in names]
     for shape, baseline, other in pairs:
         if baseline not in names:
-            raise StreambackError(f"loss-difference: {other} is compared with {baseline}, but {baseline} is not among the runs asked for")
+            raise StreambackError(
+                f"loss-difference: {other} is compared with {baseline}, but {baseline} is not among the runs asked for"
+            )
     unpaired = set(names) - {r for _, a, b in pairs for r in (a, b)}
     if unpaired:
-        raise StreambackError(f"loss-difference: nothing to compare {', '.join(sorted(unpaired))} with (a shape needs "
-                              "its baseline run and another run of the same seed)")
+        raise StreambackError(
+            f"loss-difference: nothing to compare {', '.join(sorted(unpaired))} with (a shape needs "
+            "its baseline run and another run of the same seed)"
+        )
     seq_len, count = train_cfg["seq_len"], cfg["loss_windows"] or train_cfg["log"]["val_sequences"]
     records = {name: read_metrics(s.metrics) for name, s in names.items()}
     progress = Progress("analyze loss-difference", 2 * len(names), "model")
@@ -172,7 +256,9 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
     for name, subject in names.items():
         trained = read_subject(subject, tokens)  # once for both splits
         for split, dataset in datasets.items():
-            losses[name, split] = model_window_losses(trained, dataset, windows[split], seq_len, cfg["micro_batch_size"], device)
+            losses[name, split] = model_window_losses(
+                trained, dataset, windows[split], seq_len, cfg["micro_batch_size"], device
+            )
             progress.update(1, f"{name} {split}")
             progress.write(f"analyze loss-difference: {name} {split} done ({progress.line()})")
     progress.close()
@@ -182,5 +268,19 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
         curves.append(curve.assign(shape=shape, comparison=comparison_name(matrix[other]), seed=matrix[other].seed))
     curves = pd.concat(curves, ignore_index=True)
     finals = final_differences(pairs, matrix, losses, curves, cfg, count)
-    curve_columns = ["shape", "comparison", "seed", "split", "step", "tokens", "difference", "smoothed", "band_low", "band_high"]
-    return {"loss_difference": finals, "loss_curves": pd.concat([curves, across_seeds_curves(curves)], ignore_index=True)[curve_columns]}
+    curve_columns = [
+        "shape",
+        "comparison",
+        "seed",
+        "split",
+        "step",
+        "tokens",
+        "difference",
+        "smoothed",
+        "band_low",
+        "band_high",
+    ]
+    return {
+        "loss_difference": finals,
+        "loss_curves": pd.concat([curves, across_seeds_curves(curves)], ignore_index=True)[curve_columns],
+    }

@@ -32,48 +32,150 @@ SG, PL = 0, 1
 
 # (singular, plural) forms. Animate nouns can see, like and follow; things cannot.
 ANIMATE = [
-    ("dog", "dogs"), ("cat", "cats"), ("bird", "birds"), ("horse", "horses"), ("fox", "foxes"),
-    ("wolf", "wolves"), ("mouse", "mice"), ("child", "children"), ("man", "men"),
-    ("woman", "women"), ("teacher", "teachers"), ("farmer", "farmers"), ("doctor", "doctors"),
-    ("painter", "painters"), ("sailor", "sailors"), ("baker", "bakers"), ("student", "students"),
-    ("king", "kings"), ("queen", "queens"), ("pilot", "pilots"), ("singer", "singers"),
-    ("neighbor", "neighbors"), ("friend", "friends"), ("rabbit", "rabbits"), ("goose", "geese"),
+    ("dog", "dogs"),
+    ("cat", "cats"),
+    ("bird", "birds"),
+    ("horse", "horses"),
+    ("fox", "foxes"),
+    ("wolf", "wolves"),
+    ("mouse", "mice"),
+    ("child", "children"),
+    ("man", "men"),
+    ("woman", "women"),
+    ("teacher", "teachers"),
+    ("farmer", "farmers"),
+    ("doctor", "doctors"),
+    ("painter", "painters"),
+    ("sailor", "sailors"),
+    ("baker", "bakers"),
+    ("student", "students"),
+    ("king", "kings"),
+    ("queen", "queens"),
+    ("pilot", "pilots"),
+    ("singer", "singers"),
+    ("neighbor", "neighbors"),
+    ("friend", "friends"),
+    ("rabbit", "rabbits"),
+    ("goose", "geese"),
 ]
 THINGS = [
-    ("key", "keys"), ("box", "boxes"), ("cabinet", "cabinets"), ("book", "books"),
-    ("letter", "letters"), ("house", "houses"), ("tree", "trees"), ("river", "rivers"),
-    ("city", "cities"), ("story", "stories"), ("ship", "ships"), ("lamp", "lamps"),
-    ("garden", "gardens"), ("road", "roads"), ("song", "songs"), ("window", "windows"),
-    ("table", "tables"), ("chair", "chairs"), ("apple", "apples"), ("stone", "stones"),
-    ("cup", "cups"), ("coin", "coins"), ("map", "maps"), ("hill", "hills"), ("bridge", "bridges"),
-    ("door", "doors"), ("picture", "pictures"), ("basket", "baskets"), ("candle", "candles"),
+    ("key", "keys"),
+    ("box", "boxes"),
+    ("cabinet", "cabinets"),
+    ("book", "books"),
+    ("letter", "letters"),
+    ("house", "houses"),
+    ("tree", "trees"),
+    ("river", "rivers"),
+    ("city", "cities"),
+    ("story", "stories"),
+    ("ship", "ships"),
+    ("lamp", "lamps"),
+    ("garden", "gardens"),
+    ("road", "roads"),
+    ("song", "songs"),
+    ("window", "windows"),
+    ("table", "tables"),
+    ("chair", "chairs"),
+    ("apple", "apples"),
+    ("stone", "stones"),
+    ("cup", "cups"),
+    ("coin", "coins"),
+    ("map", "maps"),
+    ("hill", "hills"),
+    ("bridge", "bridges"),
+    ("door", "doors"),
+    ("picture", "pictures"),
+    ("basket", "baskets"),
+    ("candle", "candles"),
     ("shelf", "shelves"),
 ]
 INTRANSITIVE = [
-    ("sleeps", "sleep"), ("runs", "run"), ("sings", "sing"), ("waits", "wait"),
-    ("laughs", "laugh"), ("smiles", "smile"), ("jumps", "jump"), ("walks", "walk"),
-    ("rests", "rest"), ("dances", "dance"), ("hides", "hide"), ("listens", "listen"),
-    ("works", "work"), ("plays", "play"), ("cries", "cry"), ("goes", "go"),
+    ("sleeps", "sleep"),
+    ("runs", "run"),
+    ("sings", "sing"),
+    ("waits", "wait"),
+    ("laughs", "laugh"),
+    ("smiles", "smile"),
+    ("jumps", "jump"),
+    ("walks", "walk"),
+    ("rests", "rest"),
+    ("dances", "dance"),
+    ("hides", "hide"),
+    ("listens", "listen"),
+    ("works", "work"),
+    ("plays", "play"),
+    ("cries", "cry"),
+    ("goes", "go"),
 ]
 TRANSITIVE = [  # animate subject; the object is any noun phrase
-    ("sees", "see"), ("likes", "like"), ("follows", "follow"), ("finds", "find"),
-    ("carries", "carry"), ("watches", "watch"), ("paints", "paint"), ("remembers", "remember"),
-    ("wants", "want"), ("knows", "know"), ("visits", "visit"), ("misses", "miss"),
-    ("helps", "help"), ("chases", "chase"),
+    ("sees", "see"),
+    ("likes", "like"),
+    ("follows", "follow"),
+    ("finds", "find"),
+    ("carries", "carry"),
+    ("watches", "watch"),
+    ("paints", "paint"),
+    ("remembers", "remember"),
+    ("wants", "want"),
+    ("knows", "know"),
+    ("visits", "visit"),
+    ("misses", "miss"),
+    ("helps", "help"),
+    ("chases", "chase"),
 ]
 COPULA = ("is", "are")
 HAVE = ("has", "have")
 ADJECTIVES = [
-    "big", "small", "old", "young", "happy", "tired", "red", "green", "blue", "quiet", "clever",
-    "brave", "little", "heavy", "bright", "dark", "warm", "cold", "kind", "busy", "hungry",
-    "strange", "new", "gentle",
+    "big",
+    "small",
+    "old",
+    "young",
+    "happy",
+    "tired",
+    "red",
+    "green",
+    "blue",
+    "quiet",
+    "clever",
+    "brave",
+    "little",
+    "heavy",
+    "bright",
+    "dark",
+    "warm",
+    "cold",
+    "kind",
+    "busy",
+    "hungry",
+    "strange",
+    "new",
+    "gentle",
 ]
 LOCATIONS = ["near", "behind", "under", "beside", "above", "inside", "next to", "far from"]
 ATTRACTOR_PREPS = ["to", "of", "near", "behind", "beside", "with", "from", "under"]
 ADVERBS = ["often", "always", "never", "quietly", "slowly", "today", "again", "sometimes"]
 NAMES = [
-    "Anna", "Ben", "Mia", "Tom", "Lena", "Omar", "Sara", "Leo", "Nina", "Hugo", "Ida", "Karl",
-    "Rosa", "Ali", "Emma", "Jonas", "Lucy", "Ravi", "Vera", "Otto",
+    "Anna",
+    "Ben",
+    "Mia",
+    "Tom",
+    "Lena",
+    "Omar",
+    "Sara",
+    "Leo",
+    "Nina",
+    "Hugo",
+    "Ida",
+    "Karl",
+    "Rosa",
+    "Ali",
+    "Emma",
+    "Jonas",
+    "Lucy",
+    "Ravi",
+    "Vera",
+    "Otto",
 ]
 SAY = ["says", "whispers", "shouts", "writes", "asks"]
 THINK = ["thinks", "knows", "hopes", "says", "believes"]
@@ -116,13 +218,12 @@ def join_words(words: list[str]) -> str:
 def _capitalize(words: list[str]) -> list[str]:
     for i, word in enumerate(words):
         if word[0].isalpha():
-            return words[:i] + [word[0].upper() + word[1:]] + words[i + 1:]
+            return words[:i] + [word[0].upper() + word[1:]] + words[i + 1 :]
     return words
 
 
 def _fix_articles(words: list[str]) -> list[str]:
-    return ["an" if w == "a" and i + 1 < len(words) and words[i + 1][0] in "aeiou" else w
-            for i, w in enumerate(words)]
+    return ["an" if w == "a" and i + 1 < len(words) and words[i + 1][0] in "aeiou" else w for i, w in enumerate(words)]
 
 
 def sentence_text(words: list[str]) -> str:
@@ -176,7 +277,9 @@ class Grammar:
         """'that/who' + a verb agreeing with the head noun + an object (of number `other`)."""
         verb = self.rng.choice(TRANSITIVE)[num]
         obj_num = self.num() if other is None else other
-        return [self.rng.choice(("that", "who")), verb] + self.noun_phrase(obj_num, self.rng.random() < 0.5, depth, modifiers=False)
+        return [self.rng.choice(("that", "who")), verb] + self.noun_phrase(
+            obj_num, self.rng.random() < 0.5, depth, modifiers=False
+        )
 
     def object_relative(self, depth: int, inner: int | None = None) -> list[str]:
         """'that' + an animate subject + a transitive verb agreeing with that inner subject."""
@@ -193,7 +296,9 @@ class Grammar:
         if r < 0.8:
             return COPULA, [self.rng.choice(ADJECTIVES)]
         if r < 0.9:
-            return COPULA, [self.rng.choice(LOCATIONS)] + self.noun_phrase(self.num(), False, depth + 1, modifiers=False)
+            return COPULA, [self.rng.choice(LOCATIONS)] + self.noun_phrase(
+                self.num(), False, depth + 1, modifiers=False
+            )
         return HAVE, self.noun_phrase(self.num(), False, depth + 1, modifiers=False)
 
     def clause(self, depth: int = 0) -> tuple[list[str], int, bool]:
@@ -211,7 +316,11 @@ class Grammar:
         opening, closing = self.rng.choice(BRACKETS)
         r = self.rng.random()
         if r < 0.4:
-            inner = [self.rng.choice(("with", "and")), self.rng.choice(DETERMINERS[PL][3:]), self.noun(self.rng.random() < 0.5)[PL]]
+            inner = [
+                self.rng.choice(("with", "and")),
+                self.rng.choice(DETERMINERS[PL][3:]),
+                self.noun(self.rng.random() < 0.5)[PL],
+            ]
         elif r < 0.7:
             inner = [self.rng.choice(ADJECTIVES), "and", self.rng.choice(ADJECTIVES)]
         else:
@@ -227,7 +336,11 @@ class Grammar:
         r = self.rng.random()
         if previous is not None and r < 0.15:  # a pronoun picks up the last subject's number
             num, animate = previous
-            pronoun = ("they" if num == PL else "it") if not animate or num == PL or self.rng.random() < 0.5 else self.rng.choice(("he", "she"))
+            pronoun = (
+                ("they" if num == PL else "it")
+                if not animate or num == PL or self.rng.random() < 0.5
+                else self.rng.choice(("he", "she"))
+            )
             verb, rest = self.verb_phrase(num, animate, 1)
             return [pronoun, verb[num]] + rest + ["."], previous
         if r < 0.55:
@@ -287,6 +400,7 @@ def document_id(seed: int, index: int) -> str:
 
 
 # -- minimal pairs -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MinimalPair:
@@ -352,6 +466,7 @@ def minimal_pairs(phenomenon: str, n: int, seed: int) -> list[MinimalPair]:
 
 # -- the corpus as parquet -----------------------------------------------------------------
 
+
 def corpus_table(seed: int, start: int, stop: int, file_path: str):
     """Documents [start, stop) as an Arrow table with FineWeb's columns and types.
 
@@ -362,17 +477,21 @@ def corpus_table(seed: int, start: int, stop: int, file_path: str):
 
     texts = [document_text(seed, i) for i in range(start, stop)]
     n = len(texts)
-    return pa.table({
-        "text": pa.array(texts, pa.string()),
-        "id": pa.array([document_id(seed, i) for i in range(start, stop)], pa.string()),
-        "dump": pa.array([GENERATOR_VERSION] * n, pa.string()),
-        "url": pa.array([f"https://synthetic.streamback.invalid/{seed}/{i}" for i in range(start, stop)], pa.string()),
-        "date": pa.array(["2024-01-01T00:00:00Z"] * n, pa.string()),
-        "file_path": pa.array([file_path] * n, pa.string()),
-        "language": pa.array(["en"] * n, pa.string()),
-        "language_score": pa.array([1.0] * n, pa.float64()),
-        "token_count": pa.array([len(t.split()) for t in texts], pa.int64()),
-    })
+    return pa.table(
+        {
+            "text": pa.array(texts, pa.string()),
+            "id": pa.array([document_id(seed, i) for i in range(start, stop)], pa.string()),
+            "dump": pa.array([GENERATOR_VERSION] * n, pa.string()),
+            "url": pa.array(
+                [f"https://synthetic.streamback.invalid/{seed}/{i}" for i in range(start, stop)], pa.string()
+            ),
+            "date": pa.array(["2024-01-01T00:00:00Z"] * n, pa.string()),
+            "file_path": pa.array([file_path] * n, pa.string()),
+            "language": pa.array(["en"] * n, pa.string()),
+            "language_score": pa.array([1.0] * n, pa.float64()),
+            "token_count": pa.array([len(t.split()) for t in texts], pa.int64()),
+        }
+    )
 
 
 def write_part(seed: int, start: int, stop: int, path: str | Path) -> None:

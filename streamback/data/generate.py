@@ -47,6 +47,9 @@ def run(args) -> int:
         raise StreambackError(f"--processes must be at least 1, got {processes}")
     t0 = time.monotonic()
     paths = generate(data, args.out, processes)
-    print(f"corpus: wrote {data['synthetic']['documents']} documents to {len(paths)} files in {paths[0].parent} "
-          f"in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    print(
+        f"corpus: wrote {data['synthetic']['documents']} documents to {len(paths)} files in {paths[0].parent} "
+        f"in {time.monotonic() - t0:.1f} s",
+        file=sys.stderr,
+    )
     return 0

@@ -37,7 +37,11 @@ def tokenized_train_split(data: dict) -> tuple[int, str] | None:
         made_with, read = shard_settings(manifest["config"]), [f["path"] for f in manifest["source"].get("files", [])]
         tokens, written = int(manifest["splits"]["train"]["tokens"]), path.stat().st_mtime
         inputs = layout.input_files(data)
-        current = made_with == shard_settings(data) and read == [str(f) for f in inputs] and all(f.stat().st_mtime <= written for f in inputs)
+        current = (
+            made_with == shard_settings(data)
+            and read == [str(f) for f in inputs]
+            and all(f.stat().st_mtime <= written for f in inputs)
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return (tokens, f"the train split of {path.parent}") if current else None

@@ -74,7 +74,7 @@ def read_header(path: str | Path) -> dict:
     if len(raw) < HEADER_BYTES or not raw.startswith(MAGIC):
         raise StreambackError(f"shard {path} has no streamback header (truncated or not a token shard)")
     try:
-        return json.loads(raw[len(MAGIC):].decode())
+        return json.loads(raw[len(MAGIC) :].decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise StreambackError(f"shard {path} has a corrupt header") from None
 
@@ -151,19 +151,29 @@ def check_shard(path: Path, expect: dict, manifest: Path | None = None) -> dict:
             raise StreambackError(f"shard {path}: header says {key}={header.get(key)!r}, this config gives {value!r}")
         newer, older = (manifest, path) if manifest.stat().st_mtime > path.stat().st_mtime else (path, manifest)
         raise StreambackError(
-            f"shard {path} and {manifest} disagree on its {key}: the shard's header records {_short(header.get(key))}, the "
-            f"manifest {_short(value)}; {newer.name} was written after {older.name} (so {newer.name} is the one that changed, or "
-            "the other is a copy from another tokenize): rerun tokenize (`snakemake --forcerun tokenize`) to write both again")
+            f"shard {path} and {manifest} disagree on its {key}: the shard's header records {_short(header.get(key))}, "
+            f"the "
+            f"manifest {_short(value)}; {newer.name} was written after {older.name} (so {newer.name} is the one that "
+            f"changed, or "
+            "the other is a copy from another tokenize): rerun tokenize (`snakemake --forcerun tokenize`) to write "
+            "both again"
+        )
     size = HEADER_BYTES + header["tokens"] * np_dtype(header["dtype"]).itemsize
     actual = path.stat().st_size
     if actual != size:
-        raise StreambackError(f"shard {path} is {actual} bytes, its header promises {size} ({header['tokens']} tokens of {header['dtype']})")
+        raise StreambackError(
+            f"shard {path} is {actual} bytes, its header promises {size} ({header['tokens']} tokens of "
+            f"{header['dtype']})"
+        )
     return header
 
 
 # what a manifest must hold (section -> keys; None: the top level), as tokenize writes it
-MANIFEST_KEYS = {None: ("vocab_size", "eos_id", "dtype", "tokenizer", "splits", "fingerprint"), "tokenizer": ("file", "sha256"),
-                 "splits": SPLITS}
+MANIFEST_KEYS = {
+    None: ("vocab_size", "eos_id", "dtype", "tokenizer", "splits", "fingerprint"),
+    "tokenizer": ("file", "sha256"),
+    "splits": SPLITS,
+}
 
 
 def _short(value) -> str:
@@ -177,13 +187,17 @@ def read_manifest(data_dir: str | Path) -> dict:
     remedy = "rerun tokenize (`streamback tokenize`, or `snakemake --forcerun tokenize`) to write it again"
     manifest = read_json(path, "run `streamback tokenize` (rule tokenize) first")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise StreambackError(f"{path}: format {manifest.get('format') if isinstance(manifest, dict) else None!r} is not {FORMAT!r}")
+        raise StreambackError(
+            f"{path}: format {manifest.get('format') if isinstance(manifest, dict) else None!r} is not {FORMAT!r}"
+        )
     for section, keys in MANIFEST_KEYS.items():
         held = manifest if section is None else manifest.get(section)
         missing = [key for key in keys if not isinstance(held, dict) or key not in held]
         if missing:
             where = "" if section is None else f"'s {section}"
-            raise StreambackError(f"{path}{where} lacks {', '.join(map(repr, missing))} (edited, or not written by tokenize): {remedy}")
+            raise StreambackError(
+                f"{path}{where} lacks {', '.join(map(repr, missing))} (edited, or not written by tokenize): {remedy}"
+            )
     return manifest
 
 
@@ -212,17 +226,28 @@ class TokenDataset:
         for index, (path, entry) in enumerate(zip(self.paths, entries)):
             if not path.is_file():
                 raise StreambackError(f"shard {path} listed in {self.data_dir / 'manifest.json'} is missing")
-            check_shard(path, {"dtype": self.manifest["dtype"], "tokens": entry["tokens"], "sha256": entry["sha256"],
-                               "split": split, "index": index,
-                               "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
-                               "fingerprint": self.manifest["fingerprint"]}, manifest=self.data_dir / "manifest.json")
+            check_shard(
+                path,
+                {
+                    "dtype": self.manifest["dtype"],
+                    "tokens": entry["tokens"],
+                    "sha256": entry["sha256"],
+                    "split": split,
+                    "index": index,
+                    "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
+                    "fingerprint": self.manifest["fingerprint"],
+                },
+                manifest=self.data_dir / "manifest.json",
+            )
         self.sha256 = [entry["sha256"] for entry in entries]
         sizes = [entry["tokens"] for entry in entries]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
         self.num_tokens: int = self.starts[-1]
         if self.num_tokens != self.manifest["splits"][split]["tokens"]:
-            raise StreambackError(f"{self.data_dir / 'manifest.json'}: {split} shards hold {self.num_tokens} tokens, "
-                                  f"the manifest says {self.manifest['splits'][split]['tokens']}")
+            raise StreambackError(
+                f"{self.data_dir / 'manifest.json'}: {split} shards hold {self.num_tokens} tokens, "
+                f"the manifest says {self.manifest['splits'][split]['tokens']}"
+            )
         self._maps: list[np.memmap | None] = [None] * len(self.paths)
         self._verify_on_read = verify
 
@@ -255,6 +280,7 @@ class TokenDataset:
     def scan(self, shards, threads: int = 1) -> dict[str, dict]:
         """Hash and bound-scan the shards with these indices, `threads` at a time: per resolved
         path {"index", "stamp", "sha256", "max_id"} (the stamp is taken before reading)."""
+
         def one(k):
             stamp = file_stamp(self.paths[k])
             digest, top = scan_tokens(self.paths[k], self.dtype)
@@ -274,10 +300,15 @@ class TokenDataset:
             path, want = self.paths[result["index"]], self.sha256[result["index"]]
             wrong = []
             if result["sha256"] != want:
-                wrong.append(f"the sha256 of its tokens is {result['sha256'][:16]}..., {manifest} records {want[:16]}... "
-                             "(the file changed after tokenize wrote it)")
+                wrong.append(
+                    f"the sha256 of its tokens is {result['sha256'][:16]}..., {manifest} records {want[:16]}... "
+                    "(the file changed after tokenize wrote it)"
+                )
             if result["max_id"] >= self.vocab_size:
-                wrong.append(f"it holds token id {result['max_id']}, outside the vocabulary of {self.vocab_size} ids in {manifest}")
+                wrong.append(
+                    f"it holds token id {result['max_id']}, outside the vocabulary of {self.vocab_size} ids in "
+                    f"{manifest}"
+                )
             if wrong:
                 problems.append(f"shard {path}: " + "; ".join(wrong))
             else:
@@ -286,10 +317,12 @@ class TokenDataset:
 
     def explain(self, problems: list[str]) -> str:
         """The error for shards that failed verification: each one, then what to do."""
-        return (f"{len(problems)} token shard(s) in {self.data_dir} do not match manifest.json:\n  "
-                + "\n  ".join(problems)
-                + "\nRepair them by rerunning the data stage with the same config (`streamback tokenize`, or "
-                  "`snakemake --forcerun tokenize`): it keeps the shards that pass and rewrites from the first that fails.")
+        return (
+            f"{len(problems)} token shard(s) in {self.data_dir} do not match manifest.json:\n  "
+            + "\n  ".join(problems)
+            + "\nRepair them by rerunning the data stage with the same config (`streamback tokenize`, or "
+            "`snakemake --forcerun tokenize`): it keeps the shards that pass and rewrites from the first that fails."
+        )
 
     def verified_record(self) -> dict:
         """The verification record entries of this split's shards that this process has verified."""
@@ -305,8 +338,13 @@ class TokenDataset:
         if self._maps[k] is None:
             if self._verify_on_read:
                 self.verify(shards=[k])
-            self._maps[k] = np.memmap(self.paths[k], dtype=self.dtype, mode="r", offset=HEADER_BYTES,
-                                      shape=(self.starts[k + 1] - self.starts[k],))
+            self._maps[k] = np.memmap(
+                self.paths[k],
+                dtype=self.dtype,
+                mode="r",
+                offset=HEADER_BYTES,
+                shape=(self.starts[k + 1] - self.starts[k],),
+            )
         return self._maps[k]
 
     def read(self, offset: int, length: int) -> np.ndarray:
@@ -318,7 +356,7 @@ class TokenDataset:
         while done < length:
             start = offset + done - self.starts[k]
             take = min(length - done, self.starts[k + 1] - self.starts[k] - start)
-            out[done:done + take] = self._map(k)[start:start + take]
+            out[done : done + take] = self._map(k)[start : start + take]
             done += take
             k += 1
         return out

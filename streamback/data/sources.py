@@ -41,8 +41,9 @@ def _columns(batch, text_column: str, id_column: str | None, where: str) -> tupl
     """Texts (None as "") and ids (None where missing) of a batch: a pyarrow Table or a dict of lists."""
     names = batch.column_names if hasattr(batch, "column_names") else list(batch)
     if text_column not in names:
-        raise StreambackError(f"{where} has no column {text_column!r} (columns: {', '.join(names) or 'none'}); "
-                              "set data.text_column")
+        raise StreambackError(
+            f"{where} has no column {text_column!r} (columns: {', '.join(names) or 'none'}); set data.text_column"
+        )
     if hasattr(batch, "column_names"):
         texts = batch.column(text_column).to_pylist()
         ids = batch.column(id_column).to_pylist() if id_column in names else None
@@ -55,7 +56,9 @@ def _columns(batch, text_column: str, id_column: str | None, where: str) -> tupl
     return texts, [str(i) if i is not None else None for i in ids] if ids is not None else [None] * len(texts)
 
 
-def _iter_dataset(dataset, text_column: str, id_column: str | None, batch_size: int, where: str, start: int) -> Iterator[Batch]:
+def _iter_dataset(
+    dataset, text_column: str, id_column: str | None, batch_size: int, where: str, start: int
+) -> Iterator[Batch]:
     """Batches of a streaming dataset; errors name `where`."""
     try:
         for raw in dataset.iter(batch_size=batch_size):
@@ -63,7 +66,10 @@ def _iter_dataset(dataset, text_column: str, id_column: str | None, batch_size: 
             yield Batch(start, texts, ids)
             start += len(texts)
     except UnicodeDecodeError as err:
-        raise StreambackError(f"{where} is not valid UTF-8 text ({err.reason}: byte {err.object[err.start:err.start + 1]!r} at offset {err.start} of a block)") from None
+        raise StreambackError(
+            f"{where} is not valid UTF-8 text ({err.reason}: byte {err.object[err.start : err.start + 1]!r} at offset "
+            f"{err.start} of a block)"
+        ) from None
     except StreambackError:
         raise
     except Exception as err:  # datasets/pyarrow raise many types for unreadable data
@@ -88,8 +94,10 @@ class FileSource:
                 raise StreambackError(f"corpus file {path} does not exist{hint}")
             file_format = fmt if fmt != "auto" else FILE_FORMATS.get(path.suffix.lower())
             if file_format is None:
-                raise StreambackError(f"corpus file {path}: unknown format {path.suffix!r}; "
-                                      f"name it {', '.join(FILE_FORMATS)} or set data.local.format")
+                raise StreambackError(
+                    f"corpus file {path}: unknown format {path.suffix!r}; "
+                    f"name it {', '.join(FILE_FORMATS)} or set data.local.format"
+                )
             self.files.append((path, file_format))
         self.rows = {path: self._preflight(path, f) for path, f in self.files}
         if all(rows == 0 for rows in self.rows.values()):
@@ -117,8 +125,10 @@ class FileSource:
             raise StreambackError(f"corpus file {path} is not a readable parquet file: {err}") from None
         names = meta.schema.to_arrow_schema().names
         if self.text_column not in names:
-            raise StreambackError(f"corpus file {path} has no column {self.text_column!r} (columns: {', '.join(names)}); "
-                                  "set data.text_column")
+            raise StreambackError(
+                f"corpus file {path} has no column {self.text_column!r} (columns: {', '.join(names)}); "
+                "set data.text_column"
+            )
         return meta.num_rows
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
@@ -132,12 +142,15 @@ class FileSource:
             extra = {"sample_by": self.text_unit} if file_format == "text" else {}
             where = f"corpus file {path}"
             try:
-                dataset = datasets.load_dataset(file_format, data_files=[str(path)], split="train", streaming=True, **extra)
+                dataset = datasets.load_dataset(
+                    file_format, data_files=[str(path)], split="train", streaming=True, **extra
+                )
             except Exception as err:
                 raise StreambackError(f"{where} cannot be opened as {file_format}: {err}") from None
             id_column = self.id_column if file_format != "text" else None
-            for batch in _iter_dataset(dataset, self.text_column if file_format != "text" else "text",
-                                       id_column, batch_size, where, start):
+            for batch in _iter_dataset(
+                dataset, self.text_column if file_format != "text" else "text", id_column, batch_size, where, start
+            ):
                 start += len(batch.texts)
                 yield batch
 
@@ -152,13 +165,20 @@ class HubSource:
         hub = data["hub"]
         self.text_column, self.id_column = data["text_column"], data["id_column"]
         self.dataset, self.name, self.split, self.revision = hub["dataset"], hub["name"], hub["split"], hub["revision"]
-        self.description = {"kind": "hub", "dataset": self.dataset, "name": self.name, "split": self.split,
-                            "revision": self.revision}
+        self.description = {
+            "kind": "hub",
+            "dataset": self.dataset,
+            "name": self.name,
+            "split": self.split,
+            "revision": self.revision,
+        }
         local = Path(self.dataset)
         if local.is_dir():  # a mirror of the repository: record its files instead of a commit
             self.description["local_copy"] = [
                 {"path": str(p.relative_to(local)), "bytes": p.stat().st_size}
-                for p in sorted(local.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+                for p in sorted(local.rglob("*"))
+                if p.is_file() and not p.name.startswith(".")
+            ]
         else:
             self.description["commit"] = self._resolve()
 
@@ -168,9 +188,11 @@ class HubSource:
         try:
             return HfApi().dataset_info(self.dataset, revision=self.revision).sha
         except Exception as err:
-            raise StreambackError(f"cannot reach hub dataset {self.dataset} (revision {self.revision}): {err}. "
-                                  "A gated or private dataset needs HF_TOKEN; offline, use a local copy "
-                                  "(data.hub.dataset: <directory>) or data.source: local") from None
+            raise StreambackError(
+                f"cannot reach hub dataset {self.dataset} (revision {self.revision}): {err}. "
+                "A gated or private dataset needs HF_TOKEN; offline, use a local copy "
+                "(data.hub.dataset: <directory>) or data.source: local"
+            ) from None
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
         import datasets
@@ -179,8 +201,9 @@ class HubSource:
         where = f"hub dataset {self.dataset} ({self.name}, split {self.split})"
         revision = self.description.get("commit", self.revision)
         try:
-            dataset = datasets.load_dataset(self.dataset, name=self.name, split=self.split, streaming=True,
-                                            revision=revision).with_format("arrow")
+            dataset = datasets.load_dataset(
+                self.dataset, name=self.name, split=self.split, streaming=True, revision=revision
+            ).with_format("arrow")
         except Exception as err:
             raise StreambackError(f"{where} cannot be opened: {err}") from None
         yield from _iter_dataset(dataset, self.text_column, self.id_column, batch_size, where, 0)

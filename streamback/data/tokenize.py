@@ -30,7 +30,19 @@ from streamback import __version__, layout
 from streamback.config import add_config_arguments, section_from_args
 from streamback.data import tokenizer as tk
 from streamback.data import worker_pool
-from streamback.data.shards import FORMAT, HEADER_BYTES, SPLITS, TokenDataset, check_shard, file_sha256, np_dtype, read_manifest, shard_name, token_dtype, write_shard
+from streamback.data.shards import (
+    FORMAT,
+    HEADER_BYTES,
+    SPLITS,
+    TokenDataset,
+    check_shard,
+    file_sha256,
+    np_dtype,
+    read_manifest,
+    shard_name,
+    token_dtype,
+    write_shard,
+)
 from streamback.data.sources import is_validation, open_source
 from streamback.errors import StreambackError
 from streamback.io import output_dir, remove, write_json, write_text
@@ -81,6 +93,7 @@ def _encode(task: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
 
 # -- one split's shards ---------------------------------------------------------------------
 
+
 class SplitWriter:
     """Cuts one split's token stream into shards of `capacity` tokens, up to `budget` tokens."""
 
@@ -107,8 +120,10 @@ class SplitWriter:
             digests = pool.map(lambda path: file_sha256(path, HEADER_BYTES), [path for path, _ in headers])
             for (path, header), digest in zip(headers, digests):
                 if digest != header["sha256"]:
-                    say(f"not resuming from {path.name}: the sha256 of its tokens differs from its header's (the file "
-                        "changed after it was written); it and the shards after it are written again")
+                    say(
+                        f"not resuming from {path.name}: the sha256 of its tokens differs from its header's (the file "
+                        "changed after it was written); it and the shards after it are written again"
+                    )
                     break
                 self.shards.append({"file": path.name, "tokens": header["tokens"], "sha256": header["sha256"]})
                 self.total += header["tokens"]
@@ -119,7 +134,10 @@ class SplitWriter:
                 remove(stale, self.out_dir)
         self.done = self.budget is not None and self.total >= self.budget
         if self.shards:
-            say(f"{self.split}: kept {len(self.shards)} complete shards ({self.total} tokens), resuming at document {self.resume_at[0]}")
+            say(
+                f"{self.split}: kept {len(self.shards)} complete shards ({self.total} tokens), resuming at document "
+                f"{self.resume_at[0]}"
+            )
 
     @property
     def start(self) -> int:
@@ -147,14 +165,16 @@ class SplitWriter:
             take = min(self.capacity - self.fill, n - pos)
             if self.budget is not None:
                 take = min(take, self.budget - self.total)
-            self.buffer[self.fill:self.fill + take] = tokens[pos:pos + take]
+            self.buffer[self.fill : self.fill + take] = tokens[pos : pos + take]
             begun = np.flatnonzero((starts >= pos) & (starts < pos + take) & (skipped == 0))
             self.documents += begun.size
             self.fill, self.total, pos = self.fill + take, self.total + take, pos + take
             self.done = self.budget is not None and self.total >= self.budget
             if self.fill == self.capacity or self.done:
                 k = int(np.searchsorted(ends, pos, side="right"))
-                self._flush(*((int(index[k]), int(pos - starts[k] + skipped[k])) if k < index.size else (int(index[-1]) + 1, 0)))
+                self._flush(
+                    *((int(index[k]), int(pos - starts[k] + skipped[k])) if k < index.size else (int(index[-1]) + 1, 0))
+                )
 
     def finish(self, stream_end: int) -> None:
         """The source is exhausted: write what is left as the last (short) shard."""
@@ -163,9 +183,15 @@ class SplitWriter:
 
     def _flush(self, next_document: int, next_offset: int) -> None:
         name = shard_name(self.split, len(self.shards))
-        meta = {**self.meta, "split": self.split, "index": len(self.shards), "documents": self.documents,
-                "next_document": next_document, "next_offset": next_offset}
-        digest = write_shard(self.out_dir / name, self.buffer[:self.fill], meta)
+        meta = {
+            **self.meta,
+            "split": self.split,
+            "index": len(self.shards),
+            "documents": self.documents,
+            "next_document": next_document,
+            "next_offset": next_offset,
+        }
+        digest = write_shard(self.out_dir / name, self.buffer[: self.fill], meta)
         self.shards.append({"file": name, "tokens": self.fill, "sha256": digest})
         self.fill = 0
 
@@ -174,6 +200,7 @@ class SplitWriter:
 
 
 # -- the stage ------------------------------------------------------------------------------
+
 
 def identity(data: dict, source) -> dict:
     """What decides the shards' content: the `data` keys that matter and the source, with
@@ -204,7 +231,11 @@ def _tokenizer(data: dict, source, say):
             taken = 0
             for batch in source.batches(data["batch_documents"]):
                 for text, doc_id in zip(batch.texts, batch.ids):
-                    if text and not text.isspace() and not is_validation(doc_id if doc_id is not None else text, data["val_fraction"]):
+                    if (
+                        text
+                        and not text.isspace()
+                        and not is_validation(doc_id if doc_id is not None else text, data["val_fraction"])
+                    ):
                         yield text
                         taken += 1
                         if limit is not None and taken >= limit:
@@ -217,7 +248,10 @@ def _tokenizer(data: dict, source, say):
         where = "(trained BPE)"
     elif spec["kind"] == "hub":
         tokenizer, commit = tk.load_hub(spec["name"], spec["revision"])
-        entry, where = {"kind": "hub", "name": spec["name"], "revision": spec["revision"], "commit": commit}, spec["name"]
+        entry, where = (
+            {"kind": "hub", "name": spec["name"], "revision": spec["revision"], "commit": commit},
+            spec["name"],
+        )
     else:
         if not spec["file"]:
             raise StreambackError("data.tokenizer.kind is 'file' but data.tokenizer.file is not set")
@@ -225,7 +259,13 @@ def _tokenizer(data: dict, source, say):
         entry, where = {"kind": "file", "path": spec["file"]}, spec["file"]
     eos_token, eos = tk.eos_id(tokenizer, spec["eos_token"] or (tk.BPE_EOS if spec["kind"] == "bpe" else None), where)
     text = tokenizer.to_str()
-    return text, eos_token, eos, {**entry, "file": "tokenizer.json", "sha256": tk.sha256_text(text)}, tokenizer.get_vocab_size()
+    return (
+        text,
+        eos_token,
+        eos,
+        {**entry, "file": "tokenizer.json", "sha256": tk.sha256_text(text)},
+        tokenizer.get_vocab_size(),
+    )
 
 
 def _clear_temporaries(out_dir: Path, say) -> None:
@@ -235,8 +275,13 @@ def _clear_temporaries(out_dir: Path, say) -> None:
         say(f"removed {tmp}, a temporary file of a tokenize that was killed")
 
 
-def tokenize(data: dict, out_dir: str | Path, inputs: list[Path] | None = None, processes: int | None = None,
-             progress: bool = True) -> dict:
+def tokenize(
+    data: dict,
+    out_dir: str | Path,
+    inputs: list[Path] | None = None,
+    processes: int | None = None,
+    progress: bool = True,
+) -> dict:
     """Run the stage; returns the manifest (also written to `out_dir`/manifest.json)."""
     out_dir = Path(out_dir)
     processes = data["processes"] if processes is None else processes
@@ -249,7 +294,9 @@ def tokenize(data: dict, out_dir: str | Path, inputs: list[Path] | None = None, 
             print(f"tokenize: {message}", file=sys.stderr, flush=True)
 
     source = open_source(data, inputs)
-    with output_dir(out_dir, "token directory"):  # checked before any work; removed if this run fails and leaves it empty
+    with output_dir(
+        out_dir, "token directory"
+    ):  # checked before any work; removed if this run fails and leaves it empty
         return _tokenize(data, source, out_dir, processes, progress, say)
 
 
@@ -257,8 +304,12 @@ def _tokenize(data: dict, source, out_dir: Path, processes: int, progress: bool,
     _clear_temporaries(out_dir, say)
     tokenizer_json, eos_token, eos, tokenizer_entry, vocab_size = _tokenizer(data, source, say)
     dtype = token_dtype(vocab_size)
-    fingerprint = tk.sha256_text(json.dumps({**identity(data, source), "tokenizer_sha256": tokenizer_entry["sha256"],
-                                          "eos_id": eos, "dtype": dtype}, sort_keys=True))
+    fingerprint = tk.sha256_text(
+        json.dumps(
+            {**identity(data, source), "tokenizer_sha256": tokenizer_entry["sha256"], "eos_id": eos, "dtype": dtype},
+            sort_keys=True,
+        )
+    )
 
     manifest_path = out_dir / "manifest.json"
     if manifest_path.exists():
@@ -270,7 +321,9 @@ def _tokenize(data: dict, source, out_dir: Path, processes: int, progress: bool,
                     problems = dataset.accept(dataset.scan(dataset.unverified(), processes))
                     if problems:
                         raise StreambackError("; ".join(problems))
-                say(f"{manifest_path} is complete, matches the config and every shard matches its sha256: nothing to do")
+                say(
+                    f"{manifest_path} is complete, matches the config and every shard matches its sha256: nothing to do"
+                )
                 return manifest
         except StreambackError as err:
             say(f"redoing {manifest_path}: {err}")
@@ -300,12 +353,15 @@ def _tokenize(data: dict, source, out_dir: Path, processes: int, progress: bool,
         if budget is not None and writer.total < budget:
             raise StreambackError(
                 f"{_describe(source)} ran out after {writer.total} {split} tokens, but data.{split}_tokens "
-                f"asks for {budget}: lower the budget or add data")
+                f"asks for {budget}: lower the budget or add data"
+            )
     for writer in writers.values():
         writer.finish(stream_end)
         if not writer.total:
-            raise StreambackError(f"the {writer.split} split of {_describe(source)} is empty: "
-                                  f"no document hashed into it (data.val_fraction = {data['val_fraction']})")
+            raise StreambackError(
+                f"the {writer.split} split of {_describe(source)} is empty: "
+                f"no document hashed into it (data.val_fraction = {data['val_fraction']})"
+            )
     manifest = {
         "format": FORMAT,
         "created_by": f"streamback {__version__}",
@@ -320,9 +376,14 @@ def _tokenize(data: dict, source, out_dir: Path, processes: int, progress: bool,
         "config": data,
         "fingerprint": fingerprint,
     }
-    write_text(out_dir / "tokenizer.json", tokenizer_json)  # with the manifest: a run that fails before leaves no stray files
+    write_text(
+        out_dir / "tokenizer.json", tokenizer_json
+    )  # with the manifest: a run that fails before leaves no stray files
     write_json(manifest_path, manifest)
-    say(f"wrote {manifest_path}: " + ", ".join(f"{s} {w.total} tokens in {len(w.shards)} shards" for s, w in writers.items()))
+    say(
+        f"wrote {manifest_path}: "
+        + ", ".join(f"{s} {w.total} tokens in {len(w.shards)} shards" for s, w in writers.items())
+    )
     return manifest
 
 
@@ -333,7 +394,9 @@ def _describe(source) -> str:
     return f"{d['kind']} corpus {', '.join(f['path'] for f in d['files'])}"
 
 
-def _run(source, writers: dict, data: dict, tokenizer_json: str, eos: int, processes: int, meter: Progress) -> tuple[int, int]:
+def _run(
+    source, writers: dict, data: dict, tokenizer_json: str, eos: int, processes: int, meter: Progress
+) -> tuple[int, int]:
     """Stream, encode and write until both splits are done or the source ends; returns
     (stream index after the last document read, non-empty documents encoded)."""
     start = min(w.start for w in writers.values() if not w.done) if not all(w.done for w in writers.values()) else None
@@ -381,9 +444,16 @@ def _run(source, writers: dict, data: dict, tokenizer_json: str, eos: int, proce
 
 def add_arguments(parser) -> None:
     add_config_arguments(parser, "data")
-    parser.add_argument("--out", type=Path, default=None, help="shard directory (default: data.dir or results/tokens/<corpus>)")
-    parser.add_argument("--inputs", type=Path, nargs="*", default=None,
-                        help="corpus files to read instead of those the config names (synthetic or local source)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="shard directory (default: data.dir or results/tokens/<corpus>)"
+    )
+    parser.add_argument(
+        "--inputs",
+        type=Path,
+        nargs="*",
+        default=None,
+        help="corpus files to read instead of those the config names (synthetic or local source)",
+    )
     parser.add_argument("--processes", type=int, default=None, help="encoding processes (default: data.processes)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -392,5 +462,7 @@ def run(args) -> int:
     data = section_from_args(args, "data")
     if args.processes is not None and args.processes < 1:
         raise StreambackError(f"--processes must be at least 1, got {args.processes}")
-    tokenize(data, args.out or layout.tokens_dir(data), inputs=args.inputs, processes=args.processes, progress=not args.quiet)
+    tokenize(
+        data, args.out or layout.tokens_dir(data), inputs=args.inputs, processes=args.processes, progress=not args.quiet
+    )
     return 0

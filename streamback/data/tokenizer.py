@@ -63,9 +63,12 @@ def load_hub(repo_id: str, revision: str | None) -> tuple[Tokenizer, str]:
     except GatedRepoError:
         raise StreambackError(
             f"tokenizer repository {repo_id} is gated: accept its license on https://huggingface.co/{repo_id} "
-            "and export HF_TOKEN=<a read access token of that account>") from None
+            "and export HF_TOKEN=<a read access token of that account>"
+        ) from None
     except RepositoryNotFoundError:
-        raise StreambackError(f"tokenizer repository {repo_id} not found on the hub (or private: export HF_TOKEN)") from None
+        raise StreambackError(
+            f"tokenizer repository {repo_id} not found on the hub (or private: export HF_TOKEN)"
+        ) from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
         raise StreambackError(f"cannot fetch tokenizer.json of {repo_id} (revision {revision}): {err}") from None
     commit = Path(path).parent.name  # the cache stores files under snapshots/<commit>/
@@ -82,8 +85,10 @@ def eos_id(tokenizer: Tokenizer, eos_token: str | None, where: str) -> tuple[str
             return token, token_id
     if eos_token:
         raise StreambackError(f"tokenizer {where} has no token {eos_token!r} (data.tokenizer.eos_token)")
-    raise StreambackError(f"tokenizer {where} has none of the usual end-of-document tokens "
-                          f"{', '.join(EOS_CANDIDATES)}: set data.tokenizer.eos_token")
+    raise StreambackError(
+        f"tokenizer {where} has none of the usual end-of-document tokens "
+        f"{', '.join(EOS_CANDIDATES)}: set data.tokenizer.eos_token"
+    )
 
 
 def sha256_text(text: str) -> str:

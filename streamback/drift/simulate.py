@@ -39,7 +39,18 @@ import pandas as pd
 import torch
 
 from streamback.errors import StreambackError
-from streamback.model.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatSpec, Noise, round_fp32, round_to, stochastic_noise
+from streamback.model.rounding import (
+    BF16,
+    FP8_E4M3,
+    FP8_E5M2,
+    FP16,
+    FP32,
+    FloatSpec,
+    Noise,
+    round_fp32,
+    round_to,
+    stochastic_noise,
+)
 
 
 @dataclass(frozen=True)
@@ -75,8 +86,13 @@ PATHS = {
 REFERENCE = "fp32"
 
 
-def advance(path: SumPath, total: torch.Tensor, comp: torch.Tensor | None, update: torch.Tensor,
-            noise: list[Noise] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def advance(
+    path: SumPath,
+    total: torch.Tensor,
+    comp: torch.Tensor | None,
+    update: torch.Tensor,
+    noise: list[Noise] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One step of `path`: add `update` (fp32) to `total`; returns the new (total, compensation).
 
     `noise`: for a stochastic path, one `stochastic_noise` of the sum format per rounding of the step
@@ -99,8 +115,10 @@ def skip_reason(path: SumPath, start: float) -> str:
     """Why `path` cannot be simulated from `start` ("" if it can)."""
     fmt = path.sum_format
     if abs(start) > fmt.max_value:
-        return (f"not simulated: start {start:g} is beyond {fmt.name}'s largest finite value {fmt.max_value:g} "
-                f"({'it would saturate there' if fmt.saturate else 'it would overflow'} before the first step)")
+        return (
+            f"not simulated: start {start:g} is beyond {fmt.name}'s largest finite value {fmt.max_value:g} "
+            f"({'it would saturate there' if fmt.saturate else 'it would overflow'} before the first step)"
+        )
     return ""
 
 
@@ -139,13 +157,22 @@ def check_config(cfg: dict) -> None:
         raise StreambackError(f"drift.settings: each (mu, sigma) pair must appear once, got {pairs}")
     values = [cfg["start"]] + [v for pair in pairs for v in pair]
     if not all(math.isfinite(v) for v in values):
-        raise StreambackError(f"drift.start and drift.settings must be finite numbers, got start={cfg['start']}, settings={pairs}")
+        raise StreambackError(
+            f"drift.start and drift.settings must be finite numbers, got start={cfg['start']}, settings={pairs}"
+        )
     if reason := skip_reason(PATHS[REFERENCE], cfg["start"]):
         raise StreambackError(f"drift.start: the fp32 reference path cannot run ({reason})")
 
 
-def step(paths: tuple[SumPath, ...], totals: torch.Tensor, comps: list[torch.Tensor | None], z: torch.Tensor,
-         mu: torch.Tensor, sigma: torch.Tensor, noise: list[list[Noise] | None]):
+def step(
+    paths: tuple[SumPath, ...],
+    totals: torch.Tensor,
+    comps: list[torch.Tensor | None],
+    z: torch.Tensor,
+    mu: torch.Tensor,
+    sigma: torch.Tensor,
+    noise: list[list[Noise] | None],
+):
     """One step of every path: totals [paths, seeds, settings, coords] and each path's compensation,
     noise z [seeds, coords] (the update is mu + sigma * z per setting), each path's rounding noise."""
     update = mu + sigma * z.unsqueeze(1)
@@ -157,8 +184,12 @@ def step(paths: tuple[SumPath, ...], totals: torch.Tensor, comps: list[torch.Ten
 def compiled_step():
     """`step` compiled by torch.compile: on CPU, Inductor's one fused, vectorised C++ kernel. Pinned to
     IEEE arithmetic (no a * b + c contracted into an FMA, no unsafe math), so it gives the eager bits."""
-    return torch.compile(step, fullgraph=True, dynamic=False, options={
-        "cpp.enable_floating_point_contract_flag": "off", "cpp.enable_unsafe_math_opt_flag": False})
+    return torch.compile(
+        step,
+        fullgraph=True,
+        dynamic=False,
+        options={"cpp.enable_floating_point_contract_flag": "off", "cpp.enable_unsafe_math_opt_flag": False},
+    )
 
 
 CHUNK = 10  # steps of random numbers drawn at once
@@ -207,8 +238,14 @@ def simulate(cfg: dict, compiled: bool = True) -> Simulation:
         if number % every == 0 or number == steps:
             record(number)
     return Simulation(
-        paths=[p.name for p in run], skipped=skipped, initial=initial, final=dict(zip(initial, totals)),
-        steps_recorded=recorded, traj_mean=torch.stack(means), traj_std=torch.stack(stds), compiled=compiled,
+        paths=[p.name for p in run],
+        skipped=skipped,
+        initial=initial,
+        final=dict(zip(initial, totals)),
+        steps_recorded=recorded,
+        traj_mean=torch.stack(means),
+        traj_std=torch.stack(stds),
+        compiled=compiled,
     )
 
 
@@ -220,8 +257,10 @@ def draws(run: tuple[SumPath, ...], seeds: list[int], shape: tuple[int, int, int
     for first in range(0, steps, CHUNK):
         n = min(CHUNK, steps - first)
         z = torch.stack([torch.randn(n, shape[-1], generator=g) for g in noise_gens], dim=1)
-        chunk = [stochastic_noise((n, p.sum_roundings, *shape), p.sum_format, sr_gen) if p.rounding == "stochastic"
-                 else None for p in run]
+        chunk = [
+            stochastic_noise((n, p.sum_roundings, *shape), p.sum_format, sr_gen) if p.rounding == "stochastic" else None
+            for p in run
+        ]
         for i in range(n):
             yield z[i], [None if c is None else _per_rounding(c, i) for c in chunk]
 
@@ -241,10 +280,19 @@ def summary_table(cfg: dict, sim: Simulation) -> pd.DataFrame:
     for j, setting in enumerate(cfg["settings"]):
         for k, seed in enumerate(cfg["seeds"]):
             for name in [n for n in PATHS if n in sim.paths or n in sim.skipped]:
-                row = dict(mu=setting["mu"], sigma=setting["sigma"], path=name, seed=seed, steps=cfg["steps"],
-                           coords=cfg["coords"], start=cfg["start"])
+                row = dict(
+                    mu=setting["mu"],
+                    sigma=setting["sigma"],
+                    path=name,
+                    seed=seed,
+                    steps=cfg["steps"],
+                    coords=cfg["coords"],
+                    start=cfg["start"],
+                )
                 if name in sim.skipped:
-                    rows.append(row | dict(drift=math.nan, drift_std=math.nan, final_max=math.nan, note=sim.skipped[name]))
+                    rows.append(
+                        row | dict(drift=math.nan, drift_std=math.nan, final_max=math.nan, note=sim.skipped[name])
+                    )
                     continue
                 final = sim.final[name][k, j].double()
                 delta = final - sim.initial[name]
@@ -254,10 +302,19 @@ def summary_table(cfg: dict, sim: Simulation) -> pd.DataFrame:
                 fmt = PATHS[name].sum_format
                 at_limit = int((final.abs() >= fmt.max_value).sum())
                 if at_limit:
-                    notes.append(f"{at_limit} of {final.numel()} coordinates end at or beyond {fmt.name}'s limit "
-                                 f"{fmt.max_value:g} ({'saturated' if fmt.saturate else 'overflowed'})")
-                rows.append(row | dict(drift=delta.mean().item(), drift_std=delta.std(correction=0).item(),
-                                       final_max=final.max().item(), note="; ".join(notes)))
+                    notes.append(
+                        f"{at_limit} of {final.numel()} coordinates end at or beyond {fmt.name}'s limit "
+                        f"{fmt.max_value:g} ({'saturated' if fmt.saturate else 'overflowed'})"
+                    )
+                rows.append(
+                    row
+                    | dict(
+                        drift=delta.mean().item(),
+                        drift_std=delta.std(correction=0).item(),
+                        final_max=final.max().item(),
+                        note="; ".join(notes),
+                    )
+                )
     table = pd.DataFrame(rows)
     ref = table[table.path == REFERENCE].set_index(["mu", "sigma", "seed"])["drift"]
     ref_drift = ref.reindex(pd.MultiIndex.from_frame(table[["mu", "sigma", "seed"]])).to_numpy()
@@ -270,7 +327,8 @@ def trajectory_table(cfg: dict, sim: Simulation) -> pd.DataFrame:
     steps, paths, seeds = sim.steps_recorded, sim.paths, cfg["seeds"]
     settings = cfg["settings"]
     index = pd.MultiIndex.from_product(
-        [steps, paths, seeds, range(len(settings))], names=["step", "path", "seed", "setting"]).to_frame(index=False)
+        [steps, paths, seeds, range(len(settings))], names=["step", "path", "seed", "setting"]
+    ).to_frame(index=False)
     index.insert(0, "mu", [settings[i]["mu"] for i in index.setting])
     index.insert(1, "sigma", [settings[i]["sigma"] for i in index.setting])
     index["mean"] = sim.traj_mean.reshape(-1).numpy()
@@ -302,12 +360,32 @@ def spacing_table() -> pd.DataFrame:
         for e in range(spec.min_exponent, top + 1):
             value = math.ldexp(1.0, e)
             up, how = _next_up(value, spec)
-            rows.append(dict(format=spec.name, kind="range", value=value, upper=min(2 * value, spec.max_value),
-                             gap=up - value, update=math.nan, result=math.nan, measured_by=how))
+            rows.append(
+                dict(
+                    format=spec.name,
+                    kind="range",
+                    value=value,
+                    upper=min(2 * value, spec.max_value),
+                    gap=up - value,
+                    update=math.nan,
+                    result=math.nan,
+                    measured_by=how,
+                )
+            )
     for spec, value, update in PROBES:
         v = torch.tensor([value], dtype=spec.dtype)
         up, how = _next_up(value, spec)
         result = float(v + update)  # native arithmetic: computed in fp32, rounded to nearest even
-        rows.append(dict(format=spec.name, kind="probe", value=value, upper=math.nan, gap=up - value,
-                         update=update, result=result, measured_by=how))
+        rows.append(
+            dict(
+                format=spec.name,
+                kind="probe",
+                value=value,
+                upper=math.nan,
+                gap=up - value,
+                update=update,
+                result=result,
+                measured_by=how,
+            )
+        )
     return pd.DataFrame(rows)

@@ -37,7 +37,9 @@ class CachedDecoder:
     def __init__(self, model, tokens: torch.Tensor, lengths: torch.Tensor, capacity: int):
         B, T = tokens.shape
         if capacity > model.args.max_seq_len or T > capacity:
-            raise ValueError(f"capacity {capacity} must hold the {T} context positions and fit max_seq_len {model.args.max_seq_len}")
+            raise ValueError(
+                f"capacity {capacity} must hold the {T} context positions and fit max_seq_len {model.args.max_seq_len}"
+            )
         self.model, self.device = model, tokens.device
         attention = model.layers[0].attention
         shape = (B, attention.n_kv_heads, capacity, attention.head_dim)
@@ -83,10 +85,14 @@ class CachedDecoder:
         mask = (torch.arange(width, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
         h = model.embed(next_ids[:, None].to(self.device))
         for i, layer in enumerate(model.layers):
-            q, k, v = self._project(layer.attention, layer.attention_norm(h, model.compute_dtype).transpose(0, 1), cos, sin)
+            q, k, v = self._project(
+                layer.attention, layer.attention_norm(h, model.compute_dtype).transpose(0, 1), cos, sin
+            )
             q, k, v = (t.transpose(0, 2) for t in (q, k, v))  # [1, H, B, D] -> [B, H, 1, D]
             self.keys[i][rows, :, pos], self.values[i][rows, :, pos] = k[:, :, 0], v[:, :, 0]
-            out = F.scaled_dot_product_attention(q, self.keys[i][:, :, :width], self.values[i][:, :, :width], attn_mask=mask, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                q, self.keys[i][:, :, :width], self.values[i][:, :, :width], attn_mask=mask, enable_gqa=True
+            )
             h = self._rest_of_block(layer, h, out)
         self.logits = model.logits(h)[:, 0]
         return self.logits

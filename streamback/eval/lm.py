@@ -20,7 +20,8 @@ From Python (importing this module registers the model):
 From the shell, lm-eval's own command line with this model registered:
 
     python -m streamback.eval --model streamback --model_args pretrained=results/runs/tiny-medium-baseline/model.pt \\
-        --include_path streamback/eval/tasks --tasks streamback_pairs_agreement --output_path results/lm-eval --log_samples
+        --include_path streamback/eval/tasks --tasks streamback_pairs_agreement --output_path results/lm-eval
+        --log_samples
 """
 
 from __future__ import annotations
@@ -42,14 +43,15 @@ from streamback.progress import Progress, on_terminal
 DEFAULT_BATCH_SIZE = 64
 MODEL_ARGUMENTS = {  # name: what it is, with its default (`--model_args name=value,...`)
     "pretrained": "the model file, results/runs/<run>/model.pt (required)",
-    "tokens": "the token directory of the run's corpus, whose manifest names the tokenizer (default: the one, in the results "
-              "directory the model file lies in or in the repository's, whose corpus the model file records)",
-    "tokenizer": "the same as tokens (the hf backend's name for it); either also takes the tokenizer.json, or a directory "
-                 "holding the corpus's tokenizer.json (an export-hf directory)",
-    "stream": "a stream format to keep the stream in instead of the trained one, e.g. bf16, fp32, mxfp8, nvfp4_sr (default: as trained)",
+    "tokens": "the token directory of the run's corpus, whose manifest names the tokenizer (default: the one, "
+    "in the results directory the model file lies in or in the repository's, whose corpus the model file records)",
+    "tokenizer": "the same as tokens (the hf backend's name for it); either also takes the tokenizer.json, "
+    "or a directory holding the corpus's tokenizer.json (an export-hf directory)",
+    "stream": "a stream format to keep the stream in instead of the trained one, e.g. bf16, fp32, mxfp8, nvfp4_sr "
+    "(default: as trained)",
     "dtype": f"compute dtype, one of {', '.join(DTYPES)} (default: as trained, bfloat16; float32 for a reference)",
-    "batch_size": f"sequences per forward pass, a number: no 'auto' (default: {DEFAULT_BATCH_SIZE}; lm-eval's command line passes its "
-                  "--batch_size, whose default is 1)",
+    "batch_size": f"sequences per forward pass, a number: no 'auto' (default: {DEFAULT_BATCH_SIZE}; lm-eval's "
+    "command line passes its --batch_size, whose default is 1)",
     "max_length": "context window in tokens (default: the model's max_seq_len, also its limit)",
     "device": "torch device (default, and when CUDA is asked for but absent: cuda if available, else cpu)",
     "max_batch_size": "accepted and ignored (lm-eval's CLI passes it; there is no automatic batch size)",
@@ -59,15 +61,27 @@ MODEL_ARGUMENTS = {  # name: what it is, with its default (`--model_args name=va
 def model_arguments_help() -> str:
     """MODEL_ARGUMENTS as the lines `python -m streamback.eval --help` ends with."""
     width = max(map(len, MODEL_ARGUMENTS))
-    return "\n".join(["the streamback model's arguments (--model streamback --model_args name=value,...):",
-                      *(f"  {name:<{width}}  {text}" for name, text in MODEL_ARGUMENTS.items())])
+    return "\n".join(
+        [
+            "the streamback model's arguments (--model streamback --model_args name=value,...):",
+            *(f"  {name:<{width}}  {text}" for name, text in MODEL_ARGUMENTS.items()),
+        ]
+    )
 
 
 def _whole_number(name: str, value, default: int | None) -> int | None:
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit() or int(value) < 1:
-        raise StreambackError(f"streamback model: {name}={value!r} must be a positive whole number" + (" (no 'auto')" if name == "batch_size" else ""))
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, str))
+        or not str(value).strip().isdigit()
+        or int(value) < 1
+    ):
+        raise StreambackError(
+            f"streamback model: {name}={value!r} must be a positive whole number"
+            + (" (no 'auto')" if name == "batch_size" else "")
+        )
     return int(value)
 
 
@@ -89,17 +103,34 @@ class StreambackLM(TemplateLM):
     """A trained run as an lm-eval model (its arguments: MODEL_ARGUMENTS). A bad argument is a
     StreambackError naming it (`python -m streamback.eval` prints it as one line)."""
 
-    def __init__(self, pretrained: str | None = None, tokens: str | None = None, tokenizer: str | None = None, stream: str | None = None,
-                 dtype: str | None = None, batch_size: int | str | None = None, max_length: int | str | None = None,
-                 device: str | None = None, max_batch_size: int | None = None, **unknown):
+    def __init__(
+        self,
+        pretrained: str | None = None,
+        tokens: str | None = None,
+        tokenizer: str | None = None,
+        stream: str | None = None,
+        dtype: str | None = None,
+        batch_size: int | str | None = None,
+        max_length: int | str | None = None,
+        device: str | None = None,
+        max_batch_size: int | None = None,
+        **unknown,
+    ):
         super().__init__()
         if unknown:
-            raise StreambackError(f"streamback model: unknown argument{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} in model_args; "
-                                  f"it takes {', '.join(MODEL_ARGUMENTS)} (python -m streamback.eval --help)")
+            raise StreambackError(
+                f"streamback model: unknown argument{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} in "
+                f"model_args; "
+                f"it takes {', '.join(MODEL_ARGUMENTS)} (python -m streamback.eval --help)"
+            )
         if not pretrained:
-            raise StreambackError("streamback model: pretrained= is required: the model file, e.g. pretrained=results/runs/<run>/model.pt")
+            raise StreambackError(
+                "streamback model: pretrained= is required: the model file, e.g. pretrained=results/runs/<run>/model.pt"
+            )
         if tokens is not None and tokenizer is not None and _directory(tokens) != _directory(tokenizer):
-            raise StreambackError(f"streamback model: tokens={tokens} and tokenizer={tokenizer} name two directories; give one")
+            raise StreambackError(
+                f"streamback model: tokens={tokens} and tokenizer={tokenizer} name two directories; give one"
+            )
         if dtype is not None and dtype not in DTYPES:
             raise StreambackError(f"streamback model: dtype={dtype!r} is not one of {', '.join(DTYPES)}")
         if stream is not None:
@@ -107,8 +138,13 @@ class StreambackLM(TemplateLM):
                 StreamFormat.parse(stream)
             except StreambackError as err:
                 raise StreambackError(f"streamback model: stream={stream!r}: {err}") from None
-        batch, length = _whole_number("batch_size", batch_size, DEFAULT_BATCH_SIZE), _whole_number("max_length", max_length, None)
-        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):  # lm-eval's CLI passes "cuda" by default
+        batch, length = (
+            _whole_number("batch_size", batch_size, DEFAULT_BATCH_SIZE),
+            _whole_number("max_length", max_length, None),
+        )
+        if device is None or (
+            str(device).startswith("cuda") and not torch.cuda.is_available()
+        ):  # lm-eval's CLI passes "cuda" by default
             device = "cuda" if torch.cuda.is_available() else "cpu"
         try:
             self._device = torch.device(device)
@@ -153,14 +189,18 @@ class StreambackLM(TemplateLM):
         out: list[tuple[float, bool] | None] = [None] * len(requests)
         for task, members in _by_task(requests).items():
             self._task = task  # names the progress lines
-            answers = super().loglikelihood([requests[i] for i in members], disable_tqdm=disable_tqdm or not on_terminal())
+            answers = super().loglikelihood(
+                [requests[i] for i in members], disable_tqdm=disable_tqdm or not on_terminal()
+            )
             for i, answer in zip(members, answers):
                 out[i] = answer
         return out  # type: ignore[return-value]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         meter = self._meter("loglikelihood", len(requests), "request", disable_tqdm)
-        answers = self.scorer.loglikelihood([(context, continuation) for _, context, continuation in requests], progress=meter)
+        answers = self.scorer.loglikelihood(
+            [(context, continuation) for _, context, continuation in requests], progress=meter
+        )
         meter.close()
         for (request, _, _), answer in zip(requests, answers):
             if request is not None:
@@ -193,9 +233,16 @@ class StreambackLM(TemplateLM):
             for members in groups.values():
                 gen_kwargs = normalize_gen_kwargs(dict(requests[members[0]].args[1]), 256)
                 if gen_kwargs.get("do_sample") or gen_kwargs.get("temperature", 0.0) > 0:
-                    raise StreambackError(f"streamback model: generation is greedy only, got {requests[members[0]].args[1]}")
+                    raise StreambackError(
+                        f"streamback model: generation is greedy only, got {requests[members[0]].args[1]}"
+                    )
                 stop = handle_stop_sequences(gen_kwargs.get("until"), eos=eos)
-                texts = self.scorer.generate([self.tok_encode(requests[i].args[0]) for i in members], stop, gen_kwargs["max_gen_toks"], progress=meter)
+                texts = self.scorer.generate(
+                    [self.tok_encode(requests[i].args[0]) for i in members],
+                    stop,
+                    gen_kwargs["max_gen_toks"],
+                    progress=meter,
+                )
                 for i, text in zip(members, texts):
                     out[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
@@ -211,9 +258,15 @@ class StreambackLM(TemplateLM):
             "model_num_parameters": count_params(model),
             "model_dtype": str(model.compute_dtype),
             "streamback": {
-                "run": run.name, "block": model.args.block, "stream": model.stream_format.label,
-                "trained_stream": run.trained.stream, "tokenizer": str(run.tokenizer_file),
-                "tokenizer_sha256": run.manifest["tokenizer"]["sha256"], "data_fingerprint": run.manifest["fingerprint"],
-                "max_length": self.max_length, "batch_size": self.scorer.batch_size, "device": str(self._device),
+                "run": run.name,
+                "block": model.args.block,
+                "stream": model.stream_format.label,
+                "trained_stream": run.trained.stream,
+                "tokenizer": str(run.tokenizer_file),
+                "tokenizer_sha256": run.manifest["tokenizer"]["sha256"],
+                "data_fingerprint": run.manifest["fingerprint"],
+                "max_length": self.max_length,
+                "batch_size": self.scorer.batch_size,
+                "device": str(self._device),
             },
         }

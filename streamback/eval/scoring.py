@@ -80,11 +80,21 @@ def open_run(model_file: str | Path, tokens_dir: str | Path | None = None) -> Ru
 
     model_file = Path(model_file)
     trained = read_model(model_file)
-    tokens_dir = token_dir_of(Path(tokens_dir), model_file, trained) if tokens_dir is not None else find_tokens_dir(model_file, trained)
+    tokens_dir = (
+        token_dir_of(Path(tokens_dir), model_file, trained)
+        if tokens_dir is not None
+        else find_tokens_dir(model_file, trained)
+    )
     manifest, tokenizer_file = check_corpus(trained, model_file, tokens_dir)
     if trained.data is None:
-        warnings.warn(f"{model_file} does not record the corpus it was trained on: only the tokenizer's vocabulary size was checked", stacklevel=2)
-    return Run(model_file.parent.name, model_file, tokens_dir, trained, manifest, tk.load_file(tokenizer_file), tokenizer_file)
+        warnings.warn(
+            f"{model_file} does not record the corpus it was trained on: only the tokenizer's vocabulary size was "
+            f"checked",
+            stacklevel=2,
+        )
+    return Run(
+        model_file.parent.name, model_file, tokens_dir, trained, manifest, tk.load_file(tokenizer_file), tokenizer_file
+    )
 
 
 def token_dir_of(path: Path, model_file: Path, trained: TrainedModel) -> Path:
@@ -94,18 +104,24 @@ def token_dir_of(path: Path, model_file: Path, trained: TrainedModel) -> Path:
     does and must have been tokenized with that very tokenizer. Anything else: StreambackError."""
     directory = path.parent if path.is_file() else path
     if not path.exists():
-        raise StreambackError(f"{path} does not exist: give the token directory of the model's corpus, or its tokenizer.json")
+        raise StreambackError(
+            f"{path} does not exist: give the token directory of the model's corpus, or its tokenizer.json"
+        )
     if (directory / "manifest.json").is_file():
         return directory
     tokenizer_file = path if path.is_file() else path / "tokenizer.json"
     if not tokenizer_file.is_file():
-        raise StreambackError(f"{path} is neither a token directory (it has no manifest.json) nor a tokenizer.json or a directory "
-                              "holding one: give the token directory of the model's corpus")
+        raise StreambackError(
+            f"{path} is neither a token directory (it has no manifest.json) nor a tokenizer.json or a directory "
+            "holding one: give the token directory of the model's corpus"
+        )
     found = find_tokens_dir(model_file, trained)
     recorded = json.loads((found / "manifest.json").read_text())["tokenizer"]["sha256"]
     if file_sha256(tokenizer_file) != recorded:
-        raise StreambackError(f"tokenizer {tokenizer_file} is not the one of {found}, the corpus {model_file} was trained on "
-                              "(sha256 differs): give that corpus's token directory")
+        raise StreambackError(
+            f"tokenizer {tokenizer_file} is not the one of {found}, the corpus {model_file} was trained on "
+            "(sha256 differs): give that corpus's token directory"
+        )
     return found
 
 
@@ -120,9 +136,13 @@ def find_tokens_dir(model_file: Path, trained: TrainedModel) -> Path:
     default = layout.tokens_dir(load_config()["data"])
     model_file = model_file.resolve()
     runs = layout.run_dir("x").parent.parts  # ("results", "runs")
-    bases = [model_file.parents[3]] if model_file.parents[1].parts[-len(runs):] == runs else []
+    bases = [model_file.parents[3]] if model_file.parents[1].parts[-len(runs) :] == runs else []
     bases += [ROOT] if ROOT not in bases else []
-    candidates = [d for base in bases for d in (base / default, *sorted(p.parent for p in (base / layout.RESULTS / "tokens").glob("*/manifest.json")))]
+    candidates = [
+        d
+        for base in bases
+        for d in (base / default, *sorted(p.parent for p in (base / layout.RESULTS / "tokens").glob("*/manifest.json")))
+    ]
     for directory in dict.fromkeys(candidates):
         try:
             fingerprint = json.loads((directory / "manifest.json").read_text()).get("fingerprint")
@@ -130,9 +150,15 @@ def find_tokens_dir(model_file: Path, trained: TrainedModel) -> Path:
             continue
         if trained.data is None or fingerprint == trained.data.get("fingerprint"):
             return directory
-    wanted = f"the corpus {model_file} was trained on (fingerprint {trained.data.get('fingerprint')})" if trained.data else "a tokenized corpus"
-    raise StreambackError(f"no token directory was given, and none of {', '.join(str(b / layout.RESULTS / 'tokens') for b in bases)} "
-                          f"holds {wanted}: give its token directory")
+    wanted = (
+        f"the corpus {model_file} was trained on (fingerprint {trained.data.get('fingerprint')})"
+        if trained.data
+        else "a tokenized corpus"
+    )
+    raise StreambackError(
+        f"no token directory was given, and none of {', '.join(str(b / layout.RESULTS / 'tokens') for b in bases)} "
+        f"holds {wanted}: give its token directory"
+    )
 
 
 def rolling_windows(tokens: Sequence[int], prefix_token: int, max_length: int) -> list[tuple[list[int], list[int]]]:
@@ -148,8 +174,8 @@ def rolling_windows(tokens: Sequence[int], prefix_token: int, max_length: int) -
     while scored < len(tokens):
         size = min(len(tokens) - scored, max_length)
         end = scored + size
-        window = tokens[end - max_length - 1:end - 1]
-        windows.append((window[:len(window) - (size - 1)], tokens[end - size:end]))
+        window = tokens[end - max_length - 1 : end - 1]
+        windows.append((window[: len(window) - (size - 1)], tokens[end - size : end]))
         scored = end
     return windows
 
@@ -183,18 +209,22 @@ class Scorer:
         rows: dict[tuple[int, ...], list[int]] = {}
         for i, (context, continuation) in enumerate(requests):
             if not len(context) or not len(continuation):
-                raise StreambackError(f"request {i}: the context and the continuation must each hold at least one token")
+                raise StreambackError(
+                    f"request {i}: the context and the continuation must each hold at least one token"
+                )
             if len(continuation) > width:
-                raise StreambackError(f"request {i}: a continuation of {len(continuation)} tokens does not fit max_length {width}")
+                raise StreambackError(
+                    f"request {i}: a continuation of {len(continuation)} tokens does not fit max_length {width}"
+                )
             whole = [*context, *continuation]
-            rows.setdefault(tuple(whole[-(width + 1):-1]), []).append(i)
+            rows.setdefault(tuple(whole[-(width + 1) : -1]), []).append(i)
         inputs = sorted(rows, key=lambda seq: (-len(seq), seq))
         out: list[tuple[float, bool] | None] = [None] * len(requests)
         for start in range(0, len(inputs), self.batch_size):
-            batch = inputs[start:start + self.batch_size]
+            batch = inputs[start : start + self.batch_size]
             tokens = torch.zeros((len(batch), len(batch[0])), dtype=torch.long)
             for b, seq in enumerate(batch):
-                tokens[b, :len(seq)] = torch.tensor(seq)
+                tokens[b, : len(seq)] = torch.tensor(seq)
             logits = self.model(tokens.to(self.device))
             members = [(b, i) for b, seq in enumerate(batch) for i in rows[seq]]
             row, pos, target, owner = [], [], [], []
@@ -208,7 +238,9 @@ class Scorer:
             target_t, owner_t = torch.tensor(target, device=self.device), torch.tensor(owner, device=self.device)
             token_ll = torch.log_softmax(picked, dim=-1).gather(1, target_t[:, None]).squeeze(1).double()
             ll = torch.zeros(len(members), dtype=torch.float64, device=self.device).index_add_(0, owner_t, token_ll)
-            misses = torch.zeros(len(members), dtype=torch.long, device=self.device).index_add_(0, owner_t, (picked.argmax(-1) != target_t).long())
+            misses = torch.zeros(len(members), dtype=torch.long, device=self.device).index_add_(
+                0, owner_t, (picked.argmax(-1) != target_t).long()
+            )
             for k, (ll_k, miss_k) in enumerate(zip(ll.tolist(), misses.tolist())):
                 out[members[k][1]] = (ll_k, miss_k == 0)
             if progress is not None:
@@ -229,13 +261,17 @@ class Scorer:
         return totals
 
     @torch.inference_mode()
-    def generate(self, contexts: Sequence[Sequence[int]], stop: Sequence[str] = (), max_new_tokens: int = 256, progress=None) -> list[str]:
+    def generate(
+        self, contexts: Sequence[Sequence[int]], stop: Sequence[str] = (), max_new_tokens: int = 256, progress=None
+    ) -> list[str]:
         """Greedy continuation of each context, cut before the first stop string, ended by the
         end-of-text token or after max_new_tokens tokens. Contexts are left-truncated to leave room.
         `progress` counts the contexts done (and says how many tokens were generated so far)."""
         room = self.max_length - max_new_tokens
         if room < 1:
-            raise StreambackError(f"max_new_tokens {max_new_tokens} leaves no room for a context in max_length {self.max_length}")
+            raise StreambackError(
+                f"max_new_tokens {max_new_tokens} leaves no room for a context in max_length {self.max_length}"
+            )
         if any(not len(c) for c in contexts):
             raise StreambackError("generation needs a non-empty context (start it with the end-of-text token)")
         contexts = [list(c)[-room:] for c in contexts]
@@ -243,12 +279,14 @@ class Scorer:
         out = [""] * len(contexts)
         generated = 0
         for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
+            batch = order[start : start + self.batch_size]
             lengths = torch.tensor([len(contexts[i]) for i in batch])
             tokens = torch.zeros((len(batch), int(lengths.max())), dtype=torch.long)
             for b, i in enumerate(batch):
-                tokens[b, :lengths[b]] = torch.tensor(contexts[i])
-            decoder = CachedDecoder(self.model, tokens.to(self.device), lengths, int(lengths.max()) + max_new_tokens - 1)
+                tokens[b, : lengths[b]] = torch.tensor(contexts[i])
+            decoder = CachedDecoder(
+                self.model, tokens.to(self.device), lengths, int(lengths.max()) + max_new_tokens - 1
+            )
             new: list[list[int]] = [[] for _ in batch]
             running = list(range(len(batch)))  # the batch rows still generating, in the decoder's row order
             for step in range(max_new_tokens):

@@ -43,9 +43,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "eval")
     compute.add_argument(parser)
     parser.add_argument("--run-name", required=True, help="the run, e.g. tiny-fat-short-streamback")
-    parser.add_argument("--model", type=Path, default=None, help="its model file (default: results/runs/<run>/model.pt)")
-    parser.add_argument("--tokens", type=Path, default=None, help="token directory of the run's corpus (default: the config's, results/tokens/<corpus>)")
-    parser.add_argument("--outdir", type=Path, default=None, help="for results.json and samples_<task>.jsonl (default: results/eval/<run>)")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="its model file (default: results/runs/<run>/model.pt)"
+    )
+    parser.add_argument(
+        "--tokens",
+        type=Path,
+        default=None,
+        help="token directory of the run's corpus (default: the config's, results/tokens/<corpus>)",
+    )
+    parser.add_argument(
+        "--outdir",
+        type=Path,
+        default=None,
+        help="for results.json and samples_<task>.jsonl (default: results/eval/<run>)",
+    )
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
 
@@ -59,7 +71,13 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     tokens = args.tokens or layout.tokens_dir(load_config(args.config or DEFAULT_CONFIG)["data"])
-    evaluate(cfg, args.model or layout.model_file(args.run_name), tokens, args.outdir or layout.eval_dir(args.run_name), args.device)
+    evaluate(
+        cfg,
+        args.model or layout.model_file(args.run_name),
+        tokens,
+        args.outdir or layout.eval_dir(args.run_name),
+        args.device,
+    )
     return 0
 
 
@@ -75,22 +93,44 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
     from streamback.eval.lm import StreambackLM  # imports lm-eval: after plain_logs(), as the lines above
 
     outdir = Path(outdir)
-    for stale in (outdir / layout.EVAL_RESULTS_FILE, *(outdir / layout.EVAL_SAMPLES_FILE.format(task=n) for n in cfg["tasks"])):
+    for stale in (
+        outdir / layout.EVAL_RESULTS_FILE,
+        *(outdir / layout.EVAL_SAMPLES_FILE.format(task=n) for n in cfg["tasks"]),
+    ):
         stale.unlink(missing_ok=True)
     manager = task_manager(cfg["tasks"], cfg["include_path"])
     began = time.perf_counter()
-    lm = StreambackLM(pretrained=str(model_file), tokens=str(tokens_dir), batch_size=cfg["batch_size"], max_length=cfg["max_length"], device=device)
+    lm = StreambackLM(
+        pretrained=str(model_file),
+        tokens=str(tokens_dir),
+        batch_size=cfg["batch_size"],
+        max_length=cfg["max_length"],
+        device=device,
+    )
     tasks = load_tasks(manager, cfg["tasks"])
-    print(f"evaluate: {lm.run.name} ({lm.model.args.block}, stream {lm.model.stream_format.label}, {lm.model.compute_dtype}) "
-          f"on {', '.join(f'{n} ({len(t.eval_docs)} items)' for n, t in tasks.items())}", file=sys.stderr, flush=True)
+    print(
+        f"evaluate: {lm.run.name} ({lm.model.args.block}, stream {lm.model.stream_format.label}, "
+        f"{lm.model.compute_dtype}) "
+        f"on {', '.join(f'{n} ({len(t.eval_docs)} items)' for n, t in tasks.items())}",
+        file=sys.stderr,
+        flush=True,
+    )
     staging = outdir / f".staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     tracker = EvaluationTracker(output_path=str(staging / "results.json"))
     real_add_env_info = lm_eval.evaluator.add_env_info
-    lm_eval.evaluator.add_env_info = lambda storage: storage.update(environment_record(outdir.parent, real_add_env_info))
+    lm_eval.evaluator.add_env_info = lambda storage: storage.update(
+        environment_record(outdir.parent, real_add_env_info)
+    )
     try:
-        results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks.values()), task_manager=manager, log_samples=True,
-                                          bootstrap_iters=cfg["bootstrap_iters"], evaluation_tracker=tracker)
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(tasks.values()),
+            task_manager=manager,
+            log_samples=True,
+            bootstrap_iters=cfg["bootstrap_iters"],
+            evaluation_tracker=tracker,
+        )
         samples = results.pop("samples")
         tracker.save_results_aggregated(results=results, samples=samples)
         for name in results["configs"]:
@@ -104,8 +144,12 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
         lm_eval.evaluator.add_env_info = real_add_env_info
         shutil.rmtree(staging, ignore_errors=True)
     print(make_table(results))
-    print(f"evaluate: {lm.run.name} in {time.perf_counter() - began:.1f} s; wrote {outdir / layout.EVAL_RESULTS_FILE} and the samples of "
-          f"{len(cfg['tasks'])} tasks", file=sys.stderr)
+    print(
+        f"evaluate: {lm.run.name} in {time.perf_counter() - began:.1f} s; wrote {outdir / layout.EVAL_RESULTS_FILE} "
+        f"and the samples of "
+        f"{len(cfg['tasks'])} tasks",
+        file=sys.stderr,
+    )
     return results
 
 
@@ -122,8 +166,13 @@ def environment_record(cache_dir: Path, add_env_info) -> dict:
             return None
 
     versions = {name: installed(name) for name in ("torch", "lm_eval", "transformers", "datasets")}
-    identity = {"host": platform.node(), "python": sys.executable, "versions": versions,
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "cwd": os.getcwd()}
+    identity = {
+        "host": platform.node(),
+        "python": sys.executable,
+        "versions": versions,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cwd": os.getcwd(),
+    }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(cache_dir) / ".lm_eval_environment" / f"{key}.json"
     if path.is_file():

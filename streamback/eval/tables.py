@@ -47,12 +47,60 @@ from streamback.errors import StreambackError
 from streamback.io import read_json, write_csv
 from streamback.runs import RunSpec, comparison_name, comparisons, run_matrix
 
-HELP = "aggregate lm-eval's results of every run (benchmarks.csv) and test each run against its shape's baseline (benchmark_pairs.csv)"
+HELP = (
+    "aggregate lm-eval's results of every run (benchmarks.csv) and test each run against its shape's baseline "
+    "(benchmark_pairs.csv)"
+)
 
-BENCHMARK_COLUMNS = ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
-PAIR_COLUMNS = ["shape", "comparison", "seed", "task", "filter", "metric", "baseline", "run", "stream", "n", "baseline_value", "value",
-                "diff", "ci_low", "ci_high", "boot_low", "boot_high", "seeds", "sd", "baseline_sd", "baseline_only", "run_only", "p_mcnemar",
-                "p_seeds", "p_holm", "tests", "family", "mdd", "within_se", "mde", "target", "seeds_for_target", "verdict"]
+BENCHMARK_COLUMNS = [
+    "run",
+    "shape",
+    "block",
+    "stream",
+    "seed",
+    "task",
+    "filter",
+    "metric",
+    "value",
+    "stderr",
+    "n",
+    "chance",
+]
+PAIR_COLUMNS = [
+    "shape",
+    "comparison",
+    "seed",
+    "task",
+    "filter",
+    "metric",
+    "baseline",
+    "run",
+    "stream",
+    "n",
+    "baseline_value",
+    "value",
+    "diff",
+    "ci_low",
+    "ci_high",
+    "boot_low",
+    "boot_high",
+    "seeds",
+    "sd",
+    "baseline_sd",
+    "baseline_only",
+    "run_only",
+    "p_mcnemar",
+    "p_seeds",
+    "p_holm",
+    "tests",
+    "family",
+    "mdd",
+    "within_se",
+    "mde",
+    "target",
+    "seeds_for_target",
+    "verdict",
+]
 SAMPLE_KEYS = ("doc_id", "doc_hash", "filter")  # what pairing reads of each sample, besides its metrics
 
 
@@ -76,20 +124,28 @@ def read_results(run: str, tasks: list[str]) -> dict:
         try:
             n = out["n"][task] = int(results["n-samples"][task]["effective"])
         except (KeyError, TypeError, ValueError):
-            raise StreambackError(f"{path} has no n-samples of task {task} (n-samples.{task}.effective): {rerun}") from None
+            raise StreambackError(
+                f"{path} has no n-samples of task {task} (n-samples.{task}.effective): {rerun}"
+            ) from None
         metrics = out["metrics"][task] = list(results["higher_is_better"].get(task) or {})
         if not metrics:
             raise StreambackError(f"{path} names no metric of task {task} (higher_is_better.{task}): {rerun}")
-        filters = out["filters"][task] = [f["name"] for f in (results["configs"].get(task) or {}).get("filter_list") or []] or ["none"]
+        filters = out["filters"][task] = [
+            f["name"] for f in (results["configs"].get(task) or {}).get("filter_list") or []
+        ] or ["none"]
         out["output_type"][task] = (results["configs"].get(task) or {}).get("output_type")
         absent = [f"{m},{f}" for f in filters for m in metrics if f"{m},{f}" not in results["results"][task]]
         if absent:
-            raise StreambackError(f"{path} has no {', '.join(absent)} of task {task} (each metric under each filter): {rerun}")
+            raise StreambackError(
+                f"{path} has no {', '.join(absent)} of task {task} (each metric under each filter): {rerun}"
+            )
         out["samples"][task] = _read_samples(layout.eval_samples(run, task), filters, metrics, n, path, rerun)
     return out
 
 
-def _read_samples(sample_path, filters: list[str], metrics: list[str], n: int, results_path, rerun: str) -> dict[str, list[dict]]:
+def _read_samples(
+    sample_path, filters: list[str], metrics: list[str], n: int, results_path, rerun: str
+) -> dict[str, list[dict]]:
     """{filter: samples} of one task's samples file, each filter's the n items, each sample complete."""
     by_filter: dict[str, list[dict]] = {f: [] for f in filters}
     try:
@@ -103,16 +159,24 @@ def _read_samples(sample_path, filters: list[str], metrics: list[str], n: int, r
             sample = json.loads(line)
         except json.JSONDecodeError as err:
             raise StreambackError(f"{sample_path}, line {number}: not JSON ({err}): {rerun}") from None
-        lacking = [key for key in (*SAMPLE_KEYS, *metrics) if key not in sample] if isinstance(sample, dict) else ["everything"]
+        lacking = (
+            [key for key in (*SAMPLE_KEYS, *metrics) if key not in sample]
+            if isinstance(sample, dict)
+            else ["everything"]
+        )
         if lacking:
             raise StreambackError(f"{sample_path}, line {number}: no {', '.join(lacking)}: {rerun}")
         if sample["filter"] not in by_filter:
-            raise StreambackError(f"{sample_path}, line {number}: filter {sample['filter']!r} is not one of the task's "
-                                  f"({', '.join(filters)}) in {results_path}: {rerun}")
+            raise StreambackError(
+                f"{sample_path}, line {number}: filter {sample['filter']!r} is not one of the task's "
+                f"({', '.join(filters)}) in {results_path}: {rerun}"
+            )
         by_filter[sample["filter"]].append(sample)
     for filt, samples in by_filter.items():
         if len({s["doc_id"] for s in samples}) != n or len(samples) != n:
-            raise StreambackError(f"{sample_path} holds {len(samples)} items under filter {filt}, {results_path} says {n}: {rerun}")
+            raise StreambackError(
+                f"{sample_path} holds {len(samples)} items under filter {filt}, {results_path} says {n}: {rerun}"
+            )
     return by_filter
 
 
@@ -123,10 +187,22 @@ def benchmark_rows(spec: RunSpec, evaluation: dict, tasks: list[str]) -> list[di
         scores = evaluation["results"][task]
         for filt in evaluation["filters"][task]:
             for metric in evaluation["metrics"][task]:
-                rows.append({"run": spec.name, "shape": spec.shape, "block": spec.block, "stream": spec.stream, "seed": spec.seed,
-                             "task": task, "filter": filt, "metric": metric, "value": _number(scores[f"{metric},{filt}"]),
-                             "stderr": _number(scores.get(f"{metric}_stderr,{filt}")), "n": evaluation["n"][task],
-                             "chance": chance(evaluation, task, filt, metric)})
+                rows.append(
+                    {
+                        "run": spec.name,
+                        "shape": spec.shape,
+                        "block": spec.block,
+                        "stream": spec.stream,
+                        "seed": spec.seed,
+                        "task": task,
+                        "filter": filt,
+                        "metric": metric,
+                        "value": _number(scores[f"{metric},{filt}"]),
+                        "stderr": _number(scores.get(f"{metric}_stderr,{filt}")),
+                        "n": evaluation["n"][task],
+                        "chance": chance(evaluation, task, filt, metric),
+                    }
+                )
     return rows
 
 
@@ -160,37 +236,71 @@ def is_binary(samples: list[dict], metric: str) -> bool:
     return all(isinstance(s[metric], (int, float)) and s[metric] in (0, 1) for s in samples)
 
 
-def pair_rows(shape: str, base: str, other: RunSpec, evaluations: dict, tasks: list[str], pairs_cfg: dict) -> list[dict]:
+def pair_rows(
+    shape: str, base: str, other: RunSpec, evaluations: dict, tasks: list[str], pairs_cfg: dict
+) -> list[dict]:
     """The rows of `other` against the baseline run `base` of its seed: per task, filter and 0/1
     metric, on that filter's items; Holm-adjusted over themselves (the family, which `family` spells
     out). Each row keeps the per-item differences (`_items`, b - a) for the rows over seeds."""
     rows = []
     for task in tasks:
         for filt in evaluations[base]["filters"][task]:
-            a_samples, b_samples = evaluations[base]["samples"][task][filt], evaluations[other.name]["samples"][task][filt]
+            a_samples, b_samples = (
+                evaluations[base]["samples"][task][filt],
+                evaluations[other.name]["samples"][task][filt],
+            )
             a_hash, b_hash = ({s["doc_id"]: s["doc_hash"] for s in samples} for samples in (a_samples, b_samples))
             if a_hash != b_hash:
-                raise StreambackError(f"task {task}: runs {base} and {other.name} were evaluated on different items "
-                                      f"({layout.eval_samples(base, task)} vs {layout.eval_samples(other.name, task)}): evaluate both again")
+                raise StreambackError(
+                    f"task {task}: runs {base} and {other.name} were evaluated on different items "
+                    f"({layout.eval_samples(base, task)} vs {layout.eval_samples(other.name, task)}): evaluate both "
+                    f"again"
+                )
             for metric in evaluations[base]["metrics"][task]:
                 binary = is_binary(a_samples, metric), is_binary(b_samples, metric)
                 if binary[0] != binary[1]:
-                    raise StreambackError(f"task {task}, filter {filt}: metric {metric} is 0/1 per item in "
-                                          f"{layout.eval_samples(base if binary[0] else other.name, task)} but not in "
-                                          f"{layout.eval_samples(other.name if binary[0] else base, task)}: evaluate both again")
+                    raise StreambackError(
+                        f"task {task}, filter {filt}: metric {metric} is 0/1 per item in "
+                        f"{layout.eval_samples(base if binary[0] else other.name, task)} but not in "
+                        f"{layout.eval_samples(other.name if binary[0] else base, task)}: evaluate both again"
+                    )
                 if not binary[0]:
                     continue
                 a_by_id, b_by_id = per_item(a_samples, metric), per_item(b_samples, metric)
                 ids = sorted(a_by_id)
                 a, b = [a_by_id[i] for i in ids], [b_by_id[i] for i in ids]
-                diff, low, high = stats.paired_bootstrap_ci(a, b, pairs_cfg["confidence"], pairs_cfg["resamples"], pairs_cfg["seed"])
+                diff, low, high = stats.paired_bootstrap_ci(
+                    a, b, pairs_cfg["confidence"], pairs_cfg["resamples"], pairs_cfg["seed"]
+                )
                 only_a, only_b = stats.discordant(a, b)
                 n = len(ids)
-                rows.append({"shape": shape, "comparison": comparison_name(other), "seed": other.seed, "task": task, "filter": filt,
-                             "metric": metric, "baseline": base, "run": other.name, "stream": other.stream, "n": n, "seeds": 1,
-                             "_items": [y - x for x, y in zip(a, b)], "baseline_value": sum(a) / n, "value": sum(b) / n, "diff": diff, "ci_low": low,
-                             "ci_high": high, "baseline_only": only_a, "run_only": only_b, "p_mcnemar": stats.mcnemar_exact(only_a, only_b),
-                             "mdd": stats.min_detectable_difference(n, (only_a + only_b) / n, pairs_cfg["alpha"], pairs_cfg["power"])})
+                rows.append(
+                    {
+                        "shape": shape,
+                        "comparison": comparison_name(other),
+                        "seed": other.seed,
+                        "task": task,
+                        "filter": filt,
+                        "metric": metric,
+                        "baseline": base,
+                        "run": other.name,
+                        "stream": other.stream,
+                        "n": n,
+                        "seeds": 1,
+                        "_items": [y - x for x, y in zip(a, b)],
+                        "baseline_value": sum(a) / n,
+                        "value": sum(b) / n,
+                        "diff": diff,
+                        "ci_low": low,
+                        "ci_high": high,
+                        "baseline_only": only_a,
+                        "run_only": only_b,
+                        "p_mcnemar": stats.mcnemar_exact(only_a, only_b),
+                        "mdd": stats.min_detectable_difference(
+                            n, (only_a + only_b) / n, pairs_cfg["alpha"], pairs_cfg["power"]
+                        ),
+                    }
+                )
     family = holm_family(base, other.name, rows)
     for row, adjusted in zip(rows, stats.holm([r["p_mcnemar"] for r in rows])):
         row.update(p_holm=adjusted, tests=len(rows), family=family)
@@ -204,12 +314,16 @@ def holm_family(base: str, run: str, rows: list[dict]) -> str:
     tests: dict[tuple[str, str], list[str]] = {}
     for row in rows:
         tests.setdefault((row["task"], row["metric"]), []).append(row["filter"])
-    parts = [f"{task} {metric}" + ("" if filters == ["none"] else f" ({', '.join(filters)})") for (task, metric), filters in tests.items()]
+    parts = [
+        f"{task} {metric}" + ("" if filters == ["none"] else f" ({', '.join(filters)})")
+        for (task, metric), filters in tests.items()
+    ]
     return f"{run} vs {base}, {len(rows)} test{'s' * (len(rows) != 1)}: {'; '.join(parts)}"
 
 
 def verdict(row: dict, pairs_cfg: dict) -> str:
     """Whether the difference is distinguishable from noise, in plain words."""
+
     def points(x: float) -> str:
         return f"{100 * x:+.1f}"
 
@@ -218,18 +332,32 @@ def verdict(row: dict, pairs_cfg: dict) -> str:
     if row["baseline_only"] + row["run_only"] == 0:
         text = f"no difference: both runs are right on exactly the same {n} items"
     elif row["p_holm"] <= alpha:
-        text = (f"distinguishable from noise: {run} is {abs(100 * row['diff']):.1f} points {'better' if row['diff'] > 0 else 'worse'} "
-                f"than {row['baseline']} ({interval}; exact McNemar p = {row['p_mcnemar']:.2g}, {row['p_holm']:.2g} after Holm over "
-                f"{row['tests']} tests)")
+        text = (
+            f"distinguishable from noise: {run} is {abs(100 * row['diff']):.1f} points "
+            f"{'better' if row['diff'] > 0 else 'worse'} "
+            f"than {row['baseline']} ({interval}; exact McNemar p = {row['p_mcnemar']:.2g}, {row['p_holm']:.2g} after "
+            f"Holm over "
+            f"{row['tests']} tests)"
+        )
     elif row["p_mcnemar"] <= alpha:
-        text = (f"not distinguishable from noise once the {row['tests']} tests of {run} against {row['baseline']} are counted: "
-                f"{points(row['diff'])} points ({interval}); p = {row['p_mcnemar']:.2g} alone, {row['p_holm']:.2g} after Holm")
+        text = (
+            f"not distinguishable from noise once the {row['tests']} tests of {run} against {row['baseline']} are "
+            f"counted: "
+            f"{points(row['diff'])} points ({interval}); p = {row['p_mcnemar']:.2g} alone, {row['p_holm']:.2g} after "
+            f"Holm"
+        )
     else:
-        text = f"not distinguishable from noise: {points(row['diff'])} points ({interval}; exact McNemar p = {row['p_mcnemar']:.2g})"
+        text = (
+            f"not distinguishable from noise: {points(row['diff'])} points ({interval}; exact McNemar p = "
+            f"{row['p_mcnemar']:.2g})"
+        )
     if math.isnan(row["mdd"]):
         return text + f"; {n} items are too few to detect any difference"
     if row["p_holm"] > alpha:
-        text += f"; with {n} items a difference must be about {100 * row['mdd']:.1f} points to be detected {pairs_cfg['power']:.0%} of the time"
+        text += (
+            f"; with {n} items a difference must be about {100 * row['mdd']:.1f} points to be detected "
+            f"{pairs_cfg['power']:.0%} of the time"
+        )
     return text
 
 
@@ -249,20 +377,44 @@ def across_seeds_rows(rows: list[dict], benchmarks: list[dict], pairs_cfg: dict)
     for (shape, comparison, task, filt, metric), seeds in groups.items():
         summary = stats.across_seeds([r["diff"] for r in seeds], confidence)
         _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap(
-            [r["_items"] for r in seeds], confidence, pairs_cfg["resamples"], pairs_cfg["seed"])
+            [r["_items"] for r in seeds], confidence, pairs_cfg["resamples"], pairs_cfg["seed"]
+        )
         baseline_sd = stats.across_seeds([r["baseline_value"] for r in seeds], confidence)["sd"]
         noise = stats.within_se([r["_items"] for r in seeds])
         first = seeds[0]
-        out.append({"shape": shape, "comparison": comparison, "seed": layout.ALL_SEEDS, "task": task, "filter": filt, "metric": metric,
-                    "baseline": first["baseline"].removesuffix(f"-seed{first['seed']}"), "run": first["run"].removesuffix(f"-seed{first['seed']}"),
-                    "stream": first["stream"], "n": first["n"], "baseline_value": sum(r["baseline_value"] for r in seeds) / len(seeds),
-                    "value": sum(r["value"] for r in seeds) / len(seeds), "diff": summary["mean"], "ci_low": summary["low"],
-                    "ci_high": summary["high"], "boot_low": summary["boot_low"], "boot_high": summary["boot_high"], "seeds": summary["n"],
-                    "sd": summary["sd"], "baseline_sd": baseline_sd, "p_seeds": summary["p"], "within_se": noise,
-                    "mde": stats.seed_mde(summary["sd"], summary["n"], alpha, pairs_cfg["power"], noise),
-                    "target": pairs_cfg["target"], "seeds_for_target": stats.seeds_needed(max(summary["sd"], noise), pairs_cfg["target"], alpha, pairs_cfg["power"]),
-                    "_summary": summary,
-                    "_significant": [r["p_holm"] <= alpha for r in seeds]})
+        out.append(
+            {
+                "shape": shape,
+                "comparison": comparison,
+                "seed": layout.ALL_SEEDS,
+                "task": task,
+                "filter": filt,
+                "metric": metric,
+                "baseline": first["baseline"].removesuffix(f"-seed{first['seed']}"),
+                "run": first["run"].removesuffix(f"-seed{first['seed']}"),
+                "stream": first["stream"],
+                "n": first["n"],
+                "baseline_value": sum(r["baseline_value"] for r in seeds) / len(seeds),
+                "value": sum(r["value"] for r in seeds) / len(seeds),
+                "diff": summary["mean"],
+                "ci_low": summary["low"],
+                "ci_high": summary["high"],
+                "boot_low": summary["boot_low"],
+                "boot_high": summary["boot_high"],
+                "seeds": summary["n"],
+                "sd": summary["sd"],
+                "baseline_sd": baseline_sd,
+                "p_seeds": summary["p"],
+                "within_se": noise,
+                "mde": stats.seed_mde(summary["sd"], summary["n"], alpha, pairs_cfg["power"], noise),
+                "target": pairs_cfg["target"],
+                "seeds_for_target": stats.seeds_needed(
+                    max(summary["sd"], noise), pairs_cfg["target"], alpha, pairs_cfg["power"]
+                ),
+                "_summary": summary,
+                "_significant": [r["p_holm"] <= alpha for r in seeds],
+            }
+        )
     by_comparison: dict[tuple, list[dict]] = {}
     for row in out:
         by_comparison.setdefault((row["shape"], row["comparison"]), []).append(row)
@@ -270,9 +422,14 @@ def across_seeds_rows(rows: list[dict], benchmarks: list[dict], pairs_cfg: dict)
         family = f"{family_rows[0]['run']} vs {family_rows[0]['baseline']} over seeds, {len(family_rows)} tests"
         for row, adjusted in zip(family_rows, stats.holm([r["p_seeds"] for r in family_rows])):
             row.update(p_holm=adjusted, tests=len(family_rows), family=family)
-            text = stats.seed_verdict(row.pop("_summary"), row.pop("_significant"), row["baseline_sd"], _points, "better", "worse")
+            text = stats.seed_verdict(
+                row.pop("_summary"), row.pop("_significant"), row["baseline_sd"], _points, "better", "worse"
+            )
             if text.startswith("consistent") and not adjusted <= alpha:
-                text += f"; but p = {row['p_seeds']:.2g} over seeds is {adjusted:.2g} after Holm over the {len(family_rows)} tests"
+                text += (
+                    f"; but p = {row['p_seeds']:.2g} over seeds is {adjusted:.2g} after Holm over the "
+                    f"{len(family_rows)} tests"
+                )
             row["verdict"] = text
     return out
 
@@ -287,8 +444,11 @@ def tables(eval_cfg: dict, train_cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]
     runs, tasks = run_matrix(train_cfg), eval_cfg["tasks"]
     evaluations = {name: read_results(name, tasks) for name in runs}
     benchmarks = [row for name, spec in runs.items() for row in benchmark_rows(spec, evaluations[name], tasks)]
-    pairs = [row for shape, base, other in comparisons(runs)
-             for row in pair_rows(shape, base, runs[other], evaluations, tasks, eval_cfg["pairs"])]
+    pairs = [
+        row
+        for shape, base, other in comparisons(runs)
+        for row in pair_rows(shape, base, runs[other], evaluations, tasks, eval_cfg["pairs"])
+    ]
     pairs += across_seeds_rows(pairs, benchmarks, eval_cfg["pairs"])
     for row in pairs:
         row.pop("_items", None)
@@ -297,7 +457,11 @@ def tables(eval_cfg: dict, train_cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "eval")
-    parser.add_argument("--train-params", default=None, help="the 'train' section as a JSON object, for the run matrix (what the rule passes; default: from --config)")
+    parser.add_argument(
+        "--train-params",
+        default=None,
+        help="the 'train' section as a JSON object, for the run matrix (what the rule passes; default: from --config)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

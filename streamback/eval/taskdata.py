@@ -51,7 +51,7 @@ def cloze_item(text: str) -> dict:
         raise ValueError(f"no word in {text!r}")
     start = match.start(1)
     cut = start - 1 if start and text[start - 1] == " " else start
-    return {"text": text, "context": text[:cut], "target": text[cut:match.end(1)]}
+    return {"text": text, "context": text[:cut], "target": text[cut : match.end(1)]}
 
 
 def task_items(task: str, local: dict) -> list[dict]:
@@ -60,8 +60,18 @@ def task_items(task: str, local: dict) -> list[dict]:
     `text`), so lm-eval renders no template per item (a Jinja compile each, the bulk of its time)."""
     seed, docs = local["seed"], local["documents"]
     if task in PAIR_GROUPS:
-        return [{"phenomenon": p.phenomenon, "sentence_good": p.good, "sentence_bad": p.bad, "context": "", "choices": [p.good, p.bad],
-                 "label": 0} for phenomenon in PAIR_GROUPS[task] for p in minimal_pairs(phenomenon, local["pairs"], seed)]
+        return [
+            {
+                "phenomenon": p.phenomenon,
+                "sentence_good": p.good,
+                "sentence_bad": p.bad,
+                "context": "",
+                "choices": [p.good, p.bad],
+                "label": 0,
+            }
+            for phenomenon in PAIR_GROUPS[task]
+            for p in minimal_pairs(phenomenon, local["pairs"], seed)
+        ]
     if task == "streamback_cloze":
         return [cloze_item(document_text(seed, i)) for i in range(docs)]
     if task == "streamback_perplexity":
@@ -72,8 +82,10 @@ def task_items(task: str, local: dict) -> list[dict]:
 def write_tasks(tasks: list[str], local: dict, corpus_seed: int | None = None) -> list[Path]:
     """Write results/eval/tasks/<task>.jsonl for each local task in `tasks`; returns the paths."""
     if corpus_seed is not None and local["seed"] == corpus_seed:
-        raise StreambackError(f"eval.local.seed {local['seed']} is the training corpus's seed (data.synthetic.seed): "
-                              "its stories would not be held out; choose another")
+        raise StreambackError(
+            f"eval.local.seed {local['seed']} is the training corpus's seed (data.synthetic.seed): "
+            "its stories would not be held out; choose another"
+        )
     paths = []
     for task in tasks:
         path = layout.eval_task_file(task)
@@ -84,7 +96,12 @@ def write_tasks(tasks: list[str], local: dict, corpus_seed: int | None = None) -
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "eval")
-    parser.add_argument("--corpus-seed", type=int, default=None, help="the training corpus's seed (data.synthetic.seed), which the items must avoid")
+    parser.add_argument(
+        "--corpus-seed",
+        type=int,
+        default=None,
+        help="the training corpus's seed (data.synthetic.seed), which the items must avoid",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

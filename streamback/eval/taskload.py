@@ -29,7 +29,9 @@ from pathlib import Path
 from streamback.errors import StreambackError
 from streamback.io import write_json
 
-TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # the built-in local tasks' YAML files (their items: `streamback eval-tasks`)
+TASKS_DIR = (
+    Path(__file__).resolve().parent / "tasks"
+)  # the built-in local tasks' YAML files (their items: `streamback eval-tasks`)
 
 
 def _cache_file() -> Path:
@@ -55,9 +57,11 @@ def lm_eval_task_names() -> dict[str, list[str]]:
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager()
-    names = {"tasks": sorted(manager.all_subtasks), "groups": sorted(set(manager.all_tasks) - set(manager.all_subtasks))}
+    names = {
+        "tasks": sorted(manager.all_subtasks),
+        "groups": sorted(set(manager.all_tasks) - set(manager.all_subtasks)),
+    }
     try:
-
         write_json(path, {"installed": installed, **names})
     except OSError:  # an unwritable cache costs time, not correctness
         pass
@@ -87,11 +91,15 @@ def check_task_names(names: list[str], include_path: list[str]) -> bool:
         if name in tasks:
             continue
         if name in groups:
-            raise StreambackError(f"eval.tasks: {name!r} is a group or tag of lm-eval tasks; list its tasks instead "
-                                  "(the per-item samples are kept per task)")
+            raise StreambackError(
+                f"eval.tasks: {name!r} is a group or tag of lm-eval tasks; list its tasks instead "
+                "(the per-item samples are kept per task)"
+            )
         close = difflib.get_close_matches(name, sorted(tasks | groups), n=6, cutoff=0.6)
-        raise StreambackError(f"eval.tasks: lm-eval knows no task {name!r} (local tasks, eval.include_path and lm-eval's own); "
-                              + (f"close names: {', '.join(close)}" if close else "`lm-eval ls tasks` lists them"))
+        raise StreambackError(
+            f"eval.tasks: lm-eval knows no task {name!r} (local tasks, eval.include_path and lm-eval's own); "
+            + (f"close names: {', '.join(close)}" if close else "`lm-eval ls tasks` lists them")
+        )
     return all_local
 
 
@@ -126,7 +134,9 @@ class _Data:
     def __init__(self, name: str, cfg: dict, yaml_path):
         self.task, self.cfg, self.yaml_path = name, cfg, yaml_path
         self.path, self.name = str(cfg.get("dataset_path")), cfg.get("dataset_name")
-        self.kwargs = {k: v for k, v in (cfg.get("dataset_kwargs") or {}).items() if k != "trust_remote_code"}  # lm-eval drops it too
+        self.kwargs = {
+            k: v for k, v in (cfg.get("dataset_kwargs") or {}).items() if k != "trust_remote_code"
+        }  # lm-eval drops it too
 
     @property
     def local(self) -> bool:
@@ -144,11 +154,17 @@ class _Data:
         if self.built_in:
             return "local tasks: run `streamback eval-tasks` (rule eval_tasks)"
         if not self.local and self.path.startswith((os.sep, ".", "~")):
-            return f"dataset_path {self.path} in {self.yaml_path} is not a directory (relative paths are read from {Path.cwd()})"
+            return (
+                f"dataset_path {self.path} in {self.yaml_path} is not a directory (relative paths are read from "
+                f"{Path.cwd()})"
+            )
         if not self.local:
             return "hub datasets need the Hugging Face Hub, or a filled HF datasets cache with HF_DATASETS_OFFLINE=1"
-        return (f"see dataset_path and dataset_kwargs in {self.yaml_path}; relative paths are read from the working directory, "
-                f"{Path.cwd()}")
+        return (
+            f"see dataset_path and dataset_kwargs in {self.yaml_path}; relative paths are read from the working "
+            f"directory, "
+            f"{Path.cwd()}"
+        )
 
     def builder(self, data_files=None):
         """datasets' builder of these data (files resolved, nothing read); `data_files` replaces the task's."""
@@ -175,17 +191,27 @@ class _Data:
                     try:
                         self.builder({split: pattern})
                     except FileNotFoundError:
-                        raise StreambackError(f"task {self.task}, split {split}: no data file matches {pattern} ({self.hint()})") from None
-            raise StreambackError(f"task {self.task}: the files of its {_data_description(self.cfg)} are not found: "
-                                  f"{_one_line(err)} ({self.hint()})") from None
+                        raise StreambackError(
+                            f"task {self.task}, split {split}: no data file matches {pattern} ({self.hint()})"
+                        ) from None
+            raise StreambackError(
+                f"task {self.task}: the files of its {_data_description(self.cfg)} are not found: "
+                f"{_one_line(err)} ({self.hint()})"
+            ) from None
         except Exception as err:  # datasets raises ValueError and others for settings it refuses
-            raise StreambackError(f"task {self.task}: datasets refuses its {_data_description(self.cfg)}: {_one_line(err)} "
-                                  f"({self.hint()})") from None
+            raise StreambackError(
+                f"task {self.task}: datasets refuses its {_data_description(self.cfg)}: {_one_line(err)} "
+                f"({self.hint()})"
+            ) from None
         files = {split: [str(f) for f in listed] for split, listed in (builder.config.data_files or {}).items()}
         for split, listed in files.items():
             if not listed:  # datasets lets a glob match nothing
-                patterns = sanitize_patterns(self.kwargs.get("data_files") or {}).get(split, ["(datasets' default patterns)"])
-                raise StreambackError(f"task {self.task}, split {split}: no data file matches {', '.join(patterns)} ({self.hint()})")
+                patterns = sanitize_patterns(self.kwargs.get("data_files") or {}).get(
+                    split, ["(datasets' default patterns)"]
+                )
+                raise StreambackError(
+                    f"task {self.task}, split {split}: no data file matches {', '.join(patterns)} ({self.hint()})"
+                )
             for path in listed:
                 if os.path.isfile(path) and os.path.getsize(path) == 0:
                     raise StreambackError(f"task {self.task} has no items: {_shown(path)} (split {split}) is empty")
@@ -196,9 +222,14 @@ class _Data:
         split = err.args[0] if isinstance(err, KeyError) and err.args else None
         if not files or not isinstance(split, str) or split in files:
             return None
-        keys = [k for k in ("test_split", "validation_split", "training_split", "fewshot_split") if self.cfg.get(k) == split]
-        return (f"task {self.task} reads split {split!r} ({' and '.join(keys) or 'a split'} in {self.yaml_path}), but its data files give "
-                f"only {', '.join(files)}")
+        keys = [
+            k for k in ("test_split", "validation_split", "training_split", "fewshot_split") if self.cfg.get(k) == split
+        ]
+        return (
+            f"task {self.task} reads split {split!r} ({' and '.join(keys) or 'a split'} in {self.yaml_path}), but its "
+            f"data files give "
+            f"only {', '.join(files)}"
+        )
 
     def unreadable(self, files: dict[str, list[str]]) -> str | None:
         """The first data file datasets cannot load on its own, as a message; None if each loads."""
@@ -208,10 +239,16 @@ class _Data:
         for split, listed in files.items():
             for path in listed:
                 try:
-                    datasets.load_dataset(builder.name, data_files={split: [path]}, **{k: v for k, v in self.kwargs.items()
-                                                                                      if k not in ("data_files", "data_dir")})
+                    datasets.load_dataset(
+                        builder.name,
+                        data_files={split: [path]},
+                        **{k: v for k, v in self.kwargs.items() if k not in ("data_files", "data_dir")},
+                    )
                 except Exception as err:  # pyarrow, json and csv readers raise many types
-                    return f"task {self.task}, split {split}: {_shown(path)} cannot be read as {builder.name} data: {_one_line(err)}"
+                    return (
+                        f"task {self.task}, split {split}: {_shown(path)} cannot be read as {builder.name} data: "
+                        f"{_one_line(err)}"
+                    )
         return None
 
 
@@ -235,9 +272,16 @@ def load_tasks(manager, names: list[str]) -> dict:
             named = data.missing_split(err, files) or (data.unreadable(files) if files else None)
             if named:
                 raise StreambackError(f"{named} ({data.hint()})") from None
-            hint = ("its items do not fit its YAML: write them again (`streamback eval-tasks`)" if data.built_in else
-                    f"its data do not fit {data.yaml_path}" if data.local else data.hint())
-            raise StreambackError(f"task {name}: cannot load its {_data_description(data.cfg)}: {_one_line(err)} ({hint})") from None
+            hint = (
+                "its items do not fit its YAML: write them again (`streamback eval-tasks`)"
+                if data.built_in
+                else f"its data do not fit {data.yaml_path}"
+                if data.local
+                else data.hint()
+            )
+            raise StreambackError(
+                f"task {name}: cannot load its {_data_description(data.cfg)}: {_one_line(err)} ({hint})"
+            ) from None
         if len(task.eval_docs) == 0:
             raise StreambackError(f"task {name} has no items in its {_data_description(data.cfg)}")
         tasks[name] = task

@@ -1,1 +1,2 @@
-"""Measurement of a training step: its definition, its speed (`streamback bench`) and its memory (`streamback memory`)."""
+"""Measurement of a training step: its definition, its speed (`streamback bench`) and its memory
+(`streamback memory`)."""

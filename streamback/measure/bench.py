@@ -28,7 +28,8 @@ such and the others still run. Runs unchanged on a CUDA machine with torch alone
 Defaults by device: on a GPU the paper's step (4 x 2048 tokens, Llama 3's vocabulary) of the
 paper's shapes, eager and compiled; on the CPU the tiny shapes at 2 x 64 tokens and a 2048-word
 vocabulary, eager only, on one thread (on a shared CPU, threads make the step times erratic far
-more than one thread does; docs/measurements.md), which takes seconds. A warning says when the timed steps are too few (under MIN_STEPS) or too uneven for
+more than one thread does; docs/measurements.md), which takes seconds. A warning says when the timed steps are too few
+(under MIN_STEPS) or too uneven for
 a stable ratio to the baseline: when the 95% interval of a configuration's median step time (from
 its order statistics, distribution-free) is wider than +-NOISE_LIMIT of it.
 """
@@ -79,15 +80,31 @@ NOISE_LIMIT = 0.05  # half-width of the median's 95% interval, relative to it, b
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_step_arguments(parser, per_device=True)
-    parser.add_argument("--shapes", default=None, help=f"comma-separated shape names (default: {GPU_SHAPES} on a GPU, {CPU_SHAPES} on the CPU)")
-    parser.add_argument("--modes", default=None, help="comma-separated, from eager, compiled (default: both on a GPU; eager on the CPU, "
-                                                      "where compiling needs a C++ compiler and about a minute a configuration)")
-    parser.add_argument("--steps", type=int, default=20, help=f"timed steps per configuration (under {MIN_STEPS} get a warning)")
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        help=f"comma-separated shape names (default: {GPU_SHAPES} on a GPU, {CPU_SHAPES} on the CPU)",
+    )
+    parser.add_argument(
+        "--modes",
+        default=None,
+        help="comma-separated, from eager, compiled (default: both on a GPU; eager on the CPU, "
+        "where compiling needs a C++ compiler and about a minute a configuration)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=20, help=f"timed steps per configuration (under {MIN_STEPS} get a warning)"
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: 1 on the CPU, torch's choice with a GPU)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="CPU threads (default: 1 on the CPU, torch's choice with a GPU)"
+    )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--no-estimate", dest="estimate", action="store_false", help="skip the fake-tensor peak-memory estimate")
-    parser.add_argument("--out", type=Path, default=layout.BENCH_FILE, help="JSON output; the table goes beside it as .md")
+    parser.add_argument(
+        "--no-estimate", dest="estimate", action="store_false", help="skip the fake-tensor peak-memory estimate"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=layout.BENCH_FILE, help="JSON output; the table goes beside it as .md"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,11 +117,15 @@ def run(args: argparse.Namespace) -> int:
         raise StreambackError(f"--threads must be at least 1, got {args.threads}")
     config = load_config(args.config)
     model_cfg, args.stream_every = config["model"], config["train"]["log"]["stream_every"]
-    shapes = parse_names(args.shapes or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES), model_cfg["shapes"], "shapes")
+    shapes = parse_names(
+        args.shapes or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES), model_cfg["shapes"], "shapes"
+    )
     variants = parse_names(args.variants, VARIANTS, "variants")
     modes = parse_names(args.modes or (",".join(MODES) if device.type == "cuda" else "eager"), MODES, "modes")
     if args.seq_len > model_cfg["max_seq_len"]:
-        raise StreambackError(f"--seq-len {args.seq_len} exceeds model.max_seq_len {model_cfg['max_seq_len']} of {args.config}")
+        raise StreambackError(
+            f"--seq-len {args.seq_len} exceeds model.max_seq_len {model_cfg['max_seq_len']} of {args.config}"
+        )
     threads, previous = args.threads or (1 if device.type == "cpu" else None), torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -123,14 +144,21 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
     """Time every configuration, printing a line as each finishes; the result (see `run`)."""
     warnings = []
     if args.steps < MIN_STEPS:
-        warnings.append(f"{args.steps} timed step(s) per configuration are too few for a stable ratio to the baseline (a 2-step run "
-                        f"put StreamBack at 1.87x): time at least {MIN_STEPS} (--steps)")
+        warnings.append(
+            f"{args.steps} timed step(s) per configuration are too few for a stable ratio to the baseline (a 2-step "
+            f"run "
+            f"put StreamBack at 1.87x): time at least {MIN_STEPS} (--steps)"
+        )
         print(f"warning: {warnings[-1]}", flush=True)
     matmul, kernels = matmul_flops(device), compute.path(device)
-    print(f"bf16 compute on {device_name(device)}: {kernels} (cpu_bf16 {compute.mode()}); its matmul {matmul / 1e12:.2f} TFLOP/s; "
-          f"a training step of {args.batch} x {args.seq_len} tokens, "
-          f"vocabulary {args.vocab_size}, {args.steps} timed after {args.warmup} untimed, {torch.get_num_threads()} thread(s); "
-          f"live signals every {args.stream_every} steps")
+    print(
+        f"bf16 compute on {device_name(device)}: {kernels} (cpu_bf16 {compute.mode()}); its matmul {matmul / 1e12:.2f} "
+        f"TFLOP/s; "
+        f"a training step of {args.batch} x {args.seq_len} tokens, "
+        f"vocabulary {args.vocab_size}, {args.steps} timed after {args.warmup} untimed, {torch.get_num_threads()} "
+        f"thread(s); "
+        f"live signals every {args.stream_every} steps"
+    )
     print("  ".join(COLUMNS), flush=True)
     rows, estimates = [], {}
     for shape in shapes:
@@ -140,17 +168,25 @@ def measure(args: argparse.Namespace, device: torch.device, model_cfg: dict, sha
                 row.update(bench_one(model_cfg, shape, variant, mode, args, device, matmul))
                 if args.estimate and (shape, variant) not in estimates:  # the same for every mode
                     margs = model_args(model_cfg, shape, variant, args.vocab_size)
-                    estimates[shape, variant] = (estimate_step_memory(margs, args.batch, args.seq_len)["peak"] / 2**30,
-                                                 signals_cost(margs, args.batch, args.seq_len, args.stream_every))
+                    estimates[shape, variant] = (
+                        estimate_step_memory(margs, args.batch, args.seq_len)["peak"] / 2**30,
+                        signals_cost(margs, args.batch, args.seq_len, args.stream_every),
+                    )
                 peak, cost = estimates.get((shape, variant), (None, None))
-                row.update(est_peak_gib=peak, signals_bytes_share=cost and cost["bytes_share"], signals_flops_share=cost and cost["flops_share"])
+                row.update(
+                    est_peak_gib=peak,
+                    signals_bytes_share=cost and cost["bytes_share"],
+                    signals_flops_share=cost and cost["flops_share"],
+                )
                 rows.append(row)
                 print(_format_row(row, rows), flush=True)
     noisy = [r for r in rows if not r.get("error") and (r["median_noise"] is None or r["median_noise"] > NOISE_LIMIT)]
     if noisy and args.steps >= MIN_STEPS:
-        warnings.append(f"the median step time of {len(noisy)} of {len(rows)} configurations is known only to more than "
-                        f"+-{100 * NOISE_LIMIT:.0f}% (95%; the 'median +-' column): ratios to the baseline within that are noise. "
-                        "A busy machine? Time more steps (--steps), with the machine otherwise idle")
+        warnings.append(
+            f"the median step time of {len(noisy)} of {len(rows)} configurations is known only to more than "
+            f"+-{100 * NOISE_LIMIT:.0f}% (95%; the 'median +-' column): ratios to the baseline within that are noise. "
+            "A busy machine? Time more steps (--steps), with the machine otherwise idle"
+        )
         print(f"warning: {warnings[-1]}", flush=True)
     return {
         "device": device_name(device),
@@ -188,7 +224,11 @@ def matmul_flops(device: torch.device) -> float:
     for _ in range(3):
         compute.linear(a, b)
     _sync(device)
-    return 2 * n**3 / statistics.median(step_seconds(lambda: compute.linear(a, b), 20 if device.type == "cuda" else 3, device))
+    return (
+        2
+        * n**3
+        / statistics.median(step_seconds(lambda: compute.linear(a, b), 20 if device.type == "cuda" else 3, device))
+    )
 
 
 def median_interval(times: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
@@ -245,7 +285,11 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
         counter = SavedTensorBytes()
         with counter:
             logits = model(tokens[:, :-1])
-        saved = sum(model.reversible_stats[k] for k in ("kept_bytes", "delta_bytes")) if margs.reversible else counter.nbytes
+        saved = (
+            sum(model.reversible_stats[k] for k in ("kept_bytes", "delta_bytes"))
+            if margs.reversible
+            else counter.nbytes
+        )
         del logits
         tokens_per_s = args.batch * args.seq_len / seconds
         return {
@@ -272,14 +316,31 @@ def bench_one(model_cfg, shape, variant, mode, args, device, matmul) -> dict:
 
 
 def _baseline_ratio(row, rows):
-    base = next((r for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"] and r["variant"] == "baseline"), None)
+    base = next(
+        (r for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"] and r["variant"] == "baseline"),
+        None,
+    )
     if base is None or base.get("error") or row.get("error"):
         return None
     return row["tokens_per_s"] / base["tokens_per_s"]
 
 
-COLUMNS = ("shape", "variant", "mode", "tok/s", "vs baseline", "median +-", "spread", "MFU", "peak GiB", "est. GiB", "saved MiB",
-           "signals time", "signals bytes", "signals FLOPs")
+COLUMNS = (
+    "shape",
+    "variant",
+    "mode",
+    "tok/s",
+    "vs baseline",
+    "median +-",
+    "spread",
+    "MFU",
+    "peak GiB",
+    "est. GiB",
+    "saved MiB",
+    "signals time",
+    "signals bytes",
+    "signals FLOPs",
+)
 
 
 def _cells(row, rows):
@@ -315,10 +376,13 @@ def table(result: dict) -> tuple[tuple[str, ...], list[list]]:
 
 def markdown_table(result: dict) -> str:
     head = (
-        f"Training step (forward + backward, bf16 compute: {result.get('compute', 'native bf16')}), micro-batch {result['batch']} x {result['seq_len']}, "
+        f"Training step (forward + backward, bf16 compute: {result.get('compute', 'native bf16')}), micro-batch "
+        f"{result['batch']} x {result['seq_len']}, "
         f"vocabulary {result['vocab_size']}, on {result['device']} (torch {result['torch']}); "
-        f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s. Signals: the live precision signals' "
-        f"cost as a share of the step when they run every {result.get('stream_every', '?')} steps (time: measured, the stream record "
+        f"MFU against a measured bf16 matmul rate of {result['matmul_tflops']:.2f} TFLOP/s. Signals: the live "
+        f"precision signals' "
+        f"cost as a share of the step when they run every {result.get('stream_every', '?')} steps (time: measured, the "
+        f"stream record "
         f"with its envelope; bytes and FLOPs: counted on fake tensors, the signals alone).\n\n"
     )
     notes = "".join(f"\nWarning: {w}\n" for w in result.get("warnings", []))

@@ -41,7 +41,7 @@ def generated_kernels(fn) -> tuple[object, list[dict]]:
         for name, source in _KERNEL.findall(code):
             gb = _GB.search(source)
             kernels.append((name, float(gb.group(1)) * 1e3 if gb else None))
-        call = code[code.find("def call("):]
+        call = code[code.find("def call(") :]
         graphs.append({"kernels": kernels, "extern": _EXTERN.findall(call)})
     return result, graphs
 
@@ -88,7 +88,11 @@ def kernel_times(step, steps: int, device: torch.device) -> dict:
         for event in prof.key_averages():
             if event.self_cpu_time_total > 0:
                 kernels[event.key] = [event.self_cpu_time_total / 1e3 / steps, event.count / steps]
-    return {"kernels": dict(kernels), "busy_ms": sum(ms for ms, _ in kernels.values()), "wall_ms": sorted(walls)[len(walls) // 2]}
+    return {
+        "kernels": dict(kernels),
+        "busy_ms": sum(ms for ms, _ in kernels.values()),
+        "wall_ms": sorted(walls)[len(walls) // 2],
+    }
 
 
 def by_kind(kernels: dict) -> dict[str, list[float]]:
@@ -108,8 +112,19 @@ def kind_table(a: dict, b: dict) -> list[list]:
     for k in sorted(set(ka) | set(kb), key=lambda k: -abs(kb.get(k, [0, 0])[0] - ka.get(k, [0, 0])[0])):
         (ma, la), (mb, lb) = ka.get(k, [0.0, 0.0]), kb.get(k, [0.0, 0.0])
         rows.append([k, f"{ma:.2f}", f"{mb:.2f}", f"{mb - ma:+.2f}", f"{la:.0f}", f"{lb:.0f}"])
-    rows.append(["busy (sum of kernels)", f"{a['busy_ms']:.2f}", f"{b['busy_ms']:.2f}", f"{b['busy_ms'] - a['busy_ms']:+.2f}", "", ""])
-    rows.append(["step wall time", f"{a['wall_ms']:.2f}", f"{b['wall_ms']:.2f}", f"{b['wall_ms'] - a['wall_ms']:+.2f}", "", ""])
+    rows.append(
+        [
+            "busy (sum of kernels)",
+            f"{a['busy_ms']:.2f}",
+            f"{b['busy_ms']:.2f}",
+            f"{b['busy_ms'] - a['busy_ms']:+.2f}",
+            "",
+            "",
+        ]
+    )
+    rows.append(
+        ["step wall time", f"{a['wall_ms']:.2f}", f"{b['wall_ms']:.2f}", f"{b['wall_ms'] - a['wall_ms']:+.2f}", "", ""]
+    )
     return rows
 
 

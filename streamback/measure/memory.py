@@ -35,7 +35,15 @@ from streamback import layout
 from streamback.config import load_config
 from streamback.io import markdown_table as table_of
 from streamback.io import write_json, write_text
-from streamback.measure.step import GPU_SHAPES, VARIANTS, add_step_arguments, fake_training_step, model_args, parse_names, require_positive
+from streamback.measure.step import (
+    GPU_SHAPES,
+    VARIANTS,
+    add_step_arguments,
+    fake_training_step,
+    model_args,
+    parse_names,
+    require_positive,
+)
 
 HELP = "estimate the peak memory of a training step per shape x block, on the CPU (fake tensors)"
 GIB = 2**30
@@ -60,7 +68,9 @@ def _step_peak_tracker():
     return StepPeakTracker()
 
 
-def estimate_step_memory(margs, batch: int, seq_len: int, compute_dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
+def estimate_step_memory(
+    margs, batch: int, seq_len: int, compute_dtype: torch.dtype = torch.bfloat16
+) -> dict[str, int]:
     """Peak bytes of one eager forward + backward of `Transformer(margs)`: `{"peak": total,
     "params": ..., "buffers": ..., "grads": ..., "activations": ..., "temporaries": ...}`, the
     categories as they stood at the peak (activations include the input tokens)."""
@@ -83,7 +93,9 @@ def estimate_step_memory(margs, batch: int, seq_len: int, compute_dtype: torch.d
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_step_arguments(parser)
     parser.add_argument("--shapes", default=GPU_SHAPES, help=f"comma-separated shape names (default: {GPU_SHAPES})")
-    parser.add_argument("--out", type=Path, default=layout.MEMORY_FILE, help="JSON output; the table goes beside it as .md")
+    parser.add_argument(
+        "--out", type=Path, default=layout.MEMORY_FILE, help="JSON output; the table goes beside it as .md"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,8 +124,10 @@ def table(result: dict) -> tuple[tuple[str, ...], list[list]]:
     for row in result["rows"]:
         base = next((r for r in result["rows"] if r["shape"] == row["shape"] and r["variant"] == "baseline"), None)
         diff = "" if base is None else f"{(row['peak'] - base['peak']) / GIB:+.3f}"
-        cells.append([row["shape"], row["variant"], f"{row['peak'] / GIB:.3f}", diff]
-                     + [f"{row.get(k, 0) / GIB:.3f}" for k in ("params", "activations", "temporaries")])
+        cells.append(
+            [row["shape"], row["variant"], f"{row['peak'] / GIB:.3f}", diff]
+            + [f"{row.get(k, 0) / GIB:.3f}" for k in ("params", "activations", "temporaries")]
+        )
     return ("shape", "variant", "peak", "vs baseline", "params", "activations", "temporaries"), cells
 
 

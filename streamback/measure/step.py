@@ -45,12 +45,22 @@ def parse_names(text: str, allowed, what: str) -> list[str]:
 def add_step_arguments(parser: argparse.ArgumentParser, per_device: bool = False) -> None:
     """The training step measured: model config, variants, sizes (GPU_STEP's; with `per_device`,
     None unless given, for `step_sizes` to choose by device)."""
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="config file whose model section names the shapes")
+    parser.add_argument(
+        "--config", type=Path, default=DEFAULT_CONFIG, help="config file whose model section names the shapes"
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
-    for key, flag, what in (("batch", "--batch", "micro-batch size in sequences"), ("seq_len", "--seq-len", "tokens per sequence"),
-                            ("vocab_size", "--vocab-size", "vocabulary (the study's: the Llama 3 tokenizer's)")):
+    for key, flag, what in (
+        ("batch", "--batch", "micro-batch size in sequences"),
+        ("seq_len", "--seq-len", "tokens per sequence"),
+        ("vocab_size", "--vocab-size", "vocabulary (the study's: the Llama 3 tokenizer's)"),
+    ):
         if per_device:
-            parser.add_argument(flag, type=int, default=None, help=f"{what} (default: {GPU_STEP[key]} on a GPU, {CPU_STEP[key]} on the CPU)")
+            parser.add_argument(
+                flag,
+                type=int,
+                default=None,
+                help=f"{what} (default: {GPU_STEP[key]} on a GPU, {CPU_STEP[key]} on the CPU)",
+            )
         else:
             parser.add_argument(flag, type=int, default=GPU_STEP[key], help=what)
 

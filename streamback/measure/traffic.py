@@ -75,5 +75,11 @@ def signals_cost(margs, batch: int, seq_len: int, stream_every: int) -> dict:
     extra_bytes, extra_ops = with_signals.bytes - without.bytes, with_signals.elements - without.elements
     with torch.device("meta"):
         step_flops = flops_per_token(Transformer(margs), seq_len) * batch * seq_len
-    return {"bytes": extra_bytes, "operations": extra_ops, "step_bytes": plain.bytes, "step_flops": step_flops,
-            "bytes_share": extra_bytes / (stream_every * plain.bytes), "flops_share": extra_ops / (stream_every * step_flops)}
+    return {
+        "bytes": extra_bytes,
+        "operations": extra_ops,
+        "step_bytes": plain.bytes,
+        "step_flops": step_flops,
+        "bytes_share": extra_bytes / (stream_every * plain.bytes),
+        "flops_share": extra_ops / (stream_every * step_flops),
+    }

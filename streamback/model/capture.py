@@ -49,11 +49,19 @@ class StreamCapture:
         self._h = h0.detach() if self.add_fn is not None else None
 
     def _layer(self, out: torch.Tensor, mid=None, attention=None, feed_forward=None) -> None:
-        for point, tensor in (("mid", mid), ("attention", attention), ("feed_forward", feed_forward), ("residual", out)):
+        for point, tensor in (
+            ("mid", mid),
+            ("attention", attention),
+            ("feed_forward", feed_forward),
+            ("residual", out),
+        ):
             if tensor is not None:
                 self._keep(point, tensor)
         if self.add_fn is not None:
             with torch.no_grad():
                 mid, out = mid.detach(), out.detach()
-                self._values["adds"] += [self.add_fn(self._h, attention.detach(), mid), self.add_fn(mid, feed_forward.detach(), out)]
+                self._values["adds"] += [
+                    self.add_fn(self._h, attention.detach(), mid),
+                    self.add_fn(mid, feed_forward.detach(), out),
+                ]
             self._h = out

@@ -105,9 +105,13 @@ def use(chosen: str):
 
 def add_argument(parser) -> None:
     """A stage's `--cpu-bf16` option (what the rules pass; see choose_for_stage)."""
-    parser.add_argument("--cpu-bf16", choices=CPU_BF16_MODES, default=None,
-                        help="how bf16 compute runs on the CPU (default: the cpu_bf16 of the config file the stage reads; "
-                             f"with --params, {ENV} or auto)")
+    parser.add_argument(
+        "--cpu-bf16",
+        choices=CPU_BF16_MODES,
+        default=None,
+        help="how bf16 compute runs on the CPU (default: the cpu_bf16 of the config file the stage reads; "
+        f"with --params, {ENV} or auto)",
+    )
 
 
 def choose_for_stage(args) -> str:
@@ -142,12 +146,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-              attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """F.scaled_dot_product_attention(q, k, v, ...) in q's dtype; bf16 on the CPU by `emulated()`'s
     path: torch's fused fp32 kernel on the bf16 q, k, v, its output (and, backward, each input's
     gradient) rounded to bf16."""
     if _on_fp32(q):
-        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask, is_causal=is_causal,
-                                              scale=scale).to(q.dtype)
+        return F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), attn_mask=attn_mask, is_causal=is_causal, scale=scale
+        ).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)

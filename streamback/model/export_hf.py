@@ -1,7 +1,8 @@
 """`streamback export-hf`: a trained model -> a Hugging Face Llama-family model directory.
 
 Input, a trained model file (`streamback.model.weights`: fp32 master weights under the model's
-own, TorchTitan's, names, and its model_args and stream). Output, a directory that `transformers.AutoModelForCausalLM.from_pretrained`
+own, TorchTitan's, names, and its model_args and stream). Output, a directory that
+`transformers.AutoModelForCausalLM.from_pretrained`
 loads: `model.safetensors` (fp32), the run's tokenizer for `transformers.AutoTokenizer`
 (`tokenizer.json` from the run's token directory, `tokenizer_config.json`,
 `special_tokens_map.json`: a fast tokenizer with the corpus's end-of-text token and no BOS, as the
@@ -68,16 +69,21 @@ NAMES = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", type=Path, required=True, help="the trained model, results/runs/<run>/model.pt")
-    parser.add_argument("--out", type=Path, required=True, help="output directory (created; existing files in it are replaced)")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="token directory of the run's corpus, whose tokenizer is exported (default: the default config's, "
-                             "results/tokens/<corpus>, if it exists)")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="output directory (created; existing files in it are replaced)"
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="token directory of the run's corpus, whose tokenizer is exported (default: the default config's, "
+        "results/tokens/<corpus>, if it exists)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     default = None
     if args.data is None:
-
         default = layout.tokens_dir(load_config()["data"])
     export(args.checkpoint, args.out, args.data, default_tokens=default)
     print(f"wrote {args.out / 'model.safetensors'} and {args.out / 'config.json'}")
@@ -85,22 +91,35 @@ def run(args: argparse.Namespace) -> int:
 
 
 # each family's model_type -> its architecture
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 def rotary_rows(args: ModelArgs) -> dict[str, int]:
-    """The tensors whose rows transformers' rotate-half RoPE orders otherwise: this model's name -> its number of heads."""
-    return {"layers.{}.attention.wq.weight": args.n_heads, "layers.{}.attention.wk.weight": args.n_kv_heads,
-            "layers.{}.attention.wq.bias": args.n_heads, "layers.{}.attention.wk.bias": args.n_kv_heads,
-            "layers.{}.attention.q_norm.weight": 1, "layers.{}.attention.k_norm.weight": 1}
+    """The tensors whose rows transformers' rotate-half RoPE orders otherwise: this model's name -> its
+    number of heads."""
+    return {
+        "layers.{}.attention.wq.weight": args.n_heads,
+        "layers.{}.attention.wk.weight": args.n_kv_heads,
+        "layers.{}.attention.wq.bias": args.n_heads,
+        "layers.{}.attention.wk.bias": args.n_kv_heads,
+        "layers.{}.attention.q_norm.weight": 1,
+        "layers.{}.attention.k_norm.weight": 1,
+    }
 
 
 def hf_architecture(args: ModelArgs) -> str:
     """The transformers family that computes this model: Qwen3 for the q/k norms, Qwen2 for the
     q/k/v biases, else Llama, or Mistral where Llama's config refuses the width (see above)."""
     if args.qk_norm and args.qkv_bias:
-        raise StreambackError("no transformers family has q/k norms with q/k/v biases alone (Qwen3's attention_bias also "
-                              "biases o_proj): this model cannot be exported")
+        raise StreambackError(
+            "no transformers family has q/k norms with q/k/v biases alone (Qwen3's attention_bias also "
+            "biases o_proj): this model cannot be exported"
+        )
     if args.qk_norm:
         return "qwen3"
     if args.qkv_bias:
@@ -182,8 +201,14 @@ def hf_tokenizer_files(manifest: dict, args: ModelArgs) -> dict[str, dict]:
     """tokenizer_config.json and special_tokens_map.json beside the copied tokenizer.json."""
     eos = manifest["eos_token"]
     return {
-        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": None,
-                                  "add_bos_token": False, "model_max_length": args.max_seq_len, "clean_up_tokenization_spaces": False},
+        "tokenizer_config.json": {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": eos,
+            "bos_token": None,
+            "add_bos_token": False,
+            "model_max_length": args.max_seq_len,
+            "clean_up_tokenization_spaces": False,
+        },
         "special_tokens_map.json": {"eos_token": eos},
     }
 
@@ -194,8 +219,9 @@ def _umask() -> int:
     return mask
 
 
-def export(checkpoint: str | Path, out: str | Path, tokens: str | Path | None = None,
-           default_tokens: str | Path | None = None) -> None:
+def export(
+    checkpoint: str | Path, out: str | Path, tokens: str | Path | None = None, default_tokens: str | Path | None = None
+) -> None:
     """Write the export directory, with the tokenizer of `tokens` (the run's token directory), which
     a model file that records the corpus it was trained on requires; `default_tokens` stands in for
     it when not given and it exists. A model without a recorded corpus (e.g. random weights) is
@@ -206,11 +232,18 @@ def export(checkpoint: str | Path, out: str | Path, tokens: str | Path | None = 
     with output_dir(out, "export directory"):  # checked before a model that may be large is read
         trained = read_model(checkpoint)
         args, state = trained.args, trained.state
-        if tokens is None and trained.data is not None and default_tokens is not None and (Path(default_tokens) / "manifest.json").is_file():
+        if (
+            tokens is None
+            and trained.data is not None
+            and default_tokens is not None
+            and (Path(default_tokens) / "manifest.json").is_file()
+        ):
             tokens = default_tokens
         if tokens is None and trained.data is not None:
-            raise StreambackError(f"{checkpoint} was trained on a tokenized corpus: give its token directory (--data) so that the "
-                                  "export carries its tokenizer")
+            raise StreambackError(
+                f"{checkpoint} was trained on a tokenized corpus: give its token directory (--data) so that the "
+                "export carries its tokenizer"
+            )
         corpus = check_corpus(trained, checkpoint, tokens) if tokens is not None else None
         with atomic_path(out / "model.safetensors") as tmp:
             save_file(hf_state_dict(args, state), str(tmp), metadata={"format": "pt"})

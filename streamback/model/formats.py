@@ -104,9 +104,7 @@ def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
     return torch.where(exponent >= -126, normal, 1 << 22).view(torch.float32)  # 2^-127: subnormal
 
 
-def quantize_mx(
-    x: torch.Tensor, rounding: str = "nearest", generator: torch.Generator | None = None
-) -> torch.Tensor:
+def quantize_mx(x: torch.Tensor, rounding: str = "nearest", generator: torch.Generator | None = None) -> torch.Tensor:
     """MXFP8 (OCP MX v1.0, E4M3 elements, k = 32 along the last dim); dequantised fp32 values.
 
     Per block: shared exponent = floor(log2(amax)) - emax_elem with emax_elem = 8, read exactly
@@ -315,7 +313,9 @@ class StreamFormat:
             mantissa_bits, min_exponent = 52, -1022
         else:
             mantissa_bits, min_exponent = _ELEMENT[self.name].mantissa_bits, _ELEMENT[self.name].min_exponent
-        exponent = torch.where(m > 0, torch.frexp(m).exponent - 1, min_exponent).clamp(min=min_exponent)  # floor(log2 m)
+        exponent = torch.where(m > 0, torch.frexp(m).exponent - 1, min_exponent).clamp(
+            min=min_exponent
+        )  # floor(log2 m)
         return torch.ldexp(torch.ones_like(m), exponent - mantissa_bits)
 
     def is_representable(self, h: torch.Tensor) -> bool:
@@ -335,4 +335,6 @@ class StreamFormat:
 
 
 # every stream the model can keep, by label: each format with each rounding it has (fp32 has no stochastic variant)
-STREAM_LABELS = tuple(StreamFormat(n, r).label for n in STREAM_FORMATS for r in ROUNDINGS if (n, r) != ("fp32", "stochastic"))
+STREAM_LABELS = tuple(
+    StreamFormat(n, r).label for n in STREAM_FORMATS for r in ROUNDINGS if (n, r) != ("fp32", "stochastic")
+)

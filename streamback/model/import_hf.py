@@ -48,14 +48,20 @@ _OURS = [(re.compile("^" + re.escape(theirs).replace(r"\{\}", r"(\d+)") + "$"), 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hf", type=Path, required=True, help="the Hugging Face model directory (config.json, *.safetensors)")
-    parser.add_argument("--out", type=Path, required=True, help="model file to write, e.g. results/imported/<name>/model.pt")
+    parser.add_argument(
+        "--hf", type=Path, required=True, help="the Hugging Face model directory (config.json, *.safetensors)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="model file to write, e.g. results/imported/<name>/model.pt"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     model_args = import_hf(args.hf, args.out)
-    print(f"wrote {args.out}: {model_args.n_layers} layers x {model_args.dim}, {model_args.n_heads} heads "
-          f"({model_args.n_kv_heads} KV), vocabulary {model_args.vocab_size}, block {model_args.block}")
+    print(
+        f"wrote {args.out}: {model_args.n_layers} layers x {model_args.dim}, {model_args.n_heads} heads "
+        f"({model_args.n_kv_heads} KV), vocabulary {model_args.vocab_size}, block {model_args.block}"
+    )
     return 0
 
 
@@ -64,13 +70,19 @@ def _swiglu_width(dim: int, width: int) -> tuple[int, float | None]:
     plain = int(2 * 4 * dim / 3)
     multiplier = None if plain <= width else width / plain
     for multiple_of in [2**k for k in range(12, -1, -1)] + [width]:
-        if ModelArgs.ffn_hidden_dim.fget(SimpleNamespace(dim=dim, multiple_of=multiple_of, ffn_dim_multiplier=multiplier)) == width:
+        if (
+            ModelArgs.ffn_hidden_dim.fget(
+                SimpleNamespace(dim=dim, multiple_of=multiple_of, ffn_dim_multiplier=multiplier)
+            )
+            == width
+        ):
             return multiple_of, multiplier
     raise StreambackError(f"intermediate_size {width} cannot be expressed for hidden_size {dim}")
 
 
 def model_args(config: dict, where: Path) -> ModelArgs:
     """ModelArgs from a transformers config.json, refusing what this model does not compute."""
+
     def need(key):
         if key not in config:
             raise StreambackError(f"{where}: config.json has no {key!r}")
@@ -78,11 +90,15 @@ def model_args(config: dict, where: Path) -> ModelArgs:
 
     kind = config.get("model_type")
     if kind not in FAMILIES:
-        raise StreambackError(f"{where}: model_type {kind!r} is not a decoder family this model computes ({', '.join(FAMILIES)})")
+        raise StreambackError(
+            f"{where}: model_type {kind!r} is not a decoder family this model computes ({', '.join(FAMILIES)})"
+        )
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
-        raise StreambackError(f"{where}: rope_parameters rope_type {rope_type!r} is not supported (default, or llama3's scaling)")
+        raise StreambackError(
+            f"{where}: rope_parameters rope_type {rope_type!r} is not supported (default, or llama3's scaling)"
+        )
     scaling = None
     if rope_type == "llama3":
         absent = [key for key in ROPE_SCALING_KEYS if key not in rope]
@@ -90,7 +106,12 @@ def model_args(config: dict, where: Path) -> ModelArgs:
             raise StreambackError(f"{where}: rope_parameters of type llama3 lack {', '.join(absent)}")
         scaling = {key: rope[key] for key in ROPE_SCALING_KEYS}
     theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-    unsupported = [("mlp_bias", False), ("hidden_act", "silu"), ("use_sliding_window", False), ("partial_rotary_factor", 1.0)]
+    unsupported = [
+        ("mlp_bias", False),
+        ("hidden_act", "silu"),
+        ("use_sliding_window", False),
+        ("partial_rotary_factor", 1.0),
+    ]
     if kind != "qwen2":  # Qwen2's q/k/v biases are built in; elsewhere attention_bias also biases o_proj
         unsupported.append(("attention_bias", False))
     if kind == "mistral":  # Qwen2 and Qwen3 keep a sliding_window that only use_sliding_window turns on
@@ -101,7 +122,9 @@ def model_args(config: dict, where: Path) -> ModelArgs:
         if value != wanted:
             raise StreambackError(f"{where}: {key} = {value!r} is not supported (this model has {wanted!r})")
     if "sliding_attention" in (config.get("layer_types") or []):
-        raise StreambackError(f"{where}: layer_types has sliding_attention layers, which are not supported (full attention only)")
+        raise StreambackError(
+            f"{where}: layer_types has sliding_attention layers, which are not supported (full attention only)"
+        )
     dim, heads = need("hidden_size"), need("num_attention_heads")
     head_dim = config.get("head_dim")
     multiple_of, multiplier = _swiglu_width(dim, need("intermediate_size"))
@@ -109,18 +132,32 @@ def model_args(config: dict, where: Path) -> ModelArgs:
     block = recorded.get("block", "baseline")
     stream = recorded.get("stream", "fp32") if block == "streamback" else "fp32"
     try:
-        return ModelArgs(dim=dim, n_layers=need("num_hidden_layers"), n_heads=heads, n_kv_heads=config.get("num_key_value_heads") or heads,
-                         vocab_size=need("vocab_size"), multiple_of=multiple_of, ffn_dim_multiplier=multiplier,
-                         norm_eps=config.get("rms_norm_eps", 1e-5), rope_theta=float(theta),
-                         max_seq_len=config.get("max_position_embeddings", 2048), tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-                         block=block, stream=stream, attention_head_dim=None if head_dim in (None, dim // heads) else head_dim,
-                         qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3", rope_scaling=scaling)
+        return ModelArgs(
+            dim=dim,
+            n_layers=need("num_hidden_layers"),
+            n_heads=heads,
+            n_kv_heads=config.get("num_key_value_heads") or heads,
+            vocab_size=need("vocab_size"),
+            multiple_of=multiple_of,
+            ffn_dim_multiplier=multiplier,
+            norm_eps=config.get("rms_norm_eps", 1e-5),
+            rope_theta=float(theta),
+            max_seq_len=config.get("max_position_embeddings", 2048),
+            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+            block=block,
+            stream=stream,
+            attention_head_dim=None if head_dim in (None, dim // heads) else head_dim,
+            qkv_bias=kind == "qwen2",
+            qk_norm=kind == "qwen3",
+            rope_scaling=scaling,
+        )
     except StreambackError as err:
         raise StreambackError(f"{where}: config.json: {err}") from None
 
 
 def _interleave_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The inverse of export_hf's `_rotate_half_rows`: each head's rows (a vector's entries) from halves back to interleaved pairs."""
+    """The inverse of export_hf's `_rotate_half_rows`: each head's rows (a vector's entries) from halves back to
+    interleaved pairs."""
     source = _rotate_half_rows(torch.arange(w.shape[0], dtype=torch.float64), n_heads).long()
     return w[torch.argsort(source)]
 
@@ -135,7 +172,9 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     elif (directory / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
-        raise StreambackError(f"{directory}: no model.safetensors or model.safetensors.index.json (only safetensors weights are read)")
+        raise StreambackError(
+            f"{directory}: no model.safetensors or model.safetensors.index.json (only safetensors weights are read)"
+        )
     tensors = {}
     for name in files:
         tensors.update(load_file(str(directory / name)))
@@ -169,18 +208,26 @@ def read_hf(directory: str | Path) -> TrainedModel:
     directory = Path(directory)
     config_file = directory / "config.json"
     if not config_file.is_file():
-        raise StreambackError(f"{directory}: no config.json (a Hugging Face model directory holds config.json and *.safetensors)")
+        raise StreambackError(
+            f"{directory}: no config.json (a Hugging Face model directory holds config.json and *.safetensors)"
+        )
     args = model_args(json.loads(config_file.read_text()), directory)
     state = state_dict(args, read_safetensors(directory), directory)
     with torch.device("meta"):
         expected = {k: v.shape for k, v in Transformer(args).state_dict().items()}
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise StreambackError(f"{directory}: the weights lack {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+        raise StreambackError(
+            f"{directory}: the weights lack {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
+        )
     for key, shape in expected.items():
         if state[key].shape != shape:
-            raise StreambackError(f"{directory}: {key} has shape {tuple(state[key].shape)}, config.json gives {tuple(shape)}")
-    return TrainedModel(args, state, args.stream_format(torch.bfloat16).label, torch.bfloat16, tokenizer_record(directory))
+            raise StreambackError(
+                f"{directory}: {key} has shape {tuple(state[key].shape)}, config.json gives {tuple(shape)}"
+            )
+    return TrainedModel(
+        args, state, args.stream_format(torch.bfloat16).label, torch.bfloat16, tokenizer_record(directory)
+    )
 
 
 def import_hf(directory: str | Path, out: str | Path) -> ModelArgs:

@@ -95,7 +95,11 @@ class ModelArgs:
     attention_head_dim: int | None = None  # None: dim // n_heads
     qkv_bias: bool = False  # biases on wq, wk, wv (Qwen2)
     qk_norm: bool = False  # an RMSNorm over each head of q and of k, before RoPE (Qwen3)
-    rope_scaling: dict | None = None  # Llama 3.1's frequency scaling: {factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}
+    rope_scaling: dict | None = (
+        # Llama 3.1's frequency scaling: {factor, low_freq_factor, high_freq_factor,
+        # original_max_position_embeddings}
+        None
+    )
 
     def __post_init__(self):
         for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "max_seq_len"):
@@ -105,7 +109,10 @@ class ModelArgs:
             raise StreambackError(f"model block {self.block!r} is not one of {', '.join(BLOCKS)}")
         problems = shape_problems(self.dim, self.n_heads, self.n_kv_heads, self.attention_head_dim)
         if self.rope_scaling is not None and set(self.rope_scaling) != set(ROPE_SCALING_KEYS):
-            problems.append(f"rope_scaling must have exactly the keys {', '.join(ROPE_SCALING_KEYS)} (Llama 3.1's), got {sorted(self.rope_scaling)}")
+            problems.append(
+                f"rope_scaling must have exactly the keys {', '.join(ROPE_SCALING_KEYS)} (Llama 3.1's), got "
+                f"{sorted(self.rope_scaling)}"
+            )
         if problems:
             raise StreambackError("model: " + "; ".join(problems))
         fmt = StreamFormat.parse(self.stream)
@@ -137,7 +144,13 @@ class ModelArgs:
 
     @classmethod
     def from_config(
-        cls, model_cfg: dict, shape: str, vocab_size: int, block: str = "baseline", stream: str = "fp32", reversible: bool = False
+        cls,
+        model_cfg: dict,
+        shape: str,
+        vocab_size: int,
+        block: str = "baseline",
+        stream: str = "fp32",
+        reversible: bool = False,
     ) -> ModelArgs:
         """Arguments for the named `shape` of the validated `model` config section."""
         shapes = model_cfg["shapes"]
@@ -202,7 +215,8 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """A linear layer computing in its input's dtype (the weight, and a bias if any, cast to it); bias-free by default."""
+    """A linear layer computing in its input's dtype (the weight, and a bias if any, cast to it); bias-free by
+    default."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias=bias)
@@ -225,7 +239,9 @@ def _llama3_scaled(freqs: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float, scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    head_dim: int, max_seq_len: int, theta: float, scaling: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of position * theta**(-2i / head_dim) (`scaling`: Llama 3.1's, see `_llama3_scaled`), fp32,
     [max_seq_len, head_dim // 2]; on the CPU whatever the default device (the meta device's arithmetic would
     import torch._dynamo)."""
@@ -383,7 +399,9 @@ class Transformer(nn.Module):
         # its values come from init_weights (nn.Embedding's own init, normal_, would import torch._dynamo on
         # the meta device: a second per process that only builds a model there to read one in)
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, _weight=torch.empty(args.vocab_size, args.dim))
-        self.layers = nn.ModuleList(TransformerBlock(i, args, self.stream_format, compute_dtype) for i in range(args.n_layers))
+        self.layers = nn.ModuleList(
+            TransformerBlock(i, args, self.stream_format, compute_dtype) for i in range(args.n_layers)
+        )
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = Linear(args.dim, args.vocab_size)
         if args.tied_embeddings:
@@ -439,7 +457,11 @@ class Transformer(nn.Module):
             raise StreambackError(f"sequence length {T} exceeds the model's max_seq_len {self.args.max_seq_len}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         reversible = self.args.reversible and torch.is_grad_enabled()
-        stream = ReversibleStream(bottom=lambda: self.embed(tokens), rebuild_block=self.rebuild_block) if reversible else None
+        stream = (
+            ReversibleStream(bottom=lambda: self.embed(tokens), rebuild_block=self.rebuild_block)
+            if reversible
+            else None
+        )
         capture = self._capture
         # a capture without gradients takes the parts detached: a compiled block then has no gradient to take for them
         parts = (True if capture.grad else "detached") if capture is not None and capture.wants_parts else False
@@ -532,9 +554,7 @@ def count_params(model: nn.Module, exclude_embeddings: bool = False) -> int:
     FLOP count, which leaves out only the embedding lookup).
     """
     embedding = model.tok_embeddings.weight
-    return sum(
-        p.numel() for p in model.parameters() if not (exclude_embeddings and p is embedding)
-    )
+    return sum(p.numel() for p in model.parameters() if not (exclude_embeddings and p is embedding))
 
 
 def model_args_from_dict(data: dict) -> ModelArgs:

@@ -106,7 +106,9 @@ def forward_residuals(model, tokens: torch.Tensor):
     with model.capture() as stream:
         model(tokens)
     slots, deltas = [stream["residual"][0]], []
-    for mid, h, delta0, delta1 in zip(stream["mid"], stream["residual"][1:], stream["attention"], stream["feed_forward"]):
+    for mid, h, delta0, delta1 in zip(
+        stream["mid"], stream["residual"][1:], stream["attention"], stream["feed_forward"]
+    ):
         slots += [mid, h]
         deltas += [delta0, delta1]
     return slots, deltas
@@ -208,7 +210,9 @@ class ReversibleStream(torch.autograd.graph.saved_tensors_hooks):
             while lowest > slot:  # invariant: len(self._deltas) == lowest
                 if lowest % 2 == 0 and self._deltas[-2] is not None:
                     delta1, delta0 = self._deltas.pop(), self._deltas.pop()
-                    self._known[lowest - 1], self._known[lowest - 2] = self._rebuild_block(self._known[lowest], delta1, delta0)
+                    self._known[lowest - 1], self._known[lowest - 2] = self._rebuild_block(
+                        self._known[lowest], delta1, delta0
+                    )
                     lowest -= 2
                     continue
                 delta = self._deltas.pop()

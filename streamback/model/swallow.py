@@ -22,12 +22,18 @@ def swallow_counts(h: torch.Tensor, delta: torch.Tensor, out: torch.Tensor) -> t
     `SWALLOW_COUNTS`: non-zero updates, those that left h unchanged, sum |delta|, sum |out - (h + delta)|.
     Sums of several adds (layers, micro-batches, processes) add up before `swallow_fractions`."""
     moved = delta != 0
-    return torch.stack([
-        moved.sum(dtype=torch.float64),
-        (out == h).logical_and_(moved).sum(dtype=torch.float64),  # compared exactly in the stream's own dtype
-        delta.abs().sum(dtype=torch.float64),
-        out.double().sub_(h).sub_(delta).abs_().sum(),  # in fp64, exact while h and delta are within 2^29 of each other
-    ])
+    return torch.stack(
+        [
+            moved.sum(dtype=torch.float64),
+            (out == h).logical_and_(moved).sum(dtype=torch.float64),  # compared exactly in the stream's own dtype
+            delta.abs().sum(dtype=torch.float64),
+            out.double()
+            .sub_(h)
+            .sub_(delta)
+            .abs_()
+            .sum(),  # in fp64, exact while h and delta are within 2^29 of each other
+        ]
+    )
 
 
 def swallow_fractions(counts) -> dict:

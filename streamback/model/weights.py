@@ -52,19 +52,34 @@ class TrainedModel:
     data: dict | None = None  # {"fingerprint", "tokenizer_sha256"} of the corpus, if recorded
 
 
-def save_model(path: str | os.PathLike, args: ModelArgs, state: dict[str, torch.Tensor], compute_dtype: torch.dtype = torch.bfloat16,
-               data: dict | None = None) -> None:
+def save_model(
+    path: str | os.PathLike,
+    args: ModelArgs,
+    state: dict[str, torch.Tensor],
+    compute_dtype: torch.dtype = torch.bfloat16,
+    data: dict | None = None,
+) -> None:
     """Write a trained model (`state`: the full, unsharded state dict) to `path`, atomically;
     `data`: the corpus it was trained on (see the module docstring)."""
     name = next((k for k, v in DTYPES.items() if v == compute_dtype), None)
     if name is None:
         raise StreambackError(f"compute dtype must be one of {list(DTYPES.values())}, got {compute_dtype}")
-    record = {"model_args": dataclasses.asdict(args), "model": state, "stream": args.stream_format(compute_dtype).label, "compute_dtype": name}
+    record = {
+        "model_args": dataclasses.asdict(args),
+        "model": state,
+        "stream": args.stream_format(compute_dtype).label,
+        "compute_dtype": name,
+    }
     if data is not None:
         record["data"] = data
     record[HASH] = content_sha256(record)
-    with atomic_path(path, hint=f"free space there, then write it again with {rebuild(path)}") as tmp, open(tmp, "wb") as f:
-        torch.save(record, f)  # through a Python file, so a full disk is an OSError (torch's own writer says "unexpected pos")
+    with (
+        atomic_path(path, hint=f"free space there, then write it again with {rebuild(path)}") as tmp,
+        open(tmp, "wb") as f,
+    ):
+        torch.save(
+            record, f
+        )  # through a Python file, so a full disk is an OSError (torch's own writer says "unexpected pos")
 
 
 HASH = "sha256"  # the record's key for content_sha256
@@ -73,7 +88,9 @@ HASH = "sha256"  # the record's key for content_sha256
 def content_sha256(record: dict) -> str:
     """sha256 of a model file's record: its other fields as canonical JSON, then each tensor of
     `model` by name (name, dtype, shape, then its bytes as stored)."""
-    digest = hashlib.sha256(json.dumps({k: v for k, v in record.items() if k not in ("model", HASH)}, sort_keys=True).encode())
+    digest = hashlib.sha256(
+        json.dumps({k: v for k, v in record.items() if k not in ("model", HASH)}, sort_keys=True).encode()
+    )
     for key in sorted(record["model"]):
         tensor = record["model"][key].detach().cpu().contiguous()
         digest.update(f"\n{key} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
@@ -86,8 +103,10 @@ def rebuild(path: str | os.PathLike) -> str:
     any other the command that made it."""
     path = Path(path)
     if path.name == layout.MODEL_FILE and path.parent.parent.name == layout.run_dir("run").parent.name:
-        return (f"`snakemake --cores 1 --forcerun {path}` (rule train: the run resumes from its last checkpoint and writes "
-                "the same weights)")
+        return (
+            f"`snakemake --cores 1 --forcerun {path}` (rule train: the run resumes from its last checkpoint and writes "
+            "the same weights)"
+        )
     return "the command that made it (`streamback import-hf` for a converted model)"
 
 
@@ -115,10 +134,14 @@ def read_model(path: str | os.PathLike) -> TrainedModel:
         expected = {k: v.shape for k, v in Transformer(args).state_dict().items()}
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise StreambackError(f"model file {path}: state dict is missing {missing[:5]} and has unexpected {unexpected[:5]}")
+        raise StreambackError(
+            f"model file {path}: state dict is missing {missing[:5]} and has unexpected {unexpected[:5]}"
+        )
     for key, shape in expected.items():
         if state[key].shape != shape:
-            raise StreambackError(f"model file {path}: {key} has shape {tuple(state[key].shape)}, model_args give {tuple(shape)}")
+            raise StreambackError(
+                f"model file {path}: {key} has shape {tuple(state[key].shape)}, model_args give {tuple(shape)}"
+            )
     stream = record.get("stream") or args.stream_format(DTYPES[compute]).label
     return TrainedModel(args, state, stream, DTYPES[compute], record.get("data"))
 
@@ -126,19 +149,27 @@ def read_model(path: str | os.PathLike) -> TrainedModel:
 def _check_hash(path: Path, record: dict) -> None:
     """The file's contents against the sha256 it records; a file that records none is refused."""
     if HASH not in record:
-        raise StreambackError(f"model file {path} records no sha256, so its contents cannot be verified: "
-                              f"rebuild it with {rebuild(path)}")
+        raise StreambackError(
+            f"model file {path} records no sha256, so its contents cannot be verified: rebuild it with {rebuild(path)}"
+        )
     try:
         actual = content_sha256(record)
     except (AttributeError, TypeError, RuntimeError, ValueError):  # a field that is no longer a tensor or JSON
         actual = "not computable (a field is damaged)"
     if actual != record[HASH]:
-        raise StreambackError(f"model file {path}: the sha256 of its contents is {actual[:16]}..., the file records "
-                              f"{str(record[HASH])[:16]}...: it changed after it was written (disk, copy or edit): rebuild it with {rebuild(path)}")
+        raise StreambackError(
+            f"model file {path}: the sha256 of its contents is {actual[:16]}..., the file records "
+            f"{str(record[HASH])[:16]}...: it changed after it was written (disk, copy or edit): rebuild it with "
+            f"{rebuild(path)}"
+        )
 
 
-def load_model(path: str | os.PathLike | TrainedModel, compute_dtype: torch.dtype | None = None, stream: str | None = None,
-               device: str | torch.device = "cpu") -> Transformer:
+def load_model(
+    path: str | os.PathLike | TrainedModel,
+    compute_dtype: torch.dtype | None = None,
+    stream: str | None = None,
+    device: str | torch.device = "cpu",
+) -> Transformer:
     """The trained model at `path`, ready for evaluation (`eval()`, on `device`).
 
     `path` may also be what `read_model` returned, so one read of a large file serves every variant.
@@ -160,7 +191,9 @@ def load_model(path: str | os.PathLike | TrainedModel, compute_dtype: torch.dtyp
     return model.eval()
 
 
-def check_corpus(trained: TrainedModel, model_file: str | os.PathLike, tokens_dir: str | os.PathLike) -> tuple[dict, Path]:
+def check_corpus(
+    trained: TrainedModel, model_file: str | os.PathLike, tokens_dir: str | os.PathLike
+) -> tuple[dict, Path]:
     """(manifest, tokenizer file) of the tokenized corpus in `tokens_dir`, checked to be one the
     model can read: the tokenizer file is the one the manifest names (sha256), its vocabulary fits
     the embedding, and the corpus fingerprint and tokenizer the model file records (all, some or
@@ -175,15 +208,21 @@ def check_corpus(trained: TrainedModel, model_file: str | os.PathLike, tokens_di
     except OSError as err:
         raise StreambackError(f"tokenizer file {tokenizer_file} cannot be read: {err}") from None
     if hashlib.sha256(text.encode()).hexdigest() != manifest["tokenizer"]["sha256"]:
-        raise StreambackError(f"tokenizer {tokenizer_file} is not the one {tokens_dir / 'manifest.json'} was made with (sha256 differs)")
+        raise StreambackError(
+            f"tokenizer {tokenizer_file} is not the one {tokens_dir / 'manifest.json'} was made with (sha256 differs)"
+        )
     if manifest["vocab_size"] > trained.args.vocab_size:
-        raise StreambackError(f"tokenizer {tokenizer_file} has {manifest['vocab_size']} tokens, but the embedding of {model_file} has "
-                              f"{trained.args.vocab_size} rows: not the tokenizer the model was trained with; give the token "
-                              "directory of its own tokenizer")
+        raise StreambackError(
+            f"tokenizer {tokenizer_file} has {manifest['vocab_size']} tokens, but the embedding of {model_file} has "
+            f"{trained.args.vocab_size} rows: not the tokenizer the model was trained with; give the token "
+            "directory of its own tokenizer"
+        )
     corpus = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
     for key, value in corpus.items():
         if trained.data is not None and key in trained.data and trained.data[key] != value:
-            raise StreambackError(f"run {model_file.parent.name} ({model_file}) was trained on another corpus than {tokens_dir}: its "
-                                  f"{key} is {trained.data[key]}, {tokens_dir / 'manifest.json'} has {value}; "
-                                  "give the token directory it was trained on")
+            raise StreambackError(
+                f"run {model_file.parent.name} ({model_file}) was trained on another corpus than {tokens_dir}: its "
+                f"{key} is {trained.data[key]}, {tokens_dir / 'manifest.json'} has {value}; "
+                "give the token directory it was trained on"
+            )
     return manifest, tokenizer_file

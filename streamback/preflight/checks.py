@@ -47,10 +47,18 @@ def stream_dtype(expected: str, forward: list[str], gradients: list[str | None])
     in the forward and in its gradient (None: no gradient reached it)."""
     wrong = [f"boundary {b} forward {d}" for b, d in enumerate(forward) if d != expected]
     wrong += [f"boundary {b} gradient {d}" for b, d in enumerate(gradients) if d != expected]
-    figure = (f"all {len(forward)} boundaries {expected} in the forward and the gradients" if not wrong
-              else f"{', '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''}")
-    return Check("stream_dtype", not wrong, figure, f"{expected} at every boundary",
-                 {"expected": expected, "forward": forward, "gradients": gradients})
+    figure = (
+        f"all {len(forward)} boundaries {expected} in the forward and the gradients"
+        if not wrong
+        else f"{', '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''}"
+    )
+    return Check(
+        "stream_dtype",
+        not wrong,
+        figure,
+        f"{expected} at every boundary",
+        {"expected": expected, "forward": forward, "gradients": gradients},
+    )
 
 
 def losses(values: list[float]) -> Check:
@@ -64,16 +72,28 @@ def losses(values: list[float]) -> Check:
 def budget(run_hours: float, budget_hours: float | None, unit: str) -> Check:
     """The run's projected device-hours against train.budget_gpu_hours (None: no budget, passes)."""
     figure = f"projected {run_hours:,.2f} {unit} for the run"
-    bound = f"train.budget_gpu_hours {budget_hours:,.2f}" if budget_hours is not None else "no train.budget_gpu_hours set"
-    return Check("budget", budget_hours is None or run_hours <= budget_hours, figure, bound,
-                 {"projected_hours": run_hours, "budget_hours": budget_hours})
+    bound = (
+        f"train.budget_gpu_hours {budget_hours:,.2f}" if budget_hours is not None else "no train.budget_gpu_hours set"
+    )
+    return Check(
+        "budget",
+        budget_hours is None or run_hours <= budget_hours,
+        figure,
+        bound,
+        {"projected_hours": run_hours, "budget_hours": budget_hours},
+    )
 
 
 def memory(peak: int, available: int, what: str) -> Check:
     """Peak bytes against MEMORY_SHARE of the bytes available (`what` names both)."""
     bound = MEMORY_SHARE * available
-    return Check("memory", peak <= bound, f"peak {peak / GIB:,.2f} GiB ({what})",
-                 f"{MEMORY_SHARE:.0%} of {available / GIB:,.2f} GiB", {"peak_bytes": peak, "available_bytes": available})
+    return Check(
+        "memory",
+        peak <= bound,
+        f"peak {peak / GIB:,.2f} GiB ({what})",
+        f"{MEMORY_SHARE:.0%} of {available / GIB:,.2f} GiB",
+        {"peak_bytes": peak, "available_bytes": available},
+    )
 
 
 def resume(loss_diff: float, max_diff: float, mean_diff: float, lr: float, bitwise: bool) -> Check:
@@ -84,35 +104,69 @@ def resume(loss_diff: float, max_diff: float, mean_diff: float, lr: float, bitwi
         passed, bound = loss_diff == 0 and max_diff == 0, "bitwise equal (deterministic kernels)"
     else:
         limit = RESUME_MEAN_SHARE_OF_LR * lr
-        passed, bound = math.isfinite(mean_diff) and mean_diff <= limit, f"mean weight difference {limit:.3g} ({RESUME_MEAN_SHARE_OF_LR:g} x lr)"
-    return Check("resume", passed, figure, bound, {"loss_diff": loss_diff, "max_weight_diff": max_diff, "mean_weight_diff": mean_diff})
+        passed, bound = (
+            math.isfinite(mean_diff) and mean_diff <= limit,
+            f"mean weight difference {limit:.3g} ({RESUME_MEAN_SHARE_OF_LR:g} x lr)",
+        )
+    return Check(
+        "resume",
+        passed,
+        figure,
+        bound,
+        {"loss_diff": loss_diff, "max_weight_diff": max_diff, "mean_weight_diff": mean_diff},
+    )
 
 
 def shadow(gaps: list[float] | None, bounds: list[float] | None, shadow_loss: float | None, stream: str) -> Check:
     """The shadow's gap at every boundary is finite and within its bound; None: the run's stream is
     the shadow's own (nothing to compare), which passes."""
     if gaps is None:
-        return Check("shadow", True, f"the {stream} stream is the shadow's own format", "nothing to compare", {"gaps": None})
+        return Check(
+            "shadow", True, f"the {stream} stream is the shadow's own format", "nothing to compare", {"gaps": None}
+        )
     over = [b for b, (g, limit) in enumerate(zip(gaps, bounds)) if not (math.isfinite(g) and g <= limit)]
     finite_loss = shadow_loss is not None and math.isfinite(shadow_loss)
     worst = max(range(len(gaps)), key=lambda b: gaps[b] if math.isfinite(gaps[b]) else math.inf)
-    figure = f"largest gap {gaps[worst]:.3g} at boundary {worst}" + ("" if finite_loss else f", shadow loss {shadow_loss}")
+    figure = f"largest gap {gaps[worst]:.3g} at boundary {worst}" + (
+        "" if finite_loss else f", shadow loss {shadow_loss}"
+    )
     if over:
         figure += f"; over its bound at boundaries {over}"
-    return Check("shadow", not over and finite_loss, figure, f"gap {bounds[worst]:.3g} at boundary {worst}, finite",
-                 {"gaps": gaps, "bounds": bounds, "shadow_loss": shadow_loss})
+    return Check(
+        "shadow",
+        not over and finite_loss,
+        figure,
+        f"gap {bounds[worst]:.3g} at boundary {worst}, finite",
+        {"gaps": gaps, "bounds": bounds, "shadow_loss": shadow_loss},
+    )
 
 
 def disk(free: int | None, needed: int, where: str) -> Check:
     """Free bytes under the checkpoint directory against the run's checkpoints and final model."""
     if free is None:
-        return Check("disk", False, f"the free space under {where} cannot be read", f"{needed / GIB:,.2f} GiB", {"free_bytes": None, "needed_bytes": needed})
-    return Check("disk", free >= needed, f"{free / GIB:,.2f} GiB free under {where}", f"{needed / GIB:,.2f} GiB",
-                 {"free_bytes": free, "needed_bytes": needed})
+        return Check(
+            "disk",
+            False,
+            f"the free space under {where} cannot be read",
+            f"{needed / GIB:,.2f} GiB",
+            {"free_bytes": None, "needed_bytes": needed},
+        )
+    return Check(
+        "disk",
+        free >= needed,
+        f"{free / GIB:,.2f} GiB free under {where}",
+        f"{needed / GIB:,.2f} GiB",
+        {"free_bytes": free, "needed_bytes": needed},
+    )
 
 
 def speed(tokens_per_s: float, run_hours: float, unit: str) -> Check:
     """The measured speed: positive and finite (a projection is made from it)."""
     passed = math.isfinite(tokens_per_s) and tokens_per_s > 0
-    return Check("speed", passed, f"{tokens_per_s:,.0f} tokens/s: the run takes {run_hours:,.2f} {unit}", "positive and finite",
-                 {"tokens_per_s": tokens_per_s, "projected_hours": run_hours})
+    return Check(
+        "speed",
+        passed,
+        f"{tokens_per_s:,.0f} tokens/s: the run takes {run_hours:,.2f} {unit}",
+        "positive and finite",
+        {"tokens_per_s": tokens_per_s, "projected_hours": run_hours},
+    )

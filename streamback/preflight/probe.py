@@ -35,8 +35,18 @@ WARMUP_STEPS = 2  # steps not timed: the first compiles (torch.compile) and fill
 class Preflight:
     """One run's preflight: `run()` returns its checks (a collective under several processes)."""
 
-    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, checkpoints: Path, scratch: Path,
-                 env: Distributed, mem_mb: int, processes_per_node: int):
+    def __init__(
+        self,
+        spec: RunSpec,
+        cfg: dict,
+        model_cfg: dict,
+        data_dir: Path,
+        checkpoints: Path,
+        scratch: Path,
+        env: Distributed,
+        mem_mb: int,
+        processes_per_node: int,
+    ):
         self.steps = cfg["preflight"]["steps"]
         cfg = copy.deepcopy(cfg)
         cfg["log"]["shadow_every"] = self.steps  # the shadow on the last step (the one run twice)
@@ -87,7 +97,9 @@ class Preflight:
         needed = (self.trainer.cfg["checkpoint"]["keep"] + 1) * size + 4 * params
         check = checks.disk(free_bytes(self.checkpoints), needed, str(self.checkpoints))
         check.values["checkpoint_bytes"] = size
-        self.results = [check if c.name == "disk" else c for c in self.results] if not estimate else [check, *self.results]
+        self.results = (
+            [check if c.name == "disk" else c for c in self.results] if not estimate else [check, *self.results]
+        )
         return check
 
     def stream_dtype(self) -> None:
@@ -121,8 +133,13 @@ class Preflight:
         else:
             peak = _peak_rss_bytes()
             total = min(self.ram_start + self.rss_start, self.mem_limit)
-            what = "the process's peak resident set, against the lesser of the RAM available and the job's mem_mb per process"
-        peak = int(self.env.all_reduce(torch.tensor(float(peak), dtype=torch.float64, device=self.env.device), op=_MAX).item())
+            what = (
+                "the process's peak resident set, against the lesser of the RAM available and the job's mem_mb per "
+                "process"
+            )
+        peak = int(
+            self.env.all_reduce(torch.tensor(float(peak), dtype=torch.float64, device=self.env.device), op=_MAX).item()
+        )
         return checks.memory(peak, total, what)
 
     def resume_and_shadow(self, records: list[dict]) -> None:
@@ -141,10 +158,21 @@ class Preflight:
         diffs = [(a - b).abs() for a, b in zip(after, _local_weights(t.params))]
         top = max((float(d.max()) for d in diffs if d.numel()), default=0.0)
         top = self.env.all_reduce(torch.tensor([top], dtype=torch.float64, device=self.env.device), op=_MAX).item()
-        sums = torch.tensor([sum(float(d.sum()) for d in diffs), sum(d.numel() for d in diffs)], dtype=torch.float64, device=self.env.device)
+        sums = torch.tensor(
+            [sum(float(d.sum()) for d in diffs), sum(d.numel() for d in diffs)],
+            dtype=torch.float64,
+            device=self.env.device,
+        )
         total, count = self.env.all_reduce(sums).tolist()
-        self.results.append(checks.resume(abs(first["loss"] - again["loss"]), top, total / count, first["lr"],
-                                          bitwise=self.env.device.type == "cpu"))
+        self.results.append(
+            checks.resume(
+                abs(first["loss"] - again["loss"]),
+                top,
+                total / count,
+                first["lr"],
+                bitwise=self.env.device.type == "cpu",
+            )
+        )
         self.results.append(self._shadow(first))
         if self.env.rank == 0:
             remove(self.scratch, self.scratch.parent)
@@ -187,4 +215,3 @@ def _available_ram() -> int:
     except (OSError, ValueError):
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-

@@ -27,18 +27,40 @@ from streamback.preflight.probe import Preflight
 from streamback.runs import check_runs, run_matrix
 from streamback.train.processes import Distributed
 
-HELP = "check a run arm before it trains: a few of its steps on its own resources (stream dtypes, losses, speed, memory, resume, shadow, disk)"
+HELP = (
+    "check a run arm before it trains: a few of its steps on its own resources (stream dtypes, losses, speed, memory, "
+    "resume, shadow, disk)"
+)
 EXIT_FAILED = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "train")
-    parser.add_argument("--model-params", default=None, help="the 'model' section as a JSON object (what the rule passes; default: from --config)")
-    parser.add_argument("--arm", required=True, help="the run arm, `{shape}-{block}` or `{shape}-streamback-{stream}`: its first run is checked")
-    parser.add_argument("--data", type=Path, default=None, help="token directory of the data stage (default: the config's)")
-    parser.add_argument("--checkpoints", type=Path, default=None, help="the checked run's checkpoint directory: its free disk is checked "
-                        "(default: results/checkpoints/<run>)")
-    parser.add_argument("--resources", default="{}", metavar="JSON", help="the train job's resources (mem_mb, gpus, processes), as the rule passes them")
+    parser.add_argument(
+        "--model-params",
+        default=None,
+        help="the 'model' section as a JSON object (what the rule passes; default: from --config)",
+    )
+    parser.add_argument(
+        "--arm",
+        required=True,
+        help="the run arm, `{shape}-{block}` or `{shape}-streamback-{stream}`: its first run is checked",
+    )
+    parser.add_argument(
+        "--data", type=Path, default=None, help="token directory of the data stage (default: the config's)"
+    )
+    parser.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=None,
+        help="the checked run's checkpoint directory: its free disk is checked (default: results/checkpoints/<run>)",
+    )
+    parser.add_argument(
+        "--resources",
+        default="{}",
+        metavar="JSON",
+        help="the train job's resources (mem_mb, gpus, processes), as the rule passes them",
+    )
     parser.add_argument("--out", type=Path, default=None, help="the record (default: results/preflight/<arm>.json)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
 
@@ -48,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
         raise StreambackError(f"--threads must be at least 1, got {args.threads}")
     train_cfg = section_from_args(args, "train")
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
-    model_cfg = section_from_json(args.model_params, "model", "--model-params") if args.model_params is not None else config["model"]
+    model_cfg = (
+        section_from_json(args.model_params, "model", "--model-params")
+        if args.model_params is not None
+        else config["model"]
+    )
     try:
         resources = json.loads(args.resources)
     except json.JSONDecodeError as err:
@@ -58,8 +84,16 @@ def run(args: argparse.Namespace) -> int:
     runs = [name for name, spec in run_matrix(train_cfg).items() if spec.arm == args.arm]
     if not runs:
         raise StreambackError(f"run arm {args.arm!r} is not in the train.runs matrix")
-    return preflight(train_cfg, model_cfg, args.arm, runs[0], args.data or layout.tokens_dir(config["data"]),
-                     args.checkpoints or layout.checkpoint_dir(runs[0]), args.out or layout.preflight_file(args.arm), resources)
+    return preflight(
+        train_cfg,
+        model_cfg,
+        args.arm,
+        runs[0],
+        args.data or layout.tokens_dir(config["data"]),
+        args.checkpoints or layout.checkpoint_dir(runs[0]),
+        args.out or layout.preflight_file(args.arm),
+        resources,
+    )
 
 
 def preflight(train_cfg: dict, model_cfg: dict, arm: str, run: str, data_dir, checkpoints, out, resources: dict) -> int:
@@ -69,15 +103,32 @@ def preflight(train_cfg: dict, model_cfg: dict, arm: str, run: str, data_dir, ch
     out = Path(out)
     try:
         per_node = resources.get("gpus") or resources.get("processes", 1)
-        probe = Preflight(run_matrix(train_cfg)[run], train_cfg, model_cfg, Path(data_dir), Path(checkpoints),
-                          layout.preflight_scratch(out), env, resources.get("mem_mb", 2**40 // 2**20), per_node)
+        probe = Preflight(
+            run_matrix(train_cfg)[run],
+            train_cfg,
+            model_cfg,
+            Path(data_dir),
+            Path(checkpoints),
+            layout.preflight_scratch(out),
+            env,
+            resources.get("mem_mb", 2**40 // 2**20),
+            per_node,
+        )
         results = probe.run()
         if env.rank != 0:
             return 0 if all(c.passed for c in results) else EXIT_FAILED
         record = {
-            "arm": arm, "run": run, "passed": all(c.passed for c in results), "checks": [c.as_dict() for c in results],
-            "steps": probe.steps, "unit": probe.unit, "processes": env.world_size, "device": device_name(env.device),
-            "software": software(env.device), "resources": resources, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "arm": arm,
+            "run": run,
+            "passed": all(c.passed for c in results),
+            "checks": [c.as_dict() for c in results],
+            "steps": probe.steps,
+            "unit": probe.unit,
+            "processes": env.world_size,
+            "device": device_name(env.device),
+            "software": software(env.device),
+            "resources": resources,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         failed_record = layout.preflight_failed_file(out)
         for check in results:

@@ -21,7 +21,9 @@ from streamback.config import add_config_arguments, section_from_args
 from streamback.io import read_json, write_csv
 from streamback.runs import run_matrix
 
-HELP = "one table of every arm's preflight, and the whole matrix's projected cost against the budget and the stated cost"
+HELP = (
+    "one table of every arm's preflight, and the whole matrix's projected cost against the budget and the stated cost"
+)
 STATED_SHARE = 1.5  # a projection over one and a half times the tiers table's cost says the table misleads its reader
 CHECKS = ("disk", "stream_dtype", "losses", "speed", "budget", "memory", "resume", "shadow")
 EXIT_FAILED = 1
@@ -29,13 +31,21 @@ EXIT_FAILED = 1
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "train")
-    parser.add_argument("--records", type=Path, nargs="+", required=True, help="the arms' preflight records (results/preflight/<arm>.json)")
+    parser.add_argument(
+        "--records",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="the arms' preflight records (results/preflight/<arm>.json)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="the table (default: results/tables/preflights.csv)")
 
 
 def run(args: argparse.Namespace) -> int:
     train_cfg = section_from_args(args, "train")
-    table = preflight_table({path: read_json(path, "run `snakemake preflight` again") for path in args.records}, train_cfg)
+    table = preflight_table(
+        {path: read_json(path, "run `snakemake preflight` again") for path in args.records}, train_cfg
+    )
     problems = matrix_problems(table, train_cfg)
     for problem in problems:
         print(f"preflight matrix: FAILED {problem}", file=sys.stderr)
@@ -43,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     write_csv(args.out or layout.table(layout.PREFLIGHT_TABLE), table)
     hours = table.arm_hours.sum()
-    print(f"preflight matrix: PASS: {len(table)} arms, {int(table.runs.sum())} runs, projected {hours:,.2f} {table.unit.iloc[0]}")
+    print(
+        f"preflight matrix: PASS: {len(table)} arms, {int(table.runs.sum())} runs, projected {hours:,.2f} "
+        f"{table.unit.iloc[0]}"
+    )
     return 0
 
 
@@ -58,12 +71,37 @@ def preflight_table(records: dict, train_cfg: dict) -> pd.DataFrame:
         checks = {c["name"]: c for c in record["checks"]}
         speed = checks["speed"]["values"]
         runs = arms.get(record["arm"], 0)
-        rows.append({"arm": record["arm"], "run": record["run"], "runs": runs, "device": record["device"], "processes": record["processes"],
-                     "tokens_per_s": speed["tokens_per_s"], "run_hours": speed["projected_hours"], "arm_hours": runs * speed["projected_hours"],
-                     "unit": record["unit"], **{name: checks[name]["status"] if name in checks else "" for name in CHECKS},
-                     "created": record["created"]})
-    return pd.DataFrame(rows, columns=["arm", "run", "runs", "device", "processes", "tokens_per_s", "run_hours", "arm_hours", "unit",
-                                       *CHECKS, "created"])
+        rows.append(
+            {
+                "arm": record["arm"],
+                "run": record["run"],
+                "runs": runs,
+                "device": record["device"],
+                "processes": record["processes"],
+                "tokens_per_s": speed["tokens_per_s"],
+                "run_hours": speed["projected_hours"],
+                "arm_hours": runs * speed["projected_hours"],
+                "unit": record["unit"],
+                **{name: checks[name]["status"] if name in checks else "" for name in CHECKS},
+                "created": record["created"],
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "arm",
+            "run",
+            "runs",
+            "device",
+            "processes",
+            "tokens_per_s",
+            "run_hours",
+            "arm_hours",
+            "unit",
+            *CHECKS,
+            "created",
+        ],
+    )
 
 
 def matrix_problems(table: pd.DataFrame, train_cfg: dict) -> list[str]:
@@ -72,8 +110,12 @@ def matrix_problems(table: pd.DataFrame, train_cfg: dict) -> list[str]:
     problems = []
     budget, stated = train_cfg["budget_gpu_hours"], train_cfg["stated_gpu_hours"]
     if budget is not None and hours > budget:
-        problems.append(f"budget: projected {hours:,.2f} {unit} for the matrix (bound: train.budget_gpu_hours {budget:,.2f})")
+        problems.append(
+            f"budget: projected {hours:,.2f} {unit} for the matrix (bound: train.budget_gpu_hours {budget:,.2f})"
+        )
     if stated is not None and hours > STATED_SHARE * stated:
-        problems.append(f"stated cost: projected {hours:,.2f} {unit} for the matrix (bound: {STATED_SHARE:g} x the tiers table's "
-                        f"{stated:,.2f}, train.stated_gpu_hours)")
+        problems.append(
+            f"stated cost: projected {hours:,.2f} {unit} for the matrix (bound: {STATED_SHARE:g} x the tiers table's "
+            f"{stated:,.2f}, train.stated_gpu_hours)"
+        )
     return problems

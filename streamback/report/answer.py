@@ -44,16 +44,28 @@ def compared(config: dict) -> str:
     runs = train["runs"]
     shapes = ", ".join(runs["shapes"])
     seeds = runs["seeds"] if runs["seeds"] is not None else [train["seed"]]
-    trained = (f"each trained with {len(seeds)} training seeds ({', '.join(map(str, seeds))}: each fixes the initial weights and the batch "
-               "order, the same for both blocks of a shape)" if len(seeds) > 1 else f"each trained once, from seed {seeds[0]}")
-    text = (f"Compared: the baseline block (its residual stream in bf16) and the StreamBack block (stream in fp32, sublayers "
-            f"still in bf16) on {len(runs['shapes'])} shapes ({shapes}), each run on {train['tokens']:,} tokens, {trained}")
+    trained = (
+        f"each trained with {len(seeds)} training seeds ({', '.join(map(str, seeds))}: each fixes the initial weights "
+        f"and the batch "
+        "order, the same for both blocks of a shape)"
+        if len(seeds) > 1
+        else f"each trained once, from seed {seeds[0]}"
+    )
+    text = (
+        "Compared: the baseline block (its residual stream in bf16) and the StreamBack block (stream in fp32, "
+        f"sublayers "
+        f"still in bf16) on {len(runs['shapes'])} shapes ({shapes}), each run on {train['tokens']:,} tokens, {trained}"
+    )
     if runs["streams"]:
         where = ", ".join(runs["stream_shapes"] or runs["shapes"])
         stream_seeds = runs["stream_seeds"] if runs["stream_seeds"] is not None else seeds
-        text += (f"; and StreamBack with its stream kept below bf16 ({', '.join(runs['streams'])}) on {where}, "
-                 f"{'with seed' if len(stream_seeds) == 1 else 'with seeds'} {', '.join(map(str, stream_seeds))}")
-    return text + ". Differences are baseline minus the other run: positive means the other run is better, as in the seed."
+        text += (
+            f"; and StreamBack with its stream kept below bf16 ({', '.join(runs['streams'])}) on {where}, "
+            f"{'with seed' if len(stream_seeds) == 1 else 'with seeds'} {', '.join(map(str, stream_seeds))}"
+        )
+    return (
+        text + ". Differences are baseline minus the other run: positive means the other run is better, as in the seed."
+    )
 
 
 def resolution(mde: float, seeds: float, unit: str, band: str, scale: float = 1.0, digits: int = 4) -> str:
@@ -81,36 +93,69 @@ def loss(config: dict) -> list[str]:
     for row in over[over.comparison == "streamback"].itertuples():
         d = row.final_difference
         if row.seeds > 1:
-            out.append(f"On {row.shape}, over {row.seeds} training seeds, StreamBack's final validation loss is {abs(d):.4f} nats "
-                       f"{'lower' if d > 0 else 'higher'} than the baseline's on average ({confidence:.0%} t interval over seeds "
-                       f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to "
-                       f"{row.boot_high:+.4f}; the baseline's own loss varies by sd {row.baseline_sd:.4f} from seed to seed): "
-                       f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the paper's band of ±{band:g}; "
-                       + resolution(row.mde, row.seeds_for_band, "nats", f"the paper's band of ±{band:g} nats") + ".")
+            out.append(
+                f"On {row.shape}, over {row.seeds} training seeds, StreamBack's final validation loss is {abs(d):.4f} "
+                f"nats "
+                f"{'lower' if d > 0 else 'higher'} than the baseline's on average ({confidence:.0%} t interval over "
+                f"seeds "
+                f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to "
+                f"{row.boot_high:+.4f}; the baseline's own loss varies by sd {row.baseline_sd:.4f} from seed to seed): "
+                f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the paper's band of "
+                f"±{band:g}; "
+                + resolution(row.mde, row.seeds_for_band, "nats", f"the paper's band of ±{band:g} nats")
+                + "."
+            )
         else:
             seed = per_seed[(per_seed["shape"] == row.shape) & (per_seed.comparison == "streamback")].iloc[0]
-            out.append(f"On {row.shape}, StreamBack's final validation loss is {abs(d):.4f} nats {'lower' if d > 0 else 'higher'} than "
-                       f"the baseline's ({confidence:.0%} CI of the difference {seed.ci_low:+.4f} to {seed.ci_high:+.4f}, paired over "
-                       f"the same validation windows): {_verdict(seed.ci_low, seed.ci_high)}, {'inside' if abs(d) <= band else 'outside'} "
-                       f"the paper's band of ±{band:g}; what this tier resolves needs two seeds or more.")
+            out.append(
+                f"On {row.shape}, StreamBack's final validation loss is {abs(d):.4f} nats "
+                f"{'lower' if d > 0 else 'higher'} than "
+                f"the baseline's ({confidence:.0%} CI of the difference {seed.ci_low:+.4f} to {seed.ci_high:+.4f}, "
+                f"paired over "
+                f"the same validation windows): {_verdict(seed.ci_low, seed.ci_high)}, "
+                f"{'inside' if abs(d) <= band else 'outside'} "
+                f"the paper's band of ±{band:g}; what this tier resolves needs two seeds or more."
+            )
     if len(out) and (over.seeds <= 1).all():
-        out.append(f"These intervals cover the validation windows only: each run was trained once, from seed {config['train']['seed']}, "
-                   "so a difference near the band may also be the two training runs' own randomness, which no interval here includes "
-                   "(train.runs.seeds trains more seeds).")
+        out.append(
+            "These intervals cover the validation windows only: each run was trained once, from seed "
+            f"{config['train']['seed']}, "
+            "so a difference near the band may also be the two training runs' own randomness, which no interval here "
+            "includes "
+            "(train.runs.seeds trains more seeds)."
+        )
     elif len(out):
         flips = per_seed[per_seed.comparison == "streamback"]
         real = flips[(flips.ci_low > 0) | (flips.ci_high < 0)]
-        out.append(f"Within single seeds, {len(real)} of {len(flips)} StreamBack comparisons are distinguishable from zero over the "
-                   "validation windows; the intervals over seeds above add training's own randomness, the one the verdicts go by.")
+        out.append(
+            f"Within single seeds, {len(real)} of {len(flips)} StreamBack comparisons are distinguishable from zero "
+            f"over the "
+            "validation windows; the intervals over seeds above add training's own randomness, the one the verdicts go "
+            "by."
+        )
     below = over[over.comparison != "streamback"]
     if len(below):
-        parts = [f"{r.comparison.removeprefix('streamback-')} {r.final_difference:+.4f} "
-                 + (f"({r.ci_low:+.4f} to {r.ci_high:+.4f} over {r.seeds} seeds" if r.seeds > 1 else
-                    "(" + "{:+.4f} to {:+.4f}".format(*per_seed[(per_seed["shape"] == r.shape) & (per_seed.comparison == r.comparison)]
-                                                    [["ci_low", "ci_high"]].iloc[0]) + " over windows, one seed")
-                 + f"{', ' + r.verdict.split(':')[0] if r.seeds > 1 else ''})" for r in below.itertuples()]
-        out.append(f"Below bf16 (on {', '.join(dict.fromkeys(below['shape']))}), the baseline's final validation loss minus each "
-                   f"stream's, in nats: " + "; ".join(parts) + ".")
+        parts = [
+            f"{r.comparison.removeprefix('streamback-')} {r.final_difference:+.4f} "
+            + (
+                f"({r.ci_low:+.4f} to {r.ci_high:+.4f} over {r.seeds} seeds"
+                if r.seeds > 1
+                else "("
+                + "{:+.4f} to {:+.4f}".format(
+                    *per_seed[(per_seed["shape"] == r.shape) & (per_seed.comparison == r.comparison)][
+                        ["ci_low", "ci_high"]
+                    ].iloc[0]
+                )
+                + " over windows, one seed"
+            )
+            + f"{', ' + r.verdict.split(':')[0] if r.seeds > 1 else ''})"
+            for r in below.itertuples()
+        ]
+        out.append(
+            f"Below bf16 (on {', '.join(dict.fromkeys(below['shape']))}), the baseline's final validation loss minus "
+            f"each "
+            f"stream's, in nats: " + "; ".join(parts) + "."
+        )
     return out
 
 
@@ -122,16 +167,25 @@ def task_signal() -> list[str]:
         return []
     table = table.dropna(subset=["snr"])
     label = table.task + " " + table.metric + table["filter"].map(lambda f: "" if f == "none" else f" ({f})")
-    decide = [f"{name} (SNR {snr:.1f}, decision accuracy {100 * acc:.0f}%)" for name, snr, acc, ok
-              in zip(label, table.snr, table.decision_accuracy, table.can_rank) if ok]
-    cannot = [f"{name} (SNR {snr:.1f}, {100 * acc:.0f}%)" for name, snr, acc, ok in zip(label, table.snr, table.decision_accuracy, table.can_rank)
-              if not ok]
+    decide = [
+        f"{name} (SNR {snr:.1f}, decision accuracy {100 * acc:.0f}%)"
+        for name, snr, acc, ok in zip(label, table.snr, table.decision_accuracy, table.can_rank)
+        if ok
+    ]
+    cannot = [
+        f"{name} (SNR {snr:.1f}, {100 * acc:.0f}%)"
+        for name, snr, acc, ok in zip(label, table.snr, table.decision_accuracy, table.can_rank)
+        if not ok
+    ]
     source = table.noise_from.iloc[0]
-    text = (f"Over the {int(table.models.max())} run arms, with each arm's noise from its {source} (signal-and-noise's SNR: the arms' "
-            f"spread over their own sd), {len(decide)} of {len(table)} task metrics can rank these models: "
-            + ("; ".join(decide) if decide else "none"))
+    text = (
+        f"Over the {int(table.models.max())} run arms, with each arm's noise from its {source} (signal-and-noise's "
+        f"SNR: the arms' "
+        f"spread over their own sd), {len(decide)} of {len(table)} task metrics can rank these models: "
+        + ("; ".join(decide) if decide else "none")
+    )
     if cannot:
-        text += f". Cannot rank at this scale (SNR below {1.96 * 2 ** 0.5:.2f}): " + "; ".join(cannot)
+        text += f". Cannot rank at this scale (SNR below {1.96 * 2**0.5:.2f}): " + "; ".join(cannot)
     return [text + "."]
 
 
@@ -145,43 +199,76 @@ def benchmarks(config: dict) -> list[str]:
     if len(over) and (over.seeds > 1).any():
         n, tests = int(over.seeds.max()), int(over.tests.max())
         consistent = over[over.verdict.str.startswith("consistent")]
-        head = (f"Over {n} training seeds, {len(consistent)} of {len(over)} benchmark comparisons of a run against its shape's "
-                f"baseline ({over.task.nunique()} tasks) are consistent across seeds: the t interval over seeds and the bootstrap "
-                "over seeds then items both exclude 0")
-        floor = f"the baselines' own scores vary by a median sd of {100 * over.baseline_sd.median():.1f} points from seed to seed"
+        head = (
+            f"Over {n} training seeds, {len(consistent)} of {len(over)} benchmark comparisons of a run against its "
+            f"shape's "
+            f"baseline ({over.task.nunique()} tasks) are consistent across seeds: the t interval over seeds and the "
+            f"bootstrap "
+            "over seeds then items both exclude 0"
+        )
+        floor = (
+            f"the baselines' own scores vary by a median sd of {100 * over.baseline_sd.median():.1f} points from seed "
+            f"to seed"
+        )
         if consistent.empty:
             out.append(f"{head}: none; {floor}.")
         else:
-            listed = "; ".join(f"{r.run} on {r.task} {r.metric} ({100 * r['diff']:+.1f} points, {100 * r.ci_low:+.1f} to {100 * r.ci_high:+.1f} "
-                               f"over seeds)" for _, r in consistent.iterrows())
+            listed = "; ".join(
+                f"{r.run} on {r.task} {r.metric} ({100 * r['diff']:+.1f} points, {100 * r.ci_low:+.1f} to "
+                f"{100 * r.ci_high:+.1f} "
+                f"over seeds)"
+                for _, r in consistent.iterrows()
+            )
             out.append(f"{head}: {listed}; {floor}.")
-        enough = next(k for k in range(2, 64) if tests * 2.0 / 2 ** k <= alpha)
+        enough = next(k for k in range(2, 64) if tests * 2.0 / 2**k <= alpha)
         significant = int((over.p_holm <= alpha).sum())
-        out.append(f"The exact sign-flip test over {n} seeds cannot give p below {2 / 2 ** n:.2g}, so after Holm over a comparison's "
-                   f"{tests} tests {'no difference can reach' if tests * 2 / 2 ** n > alpha else f'{significant} reach'} alpha {alpha:g}"
-                   f"{f' (that takes {enough} seeds)' if tests * 2 / 2 ** n > alpha else ''}.")
+        out.append(
+            f"The exact sign-flip test over {n} seeds cannot give p below {2 / 2**n:.2g}, so after Holm over a "
+            f"comparison's "
+            f"{tests} tests {'no difference can reach' if tests * 2 / 2**n > alpha else f'{significant} reach'} alpha "
+            f"{alpha:g}"
+            f"{f' (that takes {enough} seeds)' if tests * 2 / 2**n > alpha else ''}."
+        )
         mde = 100 * over.mde.dropna()
         target = config["eval"]["pairs"]["target"]
         needed = over.seeds_for_target.dropna()
         if len(mde):
-            out.append(f"Over the seeds this tier resolves |Δ| ≥ {mde.min():.1f} to {mde.max():.1f} points, by task (median "
-                       f"{mde.median():.1f}); a target of {100 * target:g} points (eval.pairs.target) would take "
-                       + (f"{int(needed.min()):,} to {int(needed.max()):,} seeds at these spreads" if len(needed) else "more than 100,000 seeds")
-                       + ".")
+            out.append(
+                f"Over the seeds this tier resolves |Δ| ≥ {mde.min():.1f} to {mde.max():.1f} points, by task (median "
+                f"{mde.median():.1f}); a target of {100 * target:g} points (eval.pairs.target) would take "
+                + (
+                    f"{int(needed.min()):,} to {int(needed.max()):,} seeds at these spreads"
+                    if len(needed)
+                    else "more than 100,000 seeds"
+                )
+                + "."
+            )
     real = per_seed[per_seed.p_holm <= alpha]
     seeds = per_seed.seed.nunique()
-    head = (f"{'Within single seeds, of' if seeds > 1 else 'Of'} {len(per_seed)} benchmark comparisons of a run against its shape's baseline "
-            f"on the same items ({per_seed.task.nunique()} tasks{f', {seeds} seeds' if seeds > 1 else ''}), {len(real)} "
-            f"{'is' if len(real) == 1 else 'are'} distinguishable from noise after Holm's correction over each run's tasks (alpha {alpha:g})")
+    head = (
+        f"{'Within single seeds, of' if seeds > 1 else 'Of'} {len(per_seed)} benchmark comparisons of a run against "
+        f"its shape's baseline "
+        f"on the same items ({per_seed.task.nunique()} tasks{f', {seeds} seeds' if seeds > 1 else ''}), {len(real)} "
+        f"{'is' if len(real) == 1 else 'are'} distinguishable from noise after Holm's correction over each run's tasks "
+        f"(alpha {alpha:g})"
+    )
     if real.empty:
         smallest = per_seed.mdd.dropna()
-        detectable = (f"; with these item counts only differences of about {100 * smallest.min():.0f} to {100 * smallest.max():.0f} points "
-                      "would be found 80% of the time" if len(smallest) else "")
+        detectable = (
+            f"; with these item counts only differences of about {100 * smallest.min():.0f} to "
+            f"{100 * smallest.max():.0f} points "
+            "would be found 80% of the time"
+            if len(smallest)
+            else ""
+        )
         out.append(head + detectable + ".")
     else:
         out.append(f"{head}; the table of per-seed tests under Benchmarks lists them.")
     if seeds == 1:
-        out.append("Each run was trained once, so these tests cover the items only, not training's own randomness (train.runs.seeds).")
+        out.append(
+            "Each run was trained once, so these tests cover the items only, not training's own randomness "
+            "(train.runs.seeds)."
+        )
     return out + above_chance()
 
 
@@ -195,8 +282,11 @@ def above_chance() -> list[str]:
         return []
     beats = scored.assign(beats=scored.value - 1.96 * scored.stderr > scored.chance).groupby("run").beats.sum()
     tasks = scored.groupby(["task", "metric"]).ngroups
-    return [f"The baseline runs beat chance by their 95% intervals on {int(beats.min())} to {int(beats.max())} of the {tasks} task metrics "
-            f"that have one ({', '.join(sorted(set(scored.task)))}), over {len(beats)} runs."]
+    return [
+        f"The baseline runs beat chance by their 95% intervals on {int(beats.min())} to {int(beats.max())} of the "
+        f"{tasks} task metrics "
+        f"that have one ({', '.join(sorted(set(scored.task)))}), over {len(beats)} runs."
+    ]
 
 
 def over_runs(values, fmt, what: str = "runs") -> str:
@@ -217,19 +307,25 @@ def layer_error() -> list[str]:
     if table is None:
         return [Missing("The per-layer error is not available: the layer-error analysis has not run.")]
     acts = table[table.kind == "activations"]
-    last = acts[acts.layer == acts.groupby("run").layer.transform("max")].pivot_table(index="run", columns="variant", values="max_abs_error")
+    last = acts[acts.layer == acts.groupby("run").layer.transform("max")].pivot_table(
+        index="run", columns="variant", values="max_abs_error"
+    )
     if not {"bf16", "fp32"} <= set(last.columns):
         return []
     ratio = (last["bf16"] / last["fp32"]).replace([float("inf")], float("nan")).dropna()
     logs = np.log(ratio[ratio > 0])
     flips = acts.groupby(["run", "variant"]).sign_flip_fraction.median().unstack()
     medians = acts.groupby("variant").sign_flip_fraction.median()
-    text = (f"Against a full-precision forward pass of the same weights, the fp32 stream's largest error at the last layer boundary is "
-            f"{ratio.median():.1f} times smaller than the bf16 stream's (median over {len(ratio)} runs of {_seeds(table)}; range {ratio.min():.1f} to "
-            f"{ratio.max():.1f}; geometric mean {np.exp(logs.mean()):.1f}, "
-            + over_runs(logs, lambda x: f"×{np.exp(x):.2f}", "runs").replace("|Δ| ≥ ×", "a ratio beyond ×")
-            + f"), and {100 * medians.get('fp32', float('nan')):.2f}% of the stream's coordinates flip sign against "
-            f"{100 * medians.get('bf16', float('nan')):.2f}% with bf16 (medians over layers and runs")
+    text = (
+        "Against a full-precision forward pass of the same weights, the fp32 stream's largest error at the last layer "
+        f"boundary is "
+        f"{ratio.median():.1f} times smaller than the bf16 stream's (median over {len(ratio)} runs of {_seeds(table)}; "
+        f"range {ratio.min():.1f} to "
+        f"{ratio.max():.1f}; geometric mean {np.exp(logs.mean()):.1f}, "
+        + over_runs(logs, lambda x: f"×{np.exp(x):.2f}", "runs").replace("|Δ| ≥ ×", "a ratio beyond ×")
+        + f"), and {100 * medians.get('fp32', float('nan')):.2f}% of the stream's coordinates flip sign against "
+        f"{100 * medians.get('bf16', float('nan')):.2f}% with bf16 (medians over layers and runs"
+    )
     if {"bf16", "fp32"} <= set(flips.columns):
         gap = 100 * (flips["bf16"] - flips["fp32"])
         text += f"; bf16 minus fp32 per run, in points of coordinates: {over_runs(gap, lambda x: f'{x:+.3f}', 'runs')}"
@@ -245,13 +341,20 @@ def swallowed() -> list[str]:
     per_run = table.groupby(["run", "variant"]).swallowed_fraction.median().unstack()
     others = [v for v in share.index if v not in ("bf16", "fp32")]
     worst = max(others, key=lambda v: share[v]) if others else None
-    text = (f"Inside the trained models, a bf16 stream rounds {100 * share.get('bf16', float('nan')):.1f}% of the sublayers' non-zero "
-            f"updates away entirely and loses {100 * lost.get('bf16', float('nan')):.2f}% of their mass; the fp32 stream "
-            f"{100 * share.get('fp32', float('nan')):.2f}% and {100 * lost.get('fp32', float('nan')):.4f}% (medians over layers and "
-            f"{table.run.nunique()} runs of {_seeds(table)}")
+    text = (
+        f"Inside the trained models, a bf16 stream rounds {100 * share.get('bf16', float('nan')):.1f}% of the "
+        f"sublayers' non-zero "
+        f"updates away entirely and loses {100 * lost.get('bf16', float('nan')):.2f}% of their mass; the fp32 stream "
+        f"{100 * share.get('fp32', float('nan')):.2f}% and {100 * lost.get('fp32', float('nan')):.4f}% (medians over "
+        f"layers and "
+        f"{table.run.nunique()} runs of {_seeds(table)}"
+    )
     if {"bf16", "fp32"} <= set(per_run.columns):
         gap = 100 * (per_run["bf16"] - per_run["fp32"])
-        text += f"; the swallowed share, bf16 minus fp32 per run, in points: {over_runs(gap, lambda x: f'{x:+.2f}', 'runs')})"
+        text += (
+            "; the swallowed share, bf16 minus fp32 per run, in points: "
+            f"{over_runs(gap, lambda x: f'{x:+.2f}', 'runs')})"
+        )
     else:
         text += ")"
     if worst is not None:
@@ -277,10 +380,17 @@ def envelope(config: dict, pairs) -> list[str]:
         parts.setdefault(shape, []).append(f"{arm} {low:.0f} to {high:.0f}")
     if not parts:
         return []
-    paired = [f"{shape}: {np.mean(g):+.1f} ({over_runs(g, lambda x: f'{x:+.1f}', 'seeds')})" for shape, g in gaps.items()]
-    return [f"The stream's reach on a validation batch (its minimum and maximum over all layer boundaries, and over {_seeds(table)}): "
-            + "; ".join(f"{shape}: {', '.join(p)}" for shape, p in parts.items())
-            + ". StreamBack's maximum minus the baseline's, per seed: " + "; ".join(paired) + "."]
+    paired = [
+        f"{shape}: {np.mean(g):+.1f} ({over_runs(g, lambda x: f'{x:+.1f}', 'seeds')})" for shape, g in gaps.items()
+    ]
+    return [
+        "The stream's reach on a validation batch (its minimum and maximum over all layer boundaries, and over "
+        f"{_seeds(table)}): "
+        + "; ".join(f"{shape}: {', '.join(p)}" for shape, p in parts.items())
+        + ". StreamBack's maximum minus the baseline's, per seed: "
+        + "; ".join(paired)
+        + "."
+    ]
 
 
 def verdicts() -> pd.DataFrame | None:
@@ -290,19 +400,39 @@ def verdicts() -> pd.DataFrame | None:
     None where neither table is there."""
     loss, pairs = _table("loss_difference"), _table("benchmark_pairs")
     rows = []
-    for r in ([] if loss is None else loss[loss.seed == layout.ALL_SEEDS].to_dict("records")):
-        rows.append({"shape": r["shape"], "comparison": r["comparison"], "quantity": f"final {r['split']} loss (nats)", "seeds": r["seeds"],
-                     "difference": r["final_difference"], "t interval": _interval(r["ci_low"], r["ci_high"], 1, 4),
-                     "bootstrap": _interval(r.get("boot_low"), r.get("boot_high"), 1, 4), "resolves |Δ| ≥": _value(r.get("mde"), 1, 4),
-                     "seeds for the band": _seeds_cell(r.get("seeds_for_band"), r.get("band"), 1, "nats", r["seeds"]),
-                     "verdict": str(r["verdict"]).split(":")[0]})
-    for r in ([] if pairs is None else pairs[pairs.seed == layout.ALL_SEEDS].to_dict("records")):
+    for r in [] if loss is None else loss[loss.seed == layout.ALL_SEEDS].to_dict("records"):
+        rows.append(
+            {
+                "shape": r["shape"],
+                "comparison": r["comparison"],
+                "quantity": f"final {r['split']} loss (nats)",
+                "seeds": r["seeds"],
+                "difference": r["final_difference"],
+                "t interval": _interval(r["ci_low"], r["ci_high"], 1, 4),
+                "bootstrap": _interval(r.get("boot_low"), r.get("boot_high"), 1, 4),
+                "resolves |Δ| ≥": _value(r.get("mde"), 1, 4),
+                "seeds for the band": _seeds_cell(r.get("seeds_for_band"), r.get("band"), 1, "nats", r["seeds"]),
+                "verdict": str(r["verdict"]).split(":")[0],
+            }
+        )
+    for r in [] if pairs is None else pairs[pairs.seed == layout.ALL_SEEDS].to_dict("records"):
         filt = "" if r["filter"] == "none" else f" ({r['filter']})"
-        rows.append({"shape": r["shape"], "comparison": r["comparison"], "quantity": f"{r['task']} {r['metric']}{filt} (points)",
-                     "seeds": r["seeds"], "difference": 100 * r["diff"], "t interval": _interval(r["ci_low"], r["ci_high"], 100, 1),
-                     "bootstrap": _interval(r["boot_low"], r["boot_high"], 100, 1), "resolves |Δ| ≥": _value(r.get("mde"), 100, 1),
-                     "seeds for the band": _seeds_cell(r.get("seeds_for_target"), r.get("target"), 100, "points", r["seeds"]),
-                     "verdict": str(r["verdict"]).split(":")[0]})
+        rows.append(
+            {
+                "shape": r["shape"],
+                "comparison": r["comparison"],
+                "quantity": f"{r['task']} {r['metric']}{filt} (points)",
+                "seeds": r["seeds"],
+                "difference": 100 * r["diff"],
+                "t interval": _interval(r["ci_low"], r["ci_high"], 100, 1),
+                "bootstrap": _interval(r["boot_low"], r["boot_high"], 100, 1),
+                "resolves |Δ| ≥": _value(r.get("mde"), 100, 1),
+                "seeds for the band": _seeds_cell(
+                    r.get("seeds_for_target"), r.get("target"), 100, "points", r["seeds"]
+                ),
+                "verdict": str(r["verdict"]).split(":")[0],
+            }
+        )
     return pd.DataFrame(rows).round({"difference": 4}) if rows else None
 
 
@@ -323,4 +453,11 @@ def _seeds_cell(seeds, band, scale: float, unit: str, measured: int) -> str:
 
 def sentences(config: dict, pairs) -> list:
     """The answer, from loss to benchmarks to the mechanisms behind them."""
-    return [compared(config), *loss(config), *benchmarks(config), *layer_error(), *swallowed(), *envelope(config, pairs)]
+    return [
+        compared(config),
+        *loss(config),
+        *benchmarks(config),
+        *layer_error(),
+        *swallowed(),
+        *envelope(config, pairs),
+    ]

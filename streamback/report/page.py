@@ -59,7 +59,9 @@ def caption(name: str, **values) -> Caption:
 def _missing(what: str, rule: str, files: list[Path]) -> Missing:
     absent = [str(f) for f in files if not Path(f).exists()]
     shown = ", ".join(absent[:4]) + (f" and {len(absent) - 4} more" if len(absent) > 4 else "")
-    return Missing(f"{what}: not run yet (rule {rule}; missing {shown}). Run `snakemake --cores 2 {rule}` or the whole study.")
+    return Missing(
+        f"{what}: not run yet (rule {rule}; missing {shown}). Run `snakemake --cores 2 {rule}` or the whole study."
+    )
 
 
 def _read_tables(names) -> dict[str, pd.DataFrame] | None:
@@ -74,28 +76,43 @@ def _shown(path: Path) -> str:
 
 
 def what_was_run(study: Study) -> list:
-    summaries = {r: json.loads(layout.summary_file(r).read_text()) for r in study.runs if layout.summary_file(r).exists()}
+    summaries = {
+        r: json.loads(layout.summary_file(r).read_text()) for r in study.runs if layout.summary_file(r).exists()
+    }
     versions = provenance.package_versions()
     files = [f"{_shown(f)} (sha256 {provenance.sha256(f)[:12]})" for f in study.config_files]
     blocks = [
-        f"Config: {' merged with '.join(files)}; the merged, validated config hashes to {provenance.config_hash(study.config)[:16]}. "
+        f"Config: {' merged with '.join(files)}; the merged, validated config hashes to "
+        f"{provenance.config_hash(study.config)[:16]}. "
         f"Code: commit {provenance.git_commit(ROOT)}. Page written on {provenance.this_machine()}.",
         "Packages: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
     ]
     if summaries:
         runs = provenance.runs_table(summaries)
         devices = sorted({str(d) for d in runs.device.dropna()})
-        blocks += [Subheading("Trained runs"), runs, Caption(
-            f"One row per run, from its summary.json (results/runs/<run>/): trained on {', '.join(devices)}; "
-            f"{runs['GPU-hours'].sum():.1f} GPU-hours and {runs['train time (s)'].sum() / 60:.1f} minutes of training in all.")]
+        blocks += [
+            Subheading("Trained runs"),
+            runs,
+            Caption(
+                f"One row per run, from its summary.json (results/runs/<run>/): trained on {', '.join(devices)}; "
+                f"{runs['GPU-hours'].sum():.1f} GPU-hours and {runs['train time (s)'].sum() / 60:.1f} minutes of "
+                f"training in all."
+            ),
+        ]
     absent = [r for r in study.runs if r not in summaries]
     if absent:
         blocks.append(_missing(f"Training of {', '.join(absent)}", "train", [layout.summary_file(r) for r in absent]))
     times = provenance.stage_times(study.timings)
     if not times.empty:
-        blocks += [Subheading("Time per stage"), times, Caption(
-            "Wall-clock and CPU seconds of every stage's jobs, summed (Snakemake's benchmark records, results/timing/). "
-            "On a cluster the wall-clock seconds of jobs that ran side by side add up to more than the study took.")]
+        blocks += [
+            Subheading("Time per stage"),
+            times,
+            Caption(
+                "Wall-clock and CPU seconds of every stage's jobs, summed (Snakemake's benchmark records, "
+                "results/timing/). "
+                "On a cluster the wall-clock seconds of jobs that ran side by side add up to more than the study took."
+            ),
+        ]
     return blocks
 
 
@@ -112,10 +129,19 @@ def preflights() -> list:
     if not path.exists():
         return [_missing("The preflights", "preflight", [path])]
     table = pd.read_csv(path)
-    shown = table.assign(tokens_per_s=table.tokens_per_s.round(0).astype(int), run_hours=table.run_hours.map("{:.3g}".format),
-                         arm_hours=table.arm_hours.map("{:.3g}".format))
-    return [shown, caption("preflights"), Caption(f"The matrix's projection: {table.arm_hours.sum():.3g} {table.unit.iloc[0]} "
-                                                  f"for {int(table.runs.sum())} runs, from {path}.")]
+    shown = table.assign(
+        tokens_per_s=table.tokens_per_s.round(0).astype(int),
+        run_hours=table.run_hours.map("{:.3g}".format),
+        arm_hours=table.arm_hours.map("{:.3g}".format),
+    )
+    return [
+        shown,
+        caption("preflights"),
+        Caption(
+            f"The matrix's projection: {table.arm_hours.sum():.3g} {table.unit.iloc[0]} "
+            f"for {int(table.runs.sum())} runs, from {path}."
+        ),
+    ]
 
 
 def benchmarks() -> list:
@@ -123,8 +149,15 @@ def benchmarks() -> list:
     if tables is None:
         return [_missing("Evaluation", "benchmark_table", [layout.table(n) for n in layout.BENCHMARK_TABLES])]
     scores, pairs = tables["benchmarks"], tables["benchmark_pairs"]
-    scores = scores.assign(metric=[m if f == "none" else f"{m}, {f}" for m, f in zip(scores.metric, scores["filter"])])  # gsm8k's filters apart
-    wide = scores.assign(score=[_figures(v, 4) + (f" ± {_figures(s, 2)}" if pd.notna(s) else "") for v, s in zip(scores.value, scores.stderr)])
+    scores = scores.assign(
+        metric=[m if f == "none" else f"{m}, {f}" for m, f in zip(scores.metric, scores["filter"])]
+    )  # gsm8k's filters apart
+    wide = scores.assign(
+        score=[
+            _figures(v, 4) + (f" ± {_figures(s, 2)}" if pd.notna(s) else "")
+            for v, s in zip(scores.value, scores.stderr)
+        ]
+    )
     index = [c for c in ("shape", "run", "stream", "seed") if c in wide.columns]
     wide = wide.pivot_table(index=index, columns=["task", "metric"], values="score", aggfunc="first", sort=False)
     wide.columns = [f"{task} ({metric})" for task, metric in wide.columns]
@@ -135,14 +168,55 @@ def benchmarks() -> list:
     seeds = pairs.seed.astype(str) if "seed" in pairs.columns else pd.Series("0", index=pairs.index)
     over, per_seed = pairs[seeds == layout.ALL_SEEDS], pairs[seeds != layout.ALL_SEEDS]
     if len(over) and (over.seeds > 1).any():
-        shown = ["shape", "comparison", "task", "filter", "metric", "seeds", "baseline_value", "value", "diff", "ci_low", "ci_high",
-                 "boot_low", "boot_high", "sd", "baseline_sd", "p_seeds", "p_holm", "mde", "seeds_for_target", "verdict"]
-        blocks += [Subheading("Is a difference real? Each comparison over the training seeds"), over[over.seeds > 1][shown].round(4),
-                   caption("benchmark_pairs_seeds")]
-    shown = ["shape", "seed", "task", "filter", "metric", "run", "n", "baseline_value", "value", "diff", "ci_low", "ci_high", "p_holm",
-             "mdd", "verdict"]
-    return blocks + [Subheading("Within each seed: each run against its shape's baseline of the same seed"),
-                     per_seed[[c for c in shown if c in per_seed.columns]].round(4), caption("benchmark_pairs")]
+        shown = [
+            "shape",
+            "comparison",
+            "task",
+            "filter",
+            "metric",
+            "seeds",
+            "baseline_value",
+            "value",
+            "diff",
+            "ci_low",
+            "ci_high",
+            "boot_low",
+            "boot_high",
+            "sd",
+            "baseline_sd",
+            "p_seeds",
+            "p_holm",
+            "mde",
+            "seeds_for_target",
+            "verdict",
+        ]
+        blocks += [
+            Subheading("Is a difference real? Each comparison over the training seeds"),
+            over[over.seeds > 1][shown].round(4),
+            caption("benchmark_pairs_seeds"),
+        ]
+    shown = [
+        "shape",
+        "seed",
+        "task",
+        "filter",
+        "metric",
+        "run",
+        "n",
+        "baseline_value",
+        "value",
+        "diff",
+        "ci_low",
+        "ci_high",
+        "p_holm",
+        "mdd",
+        "verdict",
+    ]
+    return blocks + [
+        Subheading("Within each seed: each run against its shape's baseline of the same seed"),
+        per_seed[[c for c in shown if c in per_seed.columns]].round(4),
+        caption("benchmark_pairs"),
+    ]
 
 
 def analysis(kind: str, study: Study) -> list:
@@ -170,7 +244,12 @@ def analysis(kind: str, study: Study) -> list:
         blocks += [Subheading(subject)] if subject else []
         blocks += [chart, caption(f"analysis_{figure}_figure")]
     if hidden:
-        blocks.append(Caption(f"{hidden} more figures of this kind, one per run of the other training seeds, are in {layout.FIGURES_DIR}/."))
+        blocks.append(
+            Caption(
+                f"{hidden} more figures of this kind, one per run of the other training seeds, are in "
+                f"{layout.FIGURES_DIR}/."
+            )
+        )
     return blocks
 
 
@@ -187,7 +266,11 @@ def halving_verdict(ratio: float, low: float, high: float) -> str:
         return "no difference shown (the interval holds 1): the claim is not borne out"
     if HALF[0] <= ratio <= HALF[1]:
         return "roughly half: the claim holds"
-    return "fewer flips, but not half: the claim holds in direction only" if ratio > HALF[1] else "fewer than half: more than the claim"
+    return (
+        "fewer flips, but not half: the claim holds in direction only"
+        if ratio > HALF[1]
+        else "fewer than half: more than the claim"
+    )
 
 
 def public_section(study: Study) -> list:
@@ -196,28 +279,43 @@ def public_section(study: Study) -> list:
 
     cfg = study.config["analysis"]
     if not public_models(cfg):
-        return [Caption("analysis.public_models is empty: no public model was analysed (docs/public-models.md names one).")]
+        return [
+            Caption("analysis.public_models is empty: no public model was analysed (docs/public-models.md names one).")
+        ]
     names = layout.ANALYSIS_TABLES["public"]
     tables = _read_tables(names)
     if tables is None:
         return [_missing("Public models", "analyze_public", [layout.table(n) for n in names])]
     ratios = tables["public_flip_ratio"]
     fp32 = ratios[(ratios.variant == "fp32") & (ratios.kind == "gradients")]
-    truth = "fp64" if cfg["reference"] == "fp64" else "fp32 (analysis.reference: an fp64 copy of a large model's attention would not fit)"
+    truth = (
+        "fp64"
+        if cfg["reference"] == "fp64"
+        else "fp32 (analysis.reference: an fp64 copy of a large model's attention would not fit)"
+    )
     blocks = []
     for model, rows in fp32.groupby("model", sort=False):
         overall = rows[rows.layer == "all"].iloc[0]
         layers = rows[rows.layer != "all"]
         below = int((layers.flip_ratio_high < 1).sum())
         half = int(((layers.flip_ratio_low <= HALF[1]) & (layers.flip_ratio_high >= HALF[0])).sum())
-        blocks.append(Caption(
-            f"{model} ({public_models(cfg)[model]}), {overall.tokens:,} tokens in {overall.sequences} sequences, ground truth {truth}: "
-            f"the parameter gradients' sign flips, fp32 stream over bf16 stream, {overall.flip_ratio:.2f} over all layers "
-            f"({cfg['confidence']:.0%} interval {overall.flip_ratio_low:.2f}-{overall.flip_ratio_high:.2f}; "
-            f"{overall.sign_flips:,} against {overall.bf16_sign_flips:,}): {halving_verdict(overall.flip_ratio, overall.flip_ratio_low, overall.flip_ratio_high)}. "
-            f"Layer by layer, the fp32 stream has fewer flips (interval below 1) in {below} of {len(layers)} blocks, and an interval "
-            f"that reaches roughly half ({HALF[0]}-{HALF[1]}) in {half}."))
-    shown = ratios[(ratios.layer == "all") | ((ratios.variant == "fp32") & (ratios.kind == "gradients"))]  # the rest: the CSV
+        blocks.append(
+            Caption(
+                f"{model} ({public_models(cfg)[model]}), {overall.tokens:,} tokens in {overall.sequences} sequences, "
+                f"ground truth {truth}: "
+                f"the parameter gradients' sign flips, fp32 stream over bf16 stream, {overall.flip_ratio:.2f} over all "
+                f"layers "
+                f"({cfg['confidence']:.0%} interval {overall.flip_ratio_low:.2f}-{overall.flip_ratio_high:.2f}; "
+                f"{overall.sign_flips:,} against {overall.bf16_sign_flips:,}): "
+                f"{halving_verdict(overall.flip_ratio, overall.flip_ratio_low, overall.flip_ratio_high)}. "
+                f"Layer by layer, the fp32 stream has fewer flips (interval below 1) in {below} of {len(layers)} "
+                f"blocks, and an interval "
+                f"that reaches roughly half ({HALF[0]}-{HALF[1]}) in {half}."
+            )
+        )
+    shown = ratios[
+        (ratios.layer == "all") | ((ratios.variant == "fp32") & (ratios.kind == "gradients"))
+    ]  # the rest: the CSV
     blocks += [shown.round(4), caption("analysis_public_flip_ratio")]
     for name, chart in charts("public", tables).items():
         figure, _, subject = name.partition("-")
@@ -252,14 +350,19 @@ def live_signals(study: Study) -> list:
     blocks = [Subheading("Live precision signals")]
     table = signals_table(records)
     if table.empty:
-        blocks.append("No run logged live signals (train.log.signals is off, or no run reached train.log.stream_every steps).")
+        blocks.append(
+            "No run logged live signals (train.log.signals is off, or no run reached train.log.stream_every steps)."
+        )
     else:
         blocks += [swallowed_chart(table), caption("training_signals")]
     shadows = shadow_table(records)
     blocks.append(Subheading("Full-precision shadow"))
     if len(shadows):
         formats = {"max_gap": ".2e", "last_max_gap": ".2e", "loss_minus_shadow": "+.2e"}
-        blocks += [shadows.assign(**{k: [f"{v:{f}}" for v in shadows[k]] for k, f in formats.items()}), caption("training_shadow")]
+        blocks += [
+            shadows.assign(**{k: [f"{v:{f}}" for v in shadows[k]] for k, f in formats.items()}),
+            caption("training_shadow"),
+        ]
     else:
         blocks.append("No run logged a full-precision shadow (train.log.shadow_every is 0, or no run reached it).")
     events = warnings_table(records)
@@ -278,11 +381,18 @@ def drift(study: Study) -> list:
     summary, spacing = pd.read_csv(files["summary"]), pd.read_csv(files["spacing"])
     summary["note"] = summary["note"].fillna("")
     skipped = summary[summary.drift.isna()].groupby("path", sort=False).note.first().to_dict()
-    return [*reading(summary), overview_table(summary), caption("drift_summary"),
-            ratio_chart(summary), caption("drift_ratio"),
-            trajectory_chart(pd.read_parquet(files["trajectories"]), study.config["drift"]["start"], skipped), caption("drift_trajectories"),
-            spacing_chart(spacing), caption("drift_spacing"),
-            f"The drift study's own page, with its setup: {files['report']}."]
+    return [
+        *reading(summary),
+        overview_table(summary),
+        caption("drift_summary"),
+        ratio_chart(summary),
+        caption("drift_ratio"),
+        trajectory_chart(pd.read_parquet(files["trajectories"]), study.config["drift"]["start"], skipped),
+        caption("drift_trajectories"),
+        spacing_chart(spacing),
+        caption("drift_spacing"),
+        f"The drift study's own page, with its setup: {files['report']}.",
+    ]
 
 
 def speed_and_memory() -> list:
@@ -290,13 +400,19 @@ def speed_and_memory() -> list:
     memory estimate: each command's own table of its JSON (`streamback.measure.bench.table`, `.memory.table`)."""
 
     blocks = []
-    for path, stage, command, what in ((layout.BENCH_FILE, bench, "bench", "training-step speed and memory (streamback bench, on a GPU)"),
-                                       (layout.MEMORY_FILE, memory, "memory", "estimated peak memory of a training step (streamback memory)")):
+    for path, stage, command, what in (
+        (layout.BENCH_FILE, bench, "bench", "training-step speed and memory (streamback bench, on a GPU)"),
+        (layout.MEMORY_FILE, memory, "memory", "estimated peak memory of a training step (streamback memory)"),
+    ):
         if path.exists():
             header, cells = stage.table(read_json(path, f"run `streamback {command}` again"))
             blocks += [Subheading(what), pd.DataFrame(cells, columns=list(header)), Caption(f"From {path}.")]
-    return blocks or [Missing("No speed or memory figures yet: `streamback bench` on a GPU (benchmarks/gpu_checks.py runs it) writes "
-                              f"{layout.BENCH_FILE}, `streamback memory` writes {layout.MEMORY_FILE}.")]
+    return blocks or [
+        Missing(
+            "No speed or memory figures yet: `streamback bench` on a GPU (benchmarks/gpu_checks.py runs it) writes "
+            f"{layout.BENCH_FILE}, `streamback memory` writes {layout.MEMORY_FILE}."
+        )
+    ]
 
 
 def the_answer(study: Study) -> list:
@@ -306,10 +422,18 @@ def the_answer(study: Study) -> list:
     sources = _read_tables(("loss_difference", "benchmark_pairs"))
     blocks = []
     if sources is None:
-        blocks.append(_missing("The forest plot of the comparisons", "seed_variance",
-                               [layout.table(n) for n in ("loss_difference", "benchmark_pairs")]))
+        blocks.append(
+            _missing(
+                "The forest plot of the comparisons",
+                "seed_variance",
+                [layout.table(n) for n in ("loss_difference", "benchmark_pairs")],
+            )
+        )
     else:
-        blocks += [differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"])), caption("seed_differences")]
+        blocks += [
+            differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"])),
+            caption("seed_differences"),
+        ]
     table = answer.verdicts()
     if table is not None:
         blocks += [Subheading("Verdicts over the training seeds"), table, caption("verdicts")]

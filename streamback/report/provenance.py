@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pandas as pd
 
-PACKAGES = ("torch", "snakemake", "lm_eval", "transformers", "datasets", "tokenizers", "pandas", "altair", "vl-convert-python")
+PACKAGES = (
+    "torch",
+    "snakemake",
+    "lm_eval",
+    "transformers",
+    "datasets",
+    "tokenizers",
+    "pandas",
+    "altair",
+    "vl-convert-python",
+)
 
 
 def sha256(path: Path) -> str:
@@ -29,9 +39,16 @@ def config_hash(config: dict) -> str:
 def git_commit(root: Path) -> str:
     """The checkout's commit, with a warning when its files differ from it; or why there is none."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True,
-                               check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return commit + (" (with uncommitted changes)" if dirty else "")
@@ -56,7 +73,10 @@ def this_machine() -> str:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-        mem = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1]) / 2**20
+        mem = (
+            int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])
+            / 2**20
+        )
         memory = f", {mem:.0f} GiB memory"
     except (OSError, StopIteration, ValueError):
         memory = ""
@@ -67,12 +87,24 @@ def runs_table(summaries: dict[str, dict]) -> pd.DataFrame:
     """One row per trained run from its summary.json: what it is, how far it went, its losses and cost."""
     rows = []
     for run, s in summaries.items():
-        rows.append({
-            "run": run, "shape": s["shape"], "block": s["block"], "stream": s["stream"], "seed": s.get("seed"), "parameters": s["params"],
-            "tokens": s["tokens"], "steps": s["steps"], "final loss": s.get("final_loss"), "final val loss": s.get("final_val_loss"),
-            "device": s.get("device_name") or s.get("device"), "processes": s.get("processes"),
-            "train time (s)": s.get("train_seconds"), "GPU-hours": s.get("gpu_hours"),
-        })
+        rows.append(
+            {
+                "run": run,
+                "shape": s["shape"],
+                "block": s["block"],
+                "stream": s["stream"],
+                "seed": s.get("seed"),
+                "parameters": s["params"],
+                "tokens": s["tokens"],
+                "steps": s["steps"],
+                "final loss": s.get("final_loss"),
+                "final val loss": s.get("final_val_loss"),
+                "device": s.get("device_name") or s.get("device"),
+                "processes": s.get("processes"),
+                "train time (s)": s.get("train_seconds"),
+                "GPU-hours": s.get("gpu_hours"),
+            }
+        )
     table = pd.DataFrame(rows)
     return table.round({"final loss": 4, "final val loss": 4, "train time (s)": 1, "GPU-hours": 2})
 
@@ -86,6 +118,12 @@ def stage_times(timings: dict[str, list[Path]]) -> pd.DataFrame:
         if not tables:
             continue
         t = pd.concat(tables)
-        rows.append({"stage": rule, "jobs": len(tables), "wall time (s)": round(float(t["s"].sum()), 1),
-                     "CPU time (s)": round(float(t["cpu_time"].sum()), 1)})
+        rows.append(
+            {
+                "stage": rule,
+                "jobs": len(tables),
+                "wall time (s)": round(float(t["s"].sum()), 1),
+                "CPU time (s)": round(float(t["cpu_time"].sum()), 1),
+            }
+        )
     return pd.DataFrame(rows, columns=["stage", "jobs", "wall time (s)", "CPU time (s)"])

@@ -29,9 +29,23 @@ from streamback.errors import StreambackError
 from streamback.io import write_csv
 from streamback.runs import run_matrix
 
-HELP = "the seed-to-seed spread of every run arm's losses and benchmark scores (seed_variance.csv) and the per-seed differences' figure"
+HELP = (
+    "the seed-to-seed spread of every run arm's losses and benchmark scores (seed_variance.csv) and the per-seed "
+    "differences' figure"
+)
 COLUMNS = ["arm", "shape", "block", "stream", "task", "filter", "metric", "mean", "sd", "min", "max", "seeds"]
-SNR_COLUMNS = ["task", "filter", "metric", "noise_from", "models", "signal", "noise", "snr", "decision_accuracy", "can_rank"]
+SNR_COLUMNS = [
+    "task",
+    "filter",
+    "metric",
+    "noise_from",
+    "models",
+    "signal",
+    "noise",
+    "snr",
+    "decision_accuracy",
+    "can_rank",
+]
 
 
 def _read(name: str, rule: str) -> pd.DataFrame:
@@ -47,24 +61,44 @@ def seed_variance(train_cfg: dict, benchmarks: pd.DataFrame, loss_difference: pd
     by_seed = {(spec.arm, str(spec.seed)): name for name, spec in matrix.items()}
     scores = []
     for row in loss_difference[loss_difference.seed.astype(str) != layout.ALL_SEEDS].itertuples():
-        for arm, value in ((f"{row.shape}-baseline", row.baseline_loss), (f"{row.shape}-{row.comparison}", row.compared_loss)):
+        for arm, value in (
+            (f"{row.shape}-baseline", row.baseline_loss),
+            (f"{row.shape}-{row.comparison}", row.compared_loss),
+        ):
             run = by_seed.get((arm, str(row.seed)))
             if run is not None:
                 scores.append({"run": run, "task": "loss", "filter": "none", "metric": row.split, "value": value})
     missing = sorted(set(matrix) - set(benchmarks.run))
     if missing:
-        raise StreambackError(f"{layout.table('benchmarks')} has no rows of {', '.join(missing)}: run rule benchmark_table again")
+        raise StreambackError(
+            f"{layout.table('benchmarks')} has no rows of {', '.join(missing)}: run rule benchmark_table again"
+        )
     losses = pd.DataFrame(scores, columns=["run", "task", "filter", "metric", "value"]).drop_duplicates()
-    frame = pd.concat([losses, benchmarks[benchmarks.run.isin(list(matrix))][["run", "task", "filter", "metric", "value"]]],
-                      ignore_index=True)
+    frame = pd.concat(
+        [losses, benchmarks[benchmarks.run.isin(list(matrix))][["run", "task", "filter", "metric", "value"]]],
+        ignore_index=True,
+    )
     frame = frame.assign(arm=frame.run.map(lambda r: matrix[r].arm)).dropna(subset=["value"])
     rows = []
     for (arm, task, filt, metric), group in frame.groupby(["arm", "task", "filter", "metric"], sort=False):
         spec = next(s for s in matrix.values() if s.arm == arm)
         summary = stats.across_seeds(group.value.to_numpy(dtype=float), 0.95)
-        rows.append({"arm": arm, "shape": spec.shape, "block": spec.block, "stream": spec.stream, "task": task, "filter": filt,
-                     "metric": metric, "mean": summary["mean"], "sd": summary["sd"], "min": summary["min"], "max": summary["max"],
-                     "seeds": summary["n"]})
+        rows.append(
+            {
+                "arm": arm,
+                "shape": spec.shape,
+                "block": spec.block,
+                "stream": spec.stream,
+                "task": task,
+                "filter": filt,
+                "metric": metric,
+                "mean": summary["mean"],
+                "sd": summary["sd"],
+                "min": summary["min"],
+                "max": summary["max"],
+                "seeds": summary["n"],
+            }
+        )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -77,8 +111,12 @@ def task_snr(train_cfg: dict, benchmarks: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (task, filt, metric), group in scored.groupby(["task", "filter", "metric"], sort=False):
         arms = {arm: g.value.to_numpy(dtype=float) for arm, g in group.groupby("arm", sort=False) if len(g) > 1}
-        rows.append({"task": task, "filter": filt, "metric": metric, "noise_from": "training seeds", **stats.task_snr(arms)})
-    return pd.DataFrame(rows, columns=SNR_COLUMNS).sort_values("snr", ascending=False, na_position="last", kind="stable")
+        rows.append(
+            {"task": task, "filter": filt, "metric": metric, "noise_from": "training seeds", **stats.task_snr(arms)}
+        )
+    return pd.DataFrame(rows, columns=SNR_COLUMNS).sort_values(
+        "snr", ascending=False, na_position="last", kind="stable"
+    )
 
 
 def differences(loss_difference: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
@@ -87,25 +125,55 @@ def differences(loss_difference: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFr
     `boot_low`/`boot_high`, the minimum detectable effect `mde` and, for losses, the paper's
     `band`), losses in nats (baseline minus the other run), benchmarks in points (the other run
     minus the baseline)."""
+
     def column(frame, name):
         return frame[name] if name in frame.columns else pd.Series(float("nan"), index=frame.index)
 
-    loss = loss_difference.assign(kind="loss (nats)", quantity="final " + loss_difference.split + " loss",
-                                  difference=loss_difference.final_difference, low=loss_difference.ci_low, high=loss_difference.ci_high,
-                                  boot_low=column(loss_difference, "boot_low"), boot_high=column(loss_difference, "boot_high"),
-                                  mde=column(loss_difference, "mde"), band=column(loss_difference, "band"))
-    bench = pairs.assign(kind="benchmarks (points)",
-                         quantity=pairs.task + " " + pairs.metric + pairs["filter"].map(lambda f: "" if f == "none" else f" ({f})"),
-                         difference=100 * pairs["diff"], low=100 * pairs.ci_low, high=100 * pairs.ci_high,
-                         boot_low=100 * column(pairs, "boot_low"), boot_high=100 * column(pairs, "boot_high"),
-                         mde=100 * column(pairs, "mde"), band=float("nan"))
+    loss = loss_difference.assign(
+        kind="loss (nats)",
+        quantity="final " + loss_difference.split + " loss",
+        difference=loss_difference.final_difference,
+        low=loss_difference.ci_low,
+        high=loss_difference.ci_high,
+        boot_low=column(loss_difference, "boot_low"),
+        boot_high=column(loss_difference, "boot_high"),
+        mde=column(loss_difference, "mde"),
+        band=column(loss_difference, "band"),
+    )
+    bench = pairs.assign(
+        kind="benchmarks (points)",
+        quantity=pairs.task + " " + pairs.metric + pairs["filter"].map(lambda f: "" if f == "none" else f" ({f})"),
+        difference=100 * pairs["diff"],
+        low=100 * pairs.ci_low,
+        high=100 * pairs.ci_high,
+        boot_low=100 * column(pairs, "boot_low"),
+        boot_high=100 * column(pairs, "boot_high"),
+        mde=100 * column(pairs, "mde"),
+        band=float("nan"),
+    )
     both = pd.concat([loss, bench], ignore_index=True)
     both["level"] = both.seed.astype(str).map(lambda s: "over seeds" if s == layout.ALL_SEEDS else "one seed")
     over = both.level == "over seeds"
     both.loc[~over, ["boot_low", "boot_high", "mde", "band"]] = float("nan")
     both["verdict"] = [str(v).split(":")[0] if o else "" for v, o in zip(column(both, "verdict"), over)]
-    return both[["shape", "comparison", "kind", "quantity", "seed", "level", "difference", "low", "high", "boot_low", "boot_high", "mde",
-                 "band", "verdict"]]
+    return both[
+        [
+            "shape",
+            "comparison",
+            "kind",
+            "quantity",
+            "seed",
+            "level",
+            "difference",
+            "low",
+            "high",
+            "boot_low",
+            "boot_high",
+            "mde",
+            "band",
+            "verdict",
+        ]
+    ]
 
 
 def differences_chart(data: pd.DataFrame):
@@ -118,32 +186,85 @@ def differences_chart(data: pd.DataFrame):
 
     seeds = data[data.level == "one seed"].seed.nunique()
     data = data.assign(mde_low=-data.mde, mde_high=data.mde, band_low=-data.band, band_high=data.band)
-    base = alt.Chart().encode(y=alt.Y("quantity:N", title=None), yOffset="comparison:N",
-                              color=alt.Color("comparison:N", title="comparison", scale=alt.Scale(scheme="dark2")))
+    base = alt.Chart().encode(
+        y=alt.Y("quantity:N", title=None),
+        yOffset="comparison:N",
+        color=alt.Color("comparison:N", title="comparison", scale=alt.Scale(scheme="dark2")),
+    )
     over = base.transform_filter("datum.level == 'over seeds'")
-    paper = alt.Chart().transform_filter("datum.level == 'over seeds' && isValid(datum.band)").transform_aggregate(
-        band_low="min(band_low)", band_high="max(band_high)", groupby=["shape", "kind"]).mark_rect(color="#9ecae1", opacity=0.35).encode(
-        x="band_low:Q", x2="band_high:Q", tooltip=[alt.Tooltip("band_high:Q", title="the paper's band ±", format=".4f")])
-    mde = over.transform_filter("isValid(datum.mde)").mark_rect(color="gray", opacity=0.18).encode(
-        x="mde_low:Q", x2="mde_high:Q", color=alt.value("gray"), tooltip=["comparison", "quantity", alt.Tooltip("mde:Q", format=".4f", title="MDE ±")])
-    each = base.transform_filter("datum.level == 'one seed'").mark_point(size=25, opacity=0.7).encode(
-        x=alt.X("difference:Q", title="difference"), tooltip=["comparison", "quantity", "seed", alt.Tooltip("difference:Q", format=".4f")])
+    paper = (
+        alt.Chart()
+        .transform_filter("datum.level == 'over seeds' && isValid(datum.band)")
+        .transform_aggregate(band_low="min(band_low)", band_high="max(band_high)", groupby=["shape", "kind"])
+        .mark_rect(color="#9ecae1", opacity=0.35)
+        .encode(
+            x="band_low:Q",
+            x2="band_high:Q",
+            tooltip=[alt.Tooltip("band_high:Q", title="the paper's band ±", format=".4f")],
+        )
+    )
+    mde = (
+        over.transform_filter("isValid(datum.mde)")
+        .mark_rect(color="gray", opacity=0.18)
+        .encode(
+            x="mde_low:Q",
+            x2="mde_high:Q",
+            color=alt.value("gray"),
+            tooltip=["comparison", "quantity", alt.Tooltip("mde:Q", format=".4f", title="MDE ±")],
+        )
+    )
+    each = (
+        base.transform_filter("datum.level == 'one seed'")
+        .mark_point(size=25, opacity=0.7)
+        .encode(
+            x=alt.X("difference:Q", title="difference"),
+            tooltip=["comparison", "quantity", "seed", alt.Tooltip("difference:Q", format=".4f")],
+        )
+    )
     t_bar = over.mark_rule(strokeWidth=4, opacity=0.55).encode(x="low:Q", x2="high:Q")
-    boot_bar = over.transform_filter("isValid(datum.boot_low)").mark_rule(strokeWidth=1.2, color="black").encode(
-        x="boot_low:Q", x2="boot_high:Q", color=alt.value("black"))
+    boot_bar = (
+        over.transform_filter("isValid(datum.boot_low)")
+        .mark_rule(strokeWidth=1.2, color="black")
+        .encode(x="boot_low:Q", x2="boot_high:Q", color=alt.value("black"))
+    )
     mean = over.mark_point(filled=True, size=60, shape="diamond").encode(
-        x="difference:Q", tooltip=["comparison", "quantity", "verdict", alt.Tooltip("difference:Q", format=".4f"),
-                                   alt.Tooltip("low:Q", format=".4f", title="t low"), alt.Tooltip("high:Q", format=".4f", title="t high"),
-                                   alt.Tooltip("boot_low:Q", format=".4f", title="bootstrap low"),
-                                   alt.Tooltip("boot_high:Q", format=".4f", title="bootstrap high"), alt.Tooltip("mde:Q", format=".4f")])
+        x="difference:Q",
+        tooltip=[
+            "comparison",
+            "quantity",
+            "verdict",
+            alt.Tooltip("difference:Q", format=".4f"),
+            alt.Tooltip("low:Q", format=".4f", title="t low"),
+            alt.Tooltip("high:Q", format=".4f", title="t high"),
+            alt.Tooltip("boot_low:Q", format=".4f", title="bootstrap low"),
+            alt.Tooltip("boot_high:Q", format=".4f", title="bootstrap high"),
+            alt.Tooltip("mde:Q", format=".4f"),
+        ],
+    )
     zero = alt.Chart().mark_rule(color="gray", strokeWidth=0.5).encode(x=alt.datum(0))
-    return alt.layer(paper, mde, zero, each, t_bar, boot_bar, mean, data=data).properties(width=300).facet(
-        row=alt.Row("shape:N", title=None), column=alt.Column("kind:N", title=None)).resolve_scale(
-        x="independent", y="independent").properties(title=alt.TitleParams(
-            f"Each comparison's difference per training seed ({seeds} seed{'s' if seeds != 1 else ''}) and over the seeds",
-            subtitle=[("points: one seed each; diamond: their mean; thick bar: its t interval over seeds; thin black bar: the bootstrap "
-                       "over seeds then items"), ("grey: ± the minimum detectable effect over the seeds; blue: the paper's band (losses); "
-                                                  "positive: the other run is better")]))
+    return (
+        alt.layer(paper, mde, zero, each, t_bar, boot_bar, mean, data=data)
+        .properties(width=300)
+        .facet(row=alt.Row("shape:N", title=None), column=alt.Column("kind:N", title=None))
+        .resolve_scale(x="independent", y="independent")
+        .properties(
+            title=alt.TitleParams(
+                f"Each comparison's difference per training seed ({seeds} seed{'s' if seeds != 1 else ''}) and over "
+                f"the seeds",
+                subtitle=[
+                    (
+                        "points: one seed each; diamond: their mean; thick bar: its t interval over seeds; thin black "
+                        "bar: the bootstrap "
+                        "over seeds then items"
+                    ),
+                    (
+                        "grey: ± the minimum detectable effect over the seeds; blue: the paper's band (losses); "
+                        "positive: the other run is better"
+                    ),
+                ],
+            )
+        )
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +280,9 @@ def run(args: argparse.Namespace) -> int:
     write_csv(layout.table(layout.TASK_SNR_TABLE), task_snr(train_cfg, benchmarks))
     save_figure(differences_chart(differences(loss, pairs)), layout.SEED_FIGURE)
     seeds = int(table.seeds.max()) if len(table) else 0
-    print(f"seed-variance: {table.arm.nunique()} arms over up to {seeds} seed(s) -> {layout.table(layout.SEED_TABLE)}, {layout.table(layout.TASK_SNR_TABLE)} and "
-          f"{layout.SEED_FIGURE} (.{', .'.join(layout.FIGURE_SUFFIXES)})")
+    print(
+        f"seed-variance: {table.arm.nunique()} arms over up to {seeds} seed(s) -> {layout.table(layout.SEED_TABLE)}, "
+        f"{layout.table(layout.TASK_SNR_TABLE)} and "
+        f"{layout.SEED_FIGURE} (.{', .'.join(layout.FIGURE_SUFFIXES)})"
+    )
     return 0

@@ -22,9 +22,13 @@ TITLE = "The Lost Accumulator, reproduced: residual-stream precision in Llama 3 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=None, help=f"config file of the study (default: {DEFAULT_CONFIG.name}); or:")
+    parser.add_argument(
+        "--config", type=Path, default=None, help=f"config file of the study (default: {DEFAULT_CONFIG.name}); or:"
+    )
     parser.add_argument("--config-json", default=None, help="the merged config as JSON (what the rule passes) ...")
-    parser.add_argument("--config-files", nargs="*", type=Path, default=None, help="... and the files it was merged from")
+    parser.add_argument(
+        "--config-files", nargs="*", type=Path, default=None, help="... and the files it was merged from"
+    )
     parser.add_argument("--out", type=Path, default=layout.STUDY_PAGE, help=f"the page (default: {layout.STUDY_PAGE})")
 
 

@@ -34,15 +34,27 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--launch", required=True,
-                        help="the shell command that starts `streamback` (the rule's train_launcher); `train` and the trainer's "
-                        "arguments follow it")
+    parser.add_argument(
+        "--launch",
+        required=True,
+        help="the shell command that starts `streamback` (the rule's train_launcher); `train` and the trainer's "
+        "arguments follow it",
+    )
     parser.add_argument("--checkpoints", type=Path, required=True, help="the run's checkpoint directory")
-    parser.add_argument("--history", type=Path, required=True,
-                        help="the run's history, appended to by every attempt (results/checkpoints/{run}/train.log)")
-    parser.add_argument("--log", type=Path, required=True, help="the job's log: a hard link to the history, else a copy")
-    parser.add_argument("trainer", nargs=argparse.REMAINDER,
-                        help="`--` and then the arguments of `streamback train` (not --checkpoints or --status-file: added here)")
+    parser.add_argument(
+        "--history",
+        type=Path,
+        required=True,
+        help="the run's history, appended to by every attempt (results/checkpoints/{run}/train.log)",
+    )
+    parser.add_argument(
+        "--log", type=Path, required=True, help="the job's log: a hard link to the history, else a copy"
+    )
+    parser.add_argument(
+        "trainer",
+        nargs=argparse.REMAINDER,
+        help="`--` and then the arguments of `streamback train` (not --checkpoints or --status-file: added here)",
+    )
 
 
 def _ignore(signum, frame) -> None:
@@ -91,7 +103,9 @@ def attempt(launch: str, trainer_args: list[str], checkpoints: Path, history: Pa
     try:
         with history.open("a") as out:
             launcher = subprocess.run(["bash", "-c", command], stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-        launcher = launcher if launcher >= 0 else 128 - launcher  # the shell itself killed by a signal: as a shell says it
+        launcher = (
+            launcher if launcher >= 0 else 128 - launcher
+        )  # the shell itself killed by a signal: as a shell says it
         status = _status(launcher, status_file)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -80,8 +80,8 @@ def read_windows(dataset, windows, seq_len: int) -> torch.Tensor:
 def rank_micro_batches(windows: np.ndarray, rank: int, world_size: int, micro_batch_size: int) -> list[np.ndarray]:
     """This rank's share of a global batch's window ids, cut into micro-batches in order."""
     share = len(windows) // world_size
-    mine = windows[rank * share:(rank + 1) * share]
-    return [mine[i:i + micro_batch_size] for i in range(0, share, micro_batch_size)]
+    mine = windows[rank * share : (rank + 1) * share]
+    return [mine[i : i + micro_batch_size] for i in range(0, share, micro_batch_size)]
 
 
 def val_windows(n: int, count: int, rank: int, world_size: int) -> np.ndarray:

@@ -28,7 +28,8 @@ The trust boundary: DCP's loader unpickles `.metadata` (`pickle.load`) and every
 (`torch.load(weights_only=False)`), so to it a checkpoint is code, and the sha256 in meta.json
 authenticates nothing (whoever can write the files can rewrite it). A resume therefore reads
 `.metadata` through an unpickler that admits only the classes DCP's metadata is made of, and
-the non-tensor values with `torch.load(weights_only=True)` (`streamback.train.dcp_safe`): a checkpoint that names anything else is refused, naming the file and the
+the non-tensor values with `torch.load(weights_only=True)` (`streamback.train.dcp_safe`): a checkpoint that names
+anything else is refused, naming the file and the
 class, before anything of it runs. As a second line, it refuses a checkpoint whose directory or
 any file in it another user owns, or its group or others may write (`check_trusted`), naming it;
 a save writes its checkpoint writable by its owner alone.
@@ -157,6 +158,7 @@ def _seal(meta: dict) -> str:
 
 def _hash_files(directory: Path, names: list[str]) -> dict[str, dict]:
     """{name: {"bytes", "sha256"}} of these files of `directory`, a few at a time."""
+
     def one(name):
         path = directory / name
         return name, {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
@@ -218,9 +220,13 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: TrainState, meta:
         if full:
             previous = list_checkpoints(root)
             size = f"; the previous checkpoint takes {tree_bytes(previous[-1][1]) / 1e6:,.1f} MB" if previous else ""
-            raise DiskFull(final, free, f"free space there{size} (`streamback checkpoints --prune` deletes the checkpoints of "
-                                        "recipes no longer in use; corrupt-step_* directories can go; train.checkpoint.keep "
-                                        "says how many are kept), then rerun: the run resumes from its last checkpoint") from None
+            raise DiskFull(
+                final,
+                free,
+                f"free space there{size} (`streamback checkpoints --prune` deletes the checkpoints of "
+                "recipes no longer in use; corrupt-step_* directories can go; train.checkpoint.keep "
+                "says how many are kept), then rerun: the run resumes from its last checkpoint",
+            ) from None
         raise
     if _rank() == 0:
         for _, old in list_checkpoints(root)[:-keep]:
@@ -273,7 +279,7 @@ def verify_checkpoint(path: Path) -> dict:
     if files is None:
         raise CorruptCheckpoint(path, [f"{META} records no file hashes, so its files cannot be verified"])
     names = sorted(files)
-    mine = names[_rank()::_world()]
+    mine = names[_rank() :: _world()]
     problems = []
     for name in mine:
         want, file = files[name], path / name
@@ -282,7 +288,9 @@ def verify_checkpoint(path: Path) -> dict:
         elif (size := file.stat().st_size) != want["bytes"]:
             problems.append(f"{name} is {size:,} bytes, {META} records {want['bytes']:,} (truncated or overwritten)")
         elif file_sha256(file) != want["sha256"]:
-            problems.append(f"the sha256 of {name} differs from the one {META} recorded (its contents changed after it was written)")
+            problems.append(
+                f"the sha256 of {name} differs from the one {META} recorded (its contents changed after it was written)"
+            )
     problems = sorted(p for part in _gather(problems) for p in part)
     if problems:
         raise CorruptCheckpoint(path, problems)
@@ -309,10 +317,12 @@ def check_trusted(path: Path) -> None:
             problems.append(f"{item} may be written by its group or others ({stat.filemode(st.st_mode)})")
     if problems:
         raise StreambackError(
-            f"not resuming from checkpoint {path}: loading a checkpoint runs its pickled .metadata, so only one that no one "
-            "else can have written is loaded:\n  " + "\n  ".join(problems)
-            + f"\nMove it away (the run then resumes from an older one, or starts over), or if you trust it make it yours: "
-              f"chown -R {_user(me)} {path} && chmod -R go-w {path}")
+            f"not resuming from checkpoint {path}: loading a checkpoint runs its pickled .metadata, so only one "
+            "that no one else can have written is loaded:\n  "
+            + "\n  ".join(problems)
+            + "\nMove it away (the run then resumes from an older one, or starts over), or if you trust it make it "
+            f"yours: chown -R {_user(me)} {path} && chmod -R go-w {path}"
+        )
 
 
 def _user(uid: int) -> str:
@@ -330,7 +340,10 @@ def _load(path: Path, state: TrainState) -> None:
     try:
         with _one_process_quietly():
             dcp.load({"train": state}, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
-    except (Exception, CheckpointException) as err:  # DCP raises CheckpointException (a BaseException) with the failing rank's cause
+    except (
+        Exception,
+        CheckpointException,
+    ) as err:  # DCP raises CheckpointException (a BaseException) with the failing rank's cause
         causes = [cause for cause, _ in err.failures.values()] if isinstance(err, CheckpointException) else [err]
         if unsafe := [cause for cause in causes if isinstance(cause, UnsafeCheckpoint)]:
             raise UnsafeCheckpoint(f"checkpoint {path}: {unsafe[0]}") from None
@@ -361,8 +374,10 @@ def load_newest(root: str | os.PathLike, state: TrainState, accept=None, say=pri
         return meta
     if failed:
         raise StreambackError(
-            f"no checkpoint in {root} passes its check, so the run cannot resume:\n  " + "\n  ".join(map(str, failed))
-            + f"\nRestore them from a copy, or delete {root} to start the run over")
+            f"no checkpoint in {root} passes its check, so the run cannot resume:\n  "
+            + "\n  ".join(map(str, failed))
+            + f"\nRestore them from a copy, or delete {root} to start the run over"
+        )
     return None
 
 
@@ -394,14 +409,18 @@ def lock_run(root: str | os.PathLike, say=print):
         holder = handle.read().strip() or "another process"
         handle.close()
         raise StreambackError(
-            f"another trainer is training this run: {path} is locked by {holder}. Two trainers on one run would overwrite "
-            "each other's checkpoints. Wait for it or stop it (its lock goes with it), then rerun") from None
+            f"another trainer is training this run: {path} is locked by {holder}. Two trainers on one run would "
+            f"overwrite "
+            "each other's checkpoints. Wait for it or stop it (its lock goes with it), then rerun"
+        ) from None
     except OSError as err:
         if err.errno not in (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
             handle.close()
             raise
-        say(f"warning: cannot lock {path} ({err.strerror}): this filesystem has no flock, so nothing stops a second "
-            "trainer on this run; make sure only one runs")
+        say(
+            f"warning: cannot lock {path} ({err.strerror}): this filesystem has no flock, so nothing stops a second "
+            "trainer on this run; make sure only one runs"
+        )
         handle.close()
         return None
     handle.seek(0)

@@ -39,12 +39,27 @@ def curves_table(train_cfg: dict, runs: list[str]) -> pd.DataFrame:
             raise StreambackError(f"{path} does not exist: train the run first (rule train, {run})")
         spec = matrix[run]
         for r in read_metrics(path):
-            rows.append({"run": run, "shape": spec.shape, "block": spec.block, "stream": spec.stream, "seed": spec.seed, "step": r["step"],
-                         "tokens": r["tokens"], "loss": r["loss"], "val_loss": r.get("val_loss"), "grad_norm": r["grad_norm"], "lr": r["lr"]})
+            rows.append(
+                {
+                    "run": run,
+                    "shape": spec.shape,
+                    "block": spec.block,
+                    "stream": spec.stream,
+                    "seed": spec.seed,
+                    "step": r["step"],
+                    "tokens": r["tokens"],
+                    "loss": r["loss"],
+                    "val_loss": r.get("val_loss"),
+                    "grad_norm": r["grad_norm"],
+                    "lr": r["lr"],
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-CHART_ROWS = 4000  # rows a figure draws in all (the table keeps every step): Vega-Lite inlines each, Altair refuses past 5,000
+CHART_ROWS = (
+    4000  # rows a figure draws in all (the table keeps every step): Vega-Lite inlines each, Altair refuses past 5,000
+)
 
 
 def chart_rows(table: pd.DataFrame) -> pd.DataFrame:
@@ -60,10 +75,18 @@ def _panels(y: str, title: str, log: bool = False):
     import altair as alt
 
     scale = alt.Scale(type="log") if log else alt.Scale(zero=False)
-    return alt.Chart().mark_line(strokeWidth=1.5).encode(
-        x=alt.X("tokens:Q", title="tokens seen"), y=alt.Y(f"{y}:Q", title=title, scale=scale),
-        color=alt.Color("stream:N", title="stream"), strokeDash=alt.StrokeDash("block:N", title="block"), detail="run:N",
-        tooltip=["run", "seed", "step", "tokens", alt.Tooltip(f"{y}:Q", format=".4f")])
+    return (
+        alt.Chart()
+        .mark_line(strokeWidth=1.5)
+        .encode(
+            x=alt.X("tokens:Q", title="tokens seen"),
+            y=alt.Y(f"{y}:Q", title=title, scale=scale),
+            color=alt.Color("stream:N", title="stream"),
+            strokeDash=alt.StrokeDash("block:N", title="block"),
+            detail="run:N",
+            tooltip=["run", "seed", "step", "tokens", alt.Tooltip(f"{y}:Q", format=".4f")],
+        )
+    )
 
 
 def loss_chart(table: pd.DataFrame):
@@ -71,26 +94,61 @@ def loss_chart(table: pd.DataFrame):
     import altair as alt
 
     lines = _panels("loss", "loss (nats)")
-    points = alt.Chart().mark_point(filled=True, size=40).encode(
-        x="tokens:Q", y="val_loss:Q", color="stream:N", shape=alt.Shape("block:N", legend=None),
-        tooltip=["run", "step", alt.Tooltip("val_loss:Q", format=".4f")]).transform_filter("isValid(datum.val_loss)")
-    return alt.layer(lines, points, data=chart_rows(table)).properties(width=280, height=200).facet(column=alt.Column("shape:N", title=None)).resolve_scale(
-        y="independent").properties(title=alt.TitleParams("Training loss (lines) and validation loss (points) per run",
-                                                          subtitle="A panel per shape, a colour per stream (the baseline's is bf16), dashes for the block; curves that coincide are the finding: see the loss difference."))
+    points = (
+        alt.Chart()
+        .mark_point(filled=True, size=40)
+        .encode(
+            x="tokens:Q",
+            y="val_loss:Q",
+            color="stream:N",
+            shape=alt.Shape("block:N", legend=None),
+            tooltip=["run", "step", alt.Tooltip("val_loss:Q", format=".4f")],
+        )
+        .transform_filter("isValid(datum.val_loss)")
+    )
+    return (
+        alt.layer(lines, points, data=chart_rows(table))
+        .properties(width=280, height=200)
+        .facet(column=alt.Column("shape:N", title=None))
+        .resolve_scale(y="independent")
+        .properties(
+            title=alt.TitleParams(
+                "Training loss (lines) and validation loss (points) per run",
+                subtitle=(
+                    "A panel per shape, a colour per stream (the baseline's is bf16), dashes for the block; curves "
+                    "that coincide are the finding: see the loss difference."
+                ),
+            )
+        )
+    )
 
 
 def grad_norm_chart(table: pd.DataFrame):
     """Gradient norm before clipping against tokens (log scale), a panel per shape."""
     import altair as alt
 
-    return _panels("grad_norm", "gradient norm (before clipping)", log=True).properties(data=chart_rows(table), width=280, height=200).facet(
-        column=alt.Column("shape:N", title=None)).resolve_scale(y="independent").properties(
-        title=alt.TitleParams("Gradient norm per run", subtitle="A slow monotone rise without a matching loss change is a sign of a stalled or biased stream (the drift note)."))
+    return (
+        _panels("grad_norm", "gradient norm (before clipping)", log=True)
+        .properties(data=chart_rows(table), width=280, height=200)
+        .facet(column=alt.Column("shape:N", title=None))
+        .resolve_scale(y="independent")
+        .properties(
+            title=alt.TitleParams(
+                "Gradient norm per run",
+                subtitle=(
+                    "A slow monotone rise without a matching loss change is a sign of a stalled or biased stream (the "
+                    "drift note)."
+                ),
+            )
+        )
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "train")
-    parser.add_argument("--runs", nargs="+", required=True, help="run names (each trained: results/runs/<run>/metrics.jsonl)")
+    parser.add_argument(
+        "--runs", nargs="+", required=True, help="run names (each trained: results/runs/<run>/metrics.jsonl)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     write_csv(layout.table(layout.TRAINING_TABLE), table)
     for name, chart in zip(layout.TRAINING_FIGURES, (loss_chart(table), grad_norm_chart(table))):
         save_figure(chart, name)
-    print(f"training-curves: {len(args.runs)} runs, {len(table)} steps -> {layout.table(layout.TRAINING_TABLE)} and "
-          f"{', '.join(layout.TRAINING_FIGURES)} (.{', .'.join(layout.FIGURE_SUFFIXES)})")
+    print(
+        f"training-curves: {len(args.runs)} runs, {len(table)} steps -> {layout.table(layout.TRAINING_TABLE)} and "
+        f"{', '.join(layout.TRAINING_FIGURES)} (.{', .'.join(layout.FIGURE_SUFFIXES)})"
+    )
     return 0

@@ -22,9 +22,19 @@ from streamback.errors import StreambackError
 # storage index of its FileSystemWriter, the checkpoint id (a path), torch.Size, a tensor's
 # layout (by its name) and dtypes; the containers are pickle's own opcodes, not classes.
 METADATA_CLASSES = {
-    **{("torch.distributed.checkpoint.metadata", name): getattr(dcp_metadata, name) for name in (
-        "Metadata", "MetadataIndex", "StorageMeta", "ChunkStorageMetadata", "TensorProperties", "TensorStorageMetadata",
-        "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")},
+    **{
+        ("torch.distributed.checkpoint.metadata", name): getattr(dcp_metadata, name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    },
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): dcp_filesystem._StorageInfo,
     ("pathlib", "PosixPath"): pathlib.PosixPath,
     ("torch", "Size"): torch.Size,
@@ -67,8 +77,10 @@ def read_dcp_metadata(path: Path) -> dcp_metadata.Metadata:
         try:
             metadata = MetadataUnpickler(f).load()
         except pickle.UnpicklingError as err:
-            raise UnsafeCheckpoint(f"checkpoint file {path} tries to load {err}, which is not one of the classes DCP's metadata "
-                                   "is made of: refused unread (a checkpoint file that names it may run code)") from None
+            raise UnsafeCheckpoint(
+                f"checkpoint file {path} tries to load {err}, which is not one of the classes DCP's metadata "
+                "is made of: refused unread (a checkpoint file that names it may run code)"
+            ) from None
     if not isinstance(metadata, dcp_metadata.Metadata):
         raise UnsafeCheckpoint(f"checkpoint file {path} holds a {type(metadata).__name__}, not DCP's Metadata")
     return metadata
@@ -82,8 +94,10 @@ class SafeLoadPlanner(dcp.DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as err:
-            raise UnsafeCheckpoint(f"the value {read_item.dest_index.fqn} of the checkpoint is not plain data, refused unread: "
-                                   f"{str(err).splitlines()[0]}") from None
+            raise UnsafeCheckpoint(
+                f"the value {read_item.dest_index.fqn} of the checkpoint is not plain data, refused unread: "
+                f"{str(err).splitlines()[0]}"
+            ) from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:

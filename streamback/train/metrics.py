@@ -30,8 +30,23 @@ from pathlib import Path
 from streamback.errors import StreambackError
 from streamback.io import write_text
 
-DETERMINISTIC = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "stream_absmax", "stream_max", "stream_min", "norm_gain_absmax",
-                 "swallowed_fraction", "lost_mass_fraction", "update_mean_abs", "stream_spacing", "warnings")
+DETERMINISTIC = (
+    "step",
+    "tokens",
+    "loss",
+    "lr",
+    "grad_norm",
+    "val_loss",
+    "stream_absmax",
+    "stream_max",
+    "stream_min",
+    "norm_gain_absmax",
+    "swallowed_fraction",
+    "lost_mass_fraction",
+    "update_mean_abs",
+    "stream_spacing",
+    "warnings",
+)
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -55,7 +70,9 @@ def _read_lines(path: str | os.PathLike) -> list[dict]:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             if number < len(lines) - 1 or lines[-1] == "":
-                raise StreambackError(f"{path}: line {number} is not JSON (only the last line may be cut short)") from None
+                raise StreambackError(
+                    f"{path}: line {number} is not JSON (only the last line may be cut short)"
+                ) from None
     return records
 
 

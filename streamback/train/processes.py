@@ -36,7 +36,9 @@ class Distributed:
         else:
             device = torch.device("cpu")
         if world_size > 1:
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None
+            )
         return cls(int(os.environ.get("RANK", "0")), world_size, device)
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:

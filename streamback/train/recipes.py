@@ -16,7 +16,14 @@ from pathlib import Path
 from streamback import layout
 from streamback.errors import StreambackError
 from streamback.io import remove, tree_bytes
-from streamback.train.checkpoint import CORRUPT_PREFIX, STEP_NAME, CorruptCheckpoint, list_checkpoints, lock_run, read_meta
+from streamback.train.checkpoint import (
+    CORRUPT_PREFIX,
+    STEP_NAME,
+    CorruptCheckpoint,
+    list_checkpoints,
+    lock_run,
+    read_meta,
+)
 
 HELP = "list each run's checkpoints by recipe and how the recipes differ; --prune removes those no longer in use"
 
@@ -32,9 +39,16 @@ class Recipe:
     written: float
 
     def describe(self) -> str:
-        total = self.identity["tokens"] // (self.identity["batch_size"] * self.identity["seq_len"]) if self.identity else None
+        total = (
+            self.identity["tokens"] // (self.identity["batch_size"] * self.identity["seq_len"])
+            if self.identity
+            else None
+        )
         steps = f"step {self.steps[-1]}" + (f" of {total}" if total else "") if self.steps else "no checkpoint"
-        return f"{self.path.name}  {steps}, {self.bytes / 1e6:,.1f} MB, written {time.strftime('%Y-%m-%d %H:%M', time.localtime(self.written))}"
+        return (
+            f"{self.path.name}  {steps}, {self.bytes / 1e6:,.1f} MB, written "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(self.written))}"
+        )
 
 
 def run_recipes(checkpoints: str | os.PathLike) -> list[Recipe]:
@@ -78,22 +92,35 @@ def differences(identity: dict | None, reference: dict | None) -> str:
             yield from flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
 
     mine, theirs = dict(flat(identity)), dict(flat(reference))
-    changed = [f"{k} {mine.get(k)!r} (in use: {theirs.get(k)!r})" for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k)]
+    changed = [
+        f"{k} {mine.get(k)!r} (in use: {theirs.get(k)!r})"
+        for k in sorted(mine.keys() | theirs.keys())
+        if mine.get(k) != theirs.get(k)
+    ]
     return "; ".join(changed) or "the same recipe"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="*", metavar="RUN", help=f"runs to look at (default: every run in {layout.CHECKPOINTS_DIR})")
-    parser.add_argument("--prune", action="store_true",
-                        help="delete the checkpoints of every recipe but the one the run's model came from (with no model: the one "
-                             "written last), and those written before recipes had directories; a run being trained is skipped")
+    parser.add_argument(
+        "runs", nargs="*", metavar="RUN", help=f"runs to look at (default: every run in {layout.CHECKPOINTS_DIR})"
+    )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="delete the checkpoints of every recipe but the one the run's model came from (with no model: the one "
+        "written last), and those written before recipes had directories; a run being trained is skipped",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.runs:
         names = args.runs
     else:
-        names = sorted(p.name for p in layout.CHECKPOINTS_DIR.iterdir() if p.is_dir()) if layout.CHECKPOINTS_DIR.is_dir() else []
+        names = (
+            sorted(p.name for p in layout.CHECKPOINTS_DIR.iterdir() if p.is_dir())
+            if layout.CHECKPOINTS_DIR.is_dir()
+            else []
+        )
         if not names:
             print(f"no run has checkpoints in {layout.CHECKPOINTS_DIR}")
     freed = 0
@@ -108,13 +135,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: {len(recipes)} recipe(s) in {checkpoints}")
         for recipe in recipes:
             if recipe.path == keep:
-                state = f"in use: the model of {summary}" if recipe.path.name == model_recipe(summary) else "in use: written last"
+                state = (
+                    f"in use: the model of {summary}"
+                    if recipe.path.name == model_recipe(summary)
+                    else "in use: written last"
+                )
             else:
                 state = f"differs in {differences(recipe.identity, reference)}"
             print(f"  {recipe.describe()}; {state}")
         if outside:
-            print(f"  {len(outside)} checkpoint(s) outside any recipe directory (written before checkpoints were kept per recipe; "
-                  f"never resumed from): {', '.join(p.name for p in outside)}")
+            print(
+                f"  {len(outside)} checkpoint(s) outside any recipe directory (written before checkpoints were kept "
+                f"per recipe; "
+                f"never resumed from): {', '.join(p.name for p in outside)}"
+            )
         if not args.prune:
             continue
         try:

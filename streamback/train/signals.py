@@ -81,7 +81,9 @@ class StreamRecord:
         envelope, loss = None, 0.0
         with torch.no_grad(), self.model.stream_as(fmt), self.model.capture(("residual",), fn=_envelope) as seen:
             for batch in batches:
-                loss = loss + next_token_loss(self.model(batch[:, :-1]), batch[:, 1:]).float()  # as validation: the logits
+                loss = (
+                    loss + next_token_loss(self.model(batch[:, :-1]), batch[:, 1:]).float()
+                )  # as validation: the logits
                 envelope = _widened(envelope, seen["residual"])
         # FSDP2 leaves the root's parameters unsharded after a forward (for the backward it expects):
         # the optimizer step updates the shards, so the next forward would read stale gathered copies
@@ -101,15 +103,21 @@ class StreamRecord:
             record.update(
                 swallowed_fraction=[s["swallowed_fraction"] for s in shares],
                 lost_mass_fraction=[s["lost_mass_fraction"] for s in shares],
-                update_mean_abs=[mass / updates if updates else float("nan") for updates, _, mass, _ in counts.tolist()],
+                update_mean_abs=[
+                    mass / updates if updates else float("nan") for updates, _, mass, _ in counts.tolist()
+                ],
                 stream_spacing=self.model.stream_format.spacing(torch.tensor(absmax)).tolist(),
             )
         record["norm_gain_absmax"] = norm_gain_absmax(self.model)
         if self.shadowed is not None:
             fmt, envelope, loss, micro = self.shadowed
             shadow = env.all_reduce(envelope, op=dist.ReduceOp.MAX)[:, 0].tolist()  # its max |h|
-            record.update(shadow_stream=fmt.label, shadow_absmax=shadow, shadow_gap=[abs(a - s) / s for a, s in zip(absmax, shadow)],
-                          shadow_loss=env.all_reduce(loss.reshape(1)).item() / (micro * env.world_size))
+            record.update(
+                shadow_stream=fmt.label,
+                shadow_absmax=shadow,
+                shadow_gap=[abs(a - s) / s for a, s in zip(absmax, shadow)],
+                shadow_loss=env.all_reduce(loss.reshape(1)).item() / (micro * env.world_size),
+            )
         return record
 
 
@@ -118,9 +126,20 @@ def signals_table(records_by_run: dict[str, list[dict]]):
     tokens, layer, swallowed_fraction, lost_mass_fraction), from the runs' metrics records."""
     import pandas as pd
 
-    rows = [{"run": run, "step": r["step"], "tokens": r["tokens"], "layer": layer, "swallowed_fraction": swallowed, "lost_mass_fraction": lost}
-            for run, records in records_by_run.items() for r in records if "swallowed_fraction" in r
-            for layer, (swallowed, lost) in enumerate(zip(r["swallowed_fraction"], r["lost_mass_fraction"]))]
+    rows = [
+        {
+            "run": run,
+            "step": r["step"],
+            "tokens": r["tokens"],
+            "layer": layer,
+            "swallowed_fraction": swallowed,
+            "lost_mass_fraction": lost,
+        }
+        for run, records in records_by_run.items()
+        for r in records
+        if "swallowed_fraction" in r
+        for layer, (swallowed, lost) in enumerate(zip(r["swallowed_fraction"], r["lost_mass_fraction"]))
+    ]
     return pd.DataFrame(rows, columns=["run", "step", "tokens", "layer", "swallowed_fraction", "lost_mass_fraction"])
 
 
@@ -135,23 +154,61 @@ def shadow_table(records_by_run: dict[str, list[dict]]):
         shadowed = [r for r in records if "shadow_gap" in r]
         if not shadowed:
             continue
-        step, boundary, gap = max(((r["step"], b, g) for r in shadowed for b, g in enumerate(r["shadow_gap"])), key=lambda t: t[2])
-        rows.append({"run": run, "shadow_stream": shadowed[0]["shadow_stream"], "shadowed_steps": len(shadowed), "max_gap": gap,
-                     "max_gap_step": step, "max_gap_boundary": boundary, "last_max_gap": max(shadowed[-1]["shadow_gap"]),
-                     "loss_minus_shadow": sum(r["loss"] - r["shadow_loss"] for r in shadowed) / len(shadowed)})
-    return pd.DataFrame(rows, columns=["run", "shadow_stream", "shadowed_steps", "max_gap", "max_gap_step", "max_gap_boundary", "last_max_gap",
-                                       "loss_minus_shadow"])
+        step, boundary, gap = max(
+            ((r["step"], b, g) for r in shadowed for b, g in enumerate(r["shadow_gap"])), key=lambda t: t[2]
+        )
+        rows.append(
+            {
+                "run": run,
+                "shadow_stream": shadowed[0]["shadow_stream"],
+                "shadowed_steps": len(shadowed),
+                "max_gap": gap,
+                "max_gap_step": step,
+                "max_gap_boundary": boundary,
+                "last_max_gap": max(shadowed[-1]["shadow_gap"]),
+                "loss_minus_shadow": sum(r["loss"] - r["shadow_loss"] for r in shadowed) / len(shadowed),
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "run",
+            "shadow_stream",
+            "shadowed_steps",
+            "max_gap",
+            "max_gap_step",
+            "max_gap_boundary",
+            "last_max_gap",
+            "loss_minus_shadow",
+        ],
+    )
 
 
 def swallowed_chart(table):
     """The live swallowed share against tokens, a panel per run and a line per layer."""
     import altair as alt
 
-    return alt.Chart(table).mark_line(point=True, strokeWidth=1.5).encode(
-        x=alt.X("tokens:Q", title="tokens seen"),
-        y=alt.Y("swallowed_fraction:Q", title="updates swallowed", axis=alt.Axis(format="%")),
-        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="viridis")),
-        tooltip=["run", "step", "layer", alt.Tooltip("swallowed_fraction:Q", format=".2%"), alt.Tooltip("lost_mass_fraction:Q", format=".2%")],
-    ).properties(width=240, height=150).facet(facet=alt.Facet("run:N", title=None), columns=3).properties(
-        title=alt.TitleParams("Updates the stream's rounding swallowed, live in training",
-                              subtitle="Per run and layer, on the logged steps' own forward passes (train.log.stream_every)."))
+    return (
+        alt.Chart(table)
+        .mark_line(point=True, strokeWidth=1.5)
+        .encode(
+            x=alt.X("tokens:Q", title="tokens seen"),
+            y=alt.Y("swallowed_fraction:Q", title="updates swallowed", axis=alt.Axis(format="%")),
+            color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="viridis")),
+            tooltip=[
+                "run",
+                "step",
+                "layer",
+                alt.Tooltip("swallowed_fraction:Q", format=".2%"),
+                alt.Tooltip("lost_mass_fraction:Q", format=".2%"),
+            ],
+        )
+        .properties(width=240, height=150)
+        .facet(facet=alt.Facet("run:N", title=None), columns=3)
+        .properties(
+            title=alt.TitleParams(
+                "Updates the stream's rounding swallowed, live in training",
+                subtitle="Per run and layer, on the logged steps' own forward passes (train.log.stream_every).",
+            )
+        )
+    )

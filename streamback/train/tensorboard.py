@@ -23,7 +23,10 @@ def open_writer(log_dir: Path, first_step: int, say):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # torch's module needs the tensorboard package
-        say("tensorboard is not installed: no event files (pip install tensorboard, or train.log.tensorboard: false to stop this line)")
+        say(
+            "tensorboard is not installed: no event files (pip install tensorboard, or train.log.tensorboard: false to "
+            "stop this line)"
+        )
         return None
     return TensorBoardWriter(SummaryWriter(str(log_dir), purge_step=first_step, flush_secs=FLUSH_SECONDS))
 

@@ -67,9 +67,25 @@ from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer, count_params
 from streamback.model.weights import save_model
 from streamback.progress import Progress
-from streamback.runs import RunSpec, check_runs, data_passes, is_reversible, run_matrix, run_setting, token_budget_problem, train_steps
+from streamback.runs import (
+    RunSpec,
+    check_runs,
+    data_passes,
+    is_reversible,
+    run_matrix,
+    run_setting,
+    token_budget_problem,
+    train_steps,
+)
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
-from streamback.train.checkpoint import TrainState, load_newest, lock_run, recipe_fingerprint, remove_partial, save_checkpoint
+from streamback.train.checkpoint import (
+    TrainState,
+    load_newest,
+    lock_run,
+    recipe_fingerprint,
+    remove_partial,
+    save_checkpoint,
+)
 from streamback.train.metrics import MetricsLog, read_metrics
 from streamback.train.parallel import StreamDtypeWatch, apply_activation_checkpointing, apply_compile, apply_fsdp
 from streamback.train.processes import Distributed, StopRequest
@@ -89,18 +105,56 @@ EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "train")
     compute.add_argument(parser)
-    parser.add_argument("--model-params", default=None, help="the 'model' section as a JSON object (what the rule passes; default: from --config)")
+    parser.add_argument(
+        "--model-params",
+        default=None,
+        help="the 'model' section as a JSON object (what the rule passes; default: from --config)",
+    )
     # not --run: torchrun parses the whole command line and takes --run for an abbreviation of its --run-path
-    parser.add_argument("--run-name", required=True, help="run name, e.g. fat-short-streamback (see `train.runs` in the config)")
-    parser.add_argument("--data", type=Path, default=None, help="token directory of the data stage (default: the config's, results/tokens/<corpus>)")
-    parser.add_argument("--outdir", type=Path, default=None, help="for model.pt, metrics.jsonl and summary.json (default: results/runs/<run>)")
-    parser.add_argument("--checkpoints", type=Path, default=None, help="the run's checkpoint directory: a recipe-*/ per recipe (checkpoints, live metrics.jsonl), trainer.lock, "
-                        "verified-shards.json (default: results/checkpoints/<run>)")
-    parser.add_argument("--tensorboard", type=Path, default=None, help="the run's TensorBoard directory, an event directory per recipe in it "
-                        "(default: results/tensorboard/<run>; train.log.tensorboard: false writes none)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: with --params, torch's choice; else the run's train.resources.threads, as the rule passes)")
-    parser.add_argument("--status-file", type=Path, default=None,
-                        help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own")
+    parser.add_argument(
+        "--run-name", required=True, help="run name, e.g. fat-short-streamback (see `train.runs` in the config)"
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="token directory of the data stage (default: the config's, results/tokens/<corpus>)",
+    )
+    parser.add_argument(
+        "--outdir",
+        type=Path,
+        default=None,
+        help="for model.pt, metrics.jsonl and summary.json (default: results/runs/<run>)",
+    )
+    parser.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=None,
+        help="the run's checkpoint directory: a recipe-*/ per recipe (checkpoints, live metrics.jsonl), trainer.lock, "
+        "verified-shards.json (default: results/checkpoints/<run>)",
+    )
+    parser.add_argument(
+        "--tensorboard",
+        type=Path,
+        default=None,
+        help="the run's TensorBoard directory, an event directory per recipe in it "
+        "(default: results/tensorboard/<run>; train.log.tensorboard: false writes none)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=(
+            "CPU threads per process (default: with --params, torch's choice; else the run's train.resources.threads, "
+            "as the rule passes)"
+        ),
+    )
+    parser.add_argument(
+        "--status-file",
+        type=Path,
+        default=None,
+        help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,7 +187,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     return train(
-        train_cfg, model_cfg, args.run_name,
+        train_cfg,
+        model_cfg,
+        args.run_name,
         args.data or layout.tokens_dir(config["data"]),
         args.outdir or layout.run_dir(args.run_name),
         args.checkpoints or layout.checkpoint_dir(args.run_name),
@@ -150,8 +206,10 @@ def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, che
     try:
         # found now, not after the last step: every rank writes checkpoints, rank 0 the outputs
         env.agree(_error_of(writable_dir, checkpoints, "checkpoint directory"), "the checkpoint directory check")
-        env.agree(_error_of(writable_dir, outdir, "output directory", keep=False) if env.rank == 0 else None,
-                  "the output directory check")
+        env.agree(
+            _error_of(writable_dir, outdir, "output directory", keep=False) if env.rank == 0 else None,
+            "the output directory check",
+        )
         error = None
         if env.rank == 0:  # rank 0 holds the run's lock (an open file) while it trains
             try:
@@ -159,8 +217,16 @@ def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, che
             except StreambackError as err:
                 error = str(err)
         env.agree(error, "locking the run")
-        trainer = Trainer(run_matrix(train_cfg)[run_name], train_cfg, model_cfg, Path(data_dir), outdir, checkpoints, env,
-                          tensorboard=Path(tensorboard) if tensorboard is not None and train_cfg["log"]["tensorboard"] else None)
+        trainer = Trainer(
+            run_matrix(train_cfg)[run_name],
+            train_cfg,
+            model_cfg,
+            Path(data_dir),
+            outdir,
+            checkpoints,
+            env,
+            tensorboard=Path(tensorboard) if tensorboard is not None and train_cfg["log"]["tensorboard"] else None,
+        )
         return trainer.fit()
     finally:
         if lock is not None:
@@ -184,7 +250,9 @@ def _seed(*parts: int) -> int:
 def adamw(params, opt: dict) -> torch.optim.AdamW:
     """The optimizer of `train.optimizer` over `params`: AdamW, fused (one kernel per parameter
     group on CUDA and the CPU alike; on the CPU faster than foreach in a tiny step)."""
-    return torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"], fused=True)
+    return torch.optim.AdamW(
+        params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"], fused=True
+    )
 
 
 def clip_gradients(params, opt: dict) -> torch.Tensor:
@@ -196,8 +264,17 @@ def clip_gradients(params, opt: dict) -> torch.Tensor:
 class Trainer:
     """One run: the model, its optimizer, the data, checkpoints and metrics, and the loop."""
 
-    def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: Distributed,
-                 tensorboard: Path | None = None):
+    def __init__(
+        self,
+        spec: RunSpec,
+        cfg: dict,
+        model_cfg: dict,
+        data_dir: Path,
+        outdir: Path,
+        ckpt_dir: Path,
+        env: Distributed,
+        tensorboard: Path | None = None,
+    ):
         self.spec, self.cfg, self.env = spec, cfg, env
         self.outdir, self.ckpt_dir = outdir, ckpt_dir
         self.seq_len, self.batch_size, self.seed = cfg["seq_len"], cfg["batch_size"], spec.data_seed
@@ -210,22 +287,34 @@ class Trainer:
         self.val_data = TokenDataset(data_dir, "val")
         self.n_train = num_windows(self.train_data.num_tokens, self.seq_len)
         if self.n_train < 1:
-            raise StreambackError(f"{data_dir}: the train split has {self.train_data.num_tokens} tokens, fewer than train.seq_len + 1")
+            raise StreambackError(
+                f"{data_dir}: the train split has {self.train_data.num_tokens} tokens, fewer than train.seq_len + 1"
+            )
         problem = token_budget_problem(cfg, self.train_data.num_tokens, f"the train split of {data_dir}")
         if problem:
             raise StreambackError(problem)
         passes = data_passes(cfg, self.train_data.num_tokens)
         if passes > 1:
-            self.say(f"train.repeat_data is on: the run reads its train split {passes:.2f} times ({self.steps * self.batch_size:,} "
-                     f"windows of the {self.n_train:,} it holds), each pass in a new order")
+            self.say(
+                f"train.repeat_data is on: the run reads its train split {passes:.2f} times "
+                f"({self.steps * self.batch_size:,} "
+                f"windows of the {self.n_train:,} it holds), each pass in a new order"
+            )
         n_val = num_windows(self.val_data.num_tokens, self.seq_len)
         self.val_windows = val_windows(n_val, cfg["log"]["val_sequences"], env.rank, env.world_size)
         if len(self.val_windows) < 1:
-            raise StreambackError(f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process")
+            raise StreambackError(
+                f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process"
+            )
         self._verify_data()
 
         self.model_args = ModelArgs.from_config(
-            model_cfg, spec.shape, self.train_data.vocab_size, block=spec.block, stream=spec.stream, reversible=is_reversible(cfg, spec)
+            model_cfg,
+            spec.shape,
+            self.train_data.vocab_size,
+            block=spec.block,
+            stream=spec.stream,
+            reversible=is_reversible(cfg, spec),
         )
         self.model = self._build_model()
         self.shadow_format = shadow_format(self.model, env.device)  # None: the run's stream is the shadow's
@@ -260,7 +349,9 @@ class Trainer:
         for dataset in (self.train_data, self.val_data):
             todo = dataset.unverified(record)
             scans = {}
-            for part in self.env.gather(dataset.scan(todo[self.env.rank::self.env.world_size], torch.get_num_threads())):
+            for part in self.env.gather(
+                dataset.scan(todo[self.env.rank :: self.env.world_size], torch.get_num_threads())
+            ):
                 scans.update(part)
             problems += dataset.accept(scans)
             hashed += sum(dataset.paths[k].stat().st_size for k in todo)
@@ -272,9 +363,11 @@ class Trainer:
             write_record(record_path, verified)
         seconds = time.perf_counter() - started
         kept = f"; {total - count} unchanged since this run verified them ({record_path})" if count < total else ""
-        self.say(f"token shards verified: all {total} in {self.train_data.data_dir} match manifest.json (sha256, every id "
-                 f"below the vocabulary of {self.train_data.vocab_size}); hashed {count} ({hashed / 1e6:,.1f} MB) in "
-                 f"{seconds:.1f} s on {self.env.world_size} process(es){kept}")
+        self.say(
+            f"token shards verified: all {total} in {self.train_data.data_dir} match manifest.json (sha256, every id "
+            f"below the vocabulary of {self.train_data.vocab_size}); hashed {count} ({hashed / 1e6:,.1f} MB) in "
+            f"{seconds:.1f} s on {self.env.world_size} process(es){kept}"
+        )
 
     def _build_model(self):
         with torch.device("meta"):
@@ -301,15 +394,32 @@ class Trainer:
         self.elapsed = elapsed
         self.log, self.watch, self.board = None, None, None
         if self.env.rank == 0:
-            self.board = open_writer(self.tensorboard_dir, start_step + 1, self.say) if self.tensorboard_dir is not None else None
+            self.board = (
+                open_writer(self.tensorboard_dir, start_step + 1, self.say)
+                if self.tensorboard_dir is not None
+                else None
+            )
             mirrors = [self.board] if self.board is not None else []
             if self.cfg["log"]["wandb"]["project"] is not None:
-                mirrors.append(open_wandb(self.cfg["log"]["wandb"], f"{self.spec.name}-{self.recipe_dir.name.removeprefix('recipe-')}",
-                                          self.spec.name, self.recipe_dir, {"identity": self.identity}))
-            self.log = MetricsLog(self.recipe_dir / layout.METRICS_FILE, start_step, mirrors=mirrors, header=self._kernel_record())
-            self.watch = Watch(self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label)
+                mirrors.append(
+                    open_wandb(
+                        self.cfg["log"]["wandb"],
+                        f"{self.spec.name}-{self.recipe_dir.name.removeprefix('recipe-')}",
+                        self.spec.name,
+                        self.recipe_dir,
+                        {"identity": self.identity},
+                    )
+                )
+            self.log = MetricsLog(
+                self.recipe_dir / layout.METRICS_FILE, start_step, mirrors=mirrors, header=self._kernel_record()
+            )
+            self.watch = Watch(
+                self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label
+            )
             self.watch.replay(self.log.resumed)
-        self.progress = Progress(self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None)
+        self.progress = Progress(
+            self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None
+        )
         self._announce(start_step)
         step, last_saved = start_step, start_step if start_step else None
         watch = StreamDtypeWatch(self.model)
@@ -326,15 +436,23 @@ class Trainer:
                         last_saved = step
                     if stop_now:
                         self.progress.write(
-                            f"[{self.spec.name}] {signal.Signals(stop.signal).name if stop.signal else 'a stop signal'} "
-                            f"received: saved the checkpoint of step {step}; exiting with status {EXIT_REQUEUE} to be resumed"
+                            f"[{self.spec.name}] "
+                            f"{signal.Signals(stop.signal).name if stop.signal else 'a stop signal'} "
+                            f"received: saved the checkpoint of step {step}; exiting with status {EXIT_REQUEUE} to be "
+                            f"resumed"
                         )
                         return EXIT_REQUEUE
         except Diverged as err:
-            where = f"{self.recipe_dir}/step_{last_saved:09d} (step {last_saved})" if last_saved else "none (the run diverged before its first checkpoint)"
+            where = (
+                f"{self.recipe_dir}/step_{last_saved:09d} (step {last_saved})"
+                if last_saved
+                else "none (the run diverged before its first checkpoint)"
+            )
             self.progress.write(
-                f"[{self.spec.name}] stopped: {err}. Nothing of this step was applied or saved; the last good checkpoint is {where}. "
-                "A rerun resumes from it and meets the same batches again: change the recipe (e.g. a lower train.optimizer.lr), "
+                f"[{self.spec.name}] stopped: {err}. Nothing of this step was applied or saved; the last good "
+                f"checkpoint is {where}. "
+                "A rerun resumes from it and meets the same batches again: change the recipe (e.g. a lower "
+                "train.optimizer.lr), "
                 "which trains from its first step in a directory of its own."
             )
             return EXIT_DIVERGED
@@ -348,12 +466,18 @@ class Trainer:
     def _step(self, step: int, stop: StopRequest, watch) -> tuple[dict, bool]:
         started = time.perf_counter()
         env, cfg = self.env, self.cfg
-        lr = wsd_lr(step, cfg["optimizer"]["lr"], self.steps, cfg["schedule"]["warmup_steps"], cfg["schedule"]["decay_steps"])
+        lr = wsd_lr(
+            step, cfg["optimizer"]["lr"], self.steps, cfg["schedule"]["warmup_steps"], cfg["schedule"]["decay_steps"]
+        )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         torch.manual_seed(_seed(self.seed, step, env.rank, 0))
-        shadow = self.shadow_format if cfg["log"]["shadow_every"] and (step + 1) % cfg["log"]["shadow_every"] == 0 else None
-        record_stream = (step + 1) % cfg["log"]["stream_every"] == 0 or shadow is not None  # the shadow is compared with the step's record
+        shadow = (
+            self.shadow_format if cfg["log"]["shadow_every"] and (step + 1) % cfg["log"]["shadow_every"] == 0 else None
+        )
+        record_stream = (step + 1) % cfg["log"][
+            "stream_every"
+        ] == 0 or shadow is not None  # the shadow is compared with the step's record
         windows = train_windows(self.seed, step, self.batch_size, self.n_train)
         loss_sum = torch.zeros((), device=env.device)
         stream_record = StreamRecord(self.model, cfg["log"]["signals"]) if record_stream else None
@@ -374,7 +498,9 @@ class Trainer:
         if shadow is not None:
             stream_record.shadow(batches, shadow)
         # one all-reduce per step: the mean loss over the global batch and whether any rank was signalled
-        agreed = env.all_reduce(torch.stack([loss_sum / self.accum, torch.tensor(float(stop.signal is not None), device=env.device)]))
+        agreed = env.all_reduce(
+            torch.stack([loss_sum / self.accum, torch.tensor(float(stop.signal is not None), device=env.device)])
+        )
         loss_value, stop_now = agreed[0].item() / env.world_size, agreed[1].item() > 0
         if not math.isfinite(loss_value):
             raise Diverged(f"the training loss is {loss_value} at step {step + 1}")
@@ -413,25 +539,35 @@ class Trainer:
         if self.log is not None:
             self.log.append(record)
         val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
-        self.progress.update(1, f"loss {record['loss']:.4f}{val} lr {record['lr']:.3e} grad_norm {record['grad_norm']:.3f} "
-                                f"{record['tokens_per_s']:,.0f} tok/s", log=step % self.cfg["log"]["every"] == 0 or step == self.steps or bool(val))
+        self.progress.update(
+            1,
+            f"loss {record['loss']:.4f}{val} lr {record['lr']:.3e} grad_norm {record['grad_norm']:.3f} "
+            f"{record['tokens_per_s']:,.0f} tok/s",
+            log=step % self.cfg["log"]["every"] == 0 or step == self.steps or bool(val),
+        )
 
     def validate(self, step: int) -> float:
         """Mean next-token loss over the first `val_sequences` windows of the val split (a collective)."""
         torch.manual_seed(_seed(self.seed, step, self.env.rank, 1))
-        losses = window_losses(self.model, self.val_data, self.val_windows, self.seq_len, self.micro_batch_size, self.env.device)
-        total = self.env.all_reduce(torch.stack([losses.sum(), torch.tensor(float(len(losses)), dtype=torch.float64, device=self.env.device)]))
+        losses = window_losses(
+            self.model, self.val_data, self.val_windows, self.seq_len, self.micro_batch_size, self.env.device
+        )
+        total = self.env.all_reduce(
+            torch.stack([losses.sum(), torch.tensor(float(len(losses)), dtype=torch.float64, device=self.env.device)])
+        )
         return (total[0] / total[1]).item()
 
     # ---- checkpoints and outputs -----------------------------------------------------------
 
     def _resume(self) -> tuple[int, float]:
         """(step, elapsed seconds) of the newest checkpoint that passes its check, now loaded; (0, 0) if none."""
+
         def same_recipe(path, meta):
             changed = sorted(k for k in self.identity if meta.get("identity", {}).get(k) != self.identity[k])
             if changed:
                 raise StreambackError(
-                    f"checkpoint {path} belongs to another recipe ({', '.join(changed)} differ from this config) but lies in "
+                    f"checkpoint {path} belongs to another recipe ({', '.join(changed)} differ from this config) but "
+                    f"lies in "
                     f"this recipe's directory {self.recipe_dir}: move it out"
                 )
 
@@ -452,8 +588,13 @@ class Trainer:
         if not self.cfg["checkpoint"]["resume_on_other_kernels"]:
             raise StreambackError(
                 f"checkpoint {path} was trained on {theirs}, but this process computes on {self.kernels} (cpu_bf16 "
-                f"{compute.mode()}): set cpu_bf16 to match it, or train.checkpoint.resume_on_other_kernels: true to resume anyway")
-        self.say(f"resuming checkpoint {path}, trained on {theirs}, on {self.kernels} (train.checkpoint.resume_on_other_kernels)")
+                f"{compute.mode()}): set cpu_bf16 to match it, or train.checkpoint.resume_on_other_kernels: true to "
+                f"resume anyway"
+            )
+        self.say(
+            f"resuming checkpoint {path}, trained on {theirs}, on {self.kernels} "
+            f"(train.checkpoint.resume_on_other_kernels)"
+        )
         self.kernel_changes.append({"step": meta["step"], "from": theirs, "to": self.kernels})
 
     def _kernel_record(self) -> dict:
@@ -464,8 +605,15 @@ class Trainer:
         if self.log is not None:
             self.log.sync()
         save_checkpoint(
-            self.recipe_dir, step, self.state,
-            {"identity": self.identity, "elapsed_s": self.elapsed, "world_size": self.env.world_size, **self._kernel_record()},
+            self.recipe_dir,
+            step,
+            self.state,
+            {
+                "identity": self.identity,
+                "elapsed_s": self.elapsed,
+                "world_size": self.env.world_size,
+                **self._kernel_record(),
+            },
             keep=self.cfg["checkpoint"]["keep"],
         )
 
@@ -478,19 +626,40 @@ class Trainer:
             return
         self.outdir.mkdir(parents=True, exist_ok=True)
         manifest = self.train_data.manifest
-        save_model(self.outdir / layout.MODEL_FILE, self.model_args, state, self.model.compute_dtype,
-                   data={"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]})
+        save_model(
+            self.outdir / layout.MODEL_FILE,
+            self.model_args,
+            state,
+            self.model.compute_dtype,
+            data={"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]},
+        )
         with atomic_path(self.outdir / layout.METRICS_FILE) as tmp:
             shutil.copyfile(self.recipe_dir / layout.METRICS_FILE, tmp)
         last = _last_record(self.recipe_dir / layout.METRICS_FILE)
         gpus = self.env.world_size if self.env.device.type == "cuda" else 0
-        write_json(self.outdir / layout.SUMMARY_FILE, {
-            "run": self.spec.name, "shape": self.spec.shape, "block": self.spec.block, "stream": str(self.model.stream_format.label),
-            "seed": self.spec.seed, "init_seed": self.spec.init_seed, "data_seed": self.spec.data_seed, "steps": step, "tokens": step * self.tokens_per_step, "params": count_params(self.model),
-            "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
-            "train_seconds": self.elapsed, "processes": self.env.world_size, "device": self.env.device.type,
-            "gpu_hours": self.elapsed * gpus / 3600, "checkpoint": str(self.recipe_dir / f"step_{step:09d}"), **self._kernel_record(),
-        })
+        write_json(
+            self.outdir / layout.SUMMARY_FILE,
+            {
+                "run": self.spec.name,
+                "shape": self.spec.shape,
+                "block": self.spec.block,
+                "stream": str(self.model.stream_format.label),
+                "seed": self.spec.seed,
+                "init_seed": self.spec.init_seed,
+                "data_seed": self.spec.data_seed,
+                "steps": step,
+                "tokens": step * self.tokens_per_step,
+                "params": count_params(self.model),
+                "final_loss": last.get("loss"),
+                "final_val_loss": last.get("val_loss"),
+                "train_seconds": self.elapsed,
+                "processes": self.env.world_size,
+                "device": self.env.device.type,
+                "gpu_hours": self.elapsed * gpus / 3600,
+                "checkpoint": str(self.recipe_dir / f"step_{step:09d}"),
+                **self._kernel_record(),
+            },
+        )
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
     def _announce(self, start_step: int) -> None:
@@ -498,20 +667,29 @@ class Trainer:
         self.progress.write(
             f"[{self.spec.name}] {what}: {self.steps} steps of {self.tokens_per_step:,} tokens "
             f"({self.batch_size} x {self.seq_len}; {self.env.world_size} process(es) x {self.accum} micro-batches of "
-            f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type} ({compute.path(self.env.device)}); "
+            f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type} "
+            f"({compute.path(self.env.device)}); "
             f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.recipe_dir}"
-            + (f"; TensorBoard event files in {self.tensorboard_dir}" if self.log is not None and self.board is not None else "")
+            + (
+                f"; TensorBoard event files in {self.tensorboard_dir}"
+                if self.log is not None and self.board is not None
+                else ""
+            )
         )
         if start_step == self.steps:
             self.progress.write(
-                f"[{self.spec.name}] this recipe was trained to its end: its outputs are written again from its last checkpoint, "
-                f"the same weights and metrics as before (training is deterministic). To train it again from its first step, "
-                f"delete {self.recipe_dir} and rerun")
+                f"[{self.spec.name}] this recipe was trained to its end: its outputs are written again from its last "
+                f"checkpoint, "
+                "the same weights and metrics as before (training is deterministic). To train it again from its first "
+                f"step, "
+                f"delete {self.recipe_dir} and rerun"
+            )
         others = [p.name for p in layout.recipe_dirs(self.ckpt_dir) if p != self.recipe_dir]
         if others:
             self.progress.write(
                 f"[{self.spec.name}] the checkpoints of this run's other recipes are kept ({', '.join(others)}); "
-                "`streamback checkpoints` says how they differ, `streamback checkpoints --prune` removes them")
+                "`streamback checkpoints` says how they differ, `streamback checkpoints --prune` removes them"
+            )
 
 
 def _error_of(check, *args, **kwargs) -> str | None:

@@ -24,7 +24,7 @@ def window_losses(model, dataset, windows, seq_len: int, micro_batch_size: int, 
     `micro_batch_size` windows per forward; fp64, [len(windows)], on `device`."""
     out = []
     for start in range(0, len(windows), micro_batch_size):
-        batch = read_windows(dataset, windows[start:start + micro_batch_size], seq_len).to(device)
+        batch = read_windows(dataset, windows[start : start + micro_batch_size], seq_len).to(device)
         losses = next_token_loss(model(batch[:, :-1]), batch[:, 1:], reduction="none")
         out.append(losses.view(len(batch), -1).double().mean(dim=1))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64, device=device)

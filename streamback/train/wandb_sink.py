@@ -26,11 +26,21 @@ def open_run(settings: dict, run_id: str, name: str, directory: Path, config: di
     try:
         import wandb  # optional: only a run with train.log.wandb needs it
     except ImportError:
-        raise StreambackError("train.log.wandb.project is set but the wandb package is not installed: pip install wandb, "
-                              "or set train.log.wandb.project to null") from None
+        raise StreambackError(
+            "train.log.wandb.project is set but the wandb package is not installed: pip install wandb, "
+            "or set train.log.wandb.project to null"
+        ) from None
     directory.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(project=settings["project"], entity=settings["entity"], mode=settings["mode"], id=run_id, name=name,
-                     resume="allow", dir=str(directory), config=config)
+    run = wandb.init(
+        project=settings["project"],
+        entity=settings["entity"],
+        mode=settings["mode"],
+        id=run_id,
+        name=name,
+        resume="allow",
+        dir=str(directory),
+        config=config,
+    )
     return WandbWriter(run)
 
 

@@ -30,8 +30,13 @@ import numpy as np
 
 SEGMENTS = 4  # a steady rise: the median of each quarter of the window above the one before
 # each warning's threshold key in train.log.warnings
-_KEYS = {"swallowed": "swallowed_fraction", "spacing": "spacing_share", "gain_rise": "gain_rise",
-         "grad_norm_rise": "grad_norm_rise", "loss_spike": "loss_spike"}
+_KEYS = {
+    "swallowed": "swallowed_fraction",
+    "spacing": "spacing_share",
+    "gain_rise": "gain_rise",
+    "grad_norm_rise": "grad_norm_rise",
+    "loss_spike": "loss_spike",
+}
 
 
 def steady_rise(values) -> float | None:
@@ -81,7 +86,8 @@ class Watch:
         return events
 
     def _event(self, kind, step, layer, value, holds, message, quiet=0) -> list[dict]:
-        """The warning if its condition `holds` now and did not at its last test (and it is not within `quiet` steps of its last)."""
+        """The warning if its condition `holds` now and did not at its last test (and it is not within `quiet` steps of
+        its last)."""
         key, threshold = (kind, layer), self.cfg[_KEYS[kind]]
         held = key in self.holding
         (self.holding.add if holds else self.holding.discard)(key)
@@ -89,25 +95,50 @@ class Watch:
             return []
         self.fired[key] = step
         where = f", {layer if isinstance(layer, str) else f'layer {layer}'}" if layer is not None else ""
-        return [{"warning": kind, "step": step, "layer": layer, "value": value, "threshold": threshold,
-                 "message": f"warning (step {step}{where}): {message} (train.log.warnings.{_KEYS[kind]}: {threshold:g})"}]
+        return [
+            {
+                "warning": kind,
+                "step": step,
+                "layer": layer,
+                "value": value,
+                "threshold": threshold,
+                "message": f"warning (step {step}{where}): {message} (train.log.warnings.{_KEYS[kind]}: {threshold:g})",
+            }
+        ]
 
     def _stream(self, record) -> list[dict]:
         events, step = [], record["step"]
         share, ratio = self.cfg["swallowed_fraction"], self.cfg["spacing_share"]
         for layer, swallowed in enumerate(record["swallowed_fraction"]):
             if share is not None:
-                events += self._event("swallowed", step, layer, swallowed, swallowed > share,
-                                      f"the {self.stream} stream's rounding swallowed {swallowed:.1%} of the layer's updates")
-            spacing, top, update = record["stream_spacing"][layer + 1], record["stream_absmax"][layer + 1], record["update_mean_abs"][layer]
+                events += self._event(
+                    "swallowed",
+                    step,
+                    layer,
+                    swallowed,
+                    swallowed > share,
+                    f"the {self.stream} stream's rounding swallowed {swallowed:.1%} of the layer's updates",
+                )
+            spacing, top, update = (
+                record["stream_spacing"][layer + 1],
+                record["stream_absmax"][layer + 1],
+                record["update_mean_abs"][layer],
+            )
             if ratio is not None and update > 0:
-                events += self._event("spacing", step, layer, spacing / update, spacing > ratio * update,
-                                      f"at the stream's max |h| {top:.4g} after this layer the {self.stream} grid step is {spacing:.3g}, "
-                                      f"{spacing / update:.3g} x the layer's typical update {update:.3g}")
+                events += self._event(
+                    "spacing",
+                    step,
+                    layer,
+                    spacing / update,
+                    spacing > ratio * update,
+                    f"at the stream's max |h| {top:.4g} after this layer the {self.stream} grid step is {spacing:.3g}, "
+                    f"{spacing / update:.3g} x the layer's typical update {update:.3g}",
+                )
         return events
 
     def _trend_window(self, step, series):
-        """The values of `series` ((step, value) pairs) in the trend window after the warmup; None before it is covered."""
+        """The values of `series` ((step, value) pairs) in the trend window after the warmup; None before it
+        is covered."""
         start = step - self.cfg["trend_window"]
         if start < self.warmup:
             return None
@@ -120,9 +151,16 @@ class Watch:
         for norm in self.gains[-1][1]:
             values = self._trend_window(step, [(s, gains[norm]) for s, gains in self.gains if norm in gains])
             rise = steady_rise(values) if values is not None else None
-            events += self._event("gain_rise", step, norm, rise, rise is not None and rise > rise_limit,
-                                  f"the norm's max |gain| rose steadily by {rise if rise is not None else 0:.1%} over the last "
-                                  f"{self.cfg['trend_window']} steps, to {self.gains[-1][1][norm]:.4g}", quiet=self.cfg["trend_window"])
+            events += self._event(
+                "gain_rise",
+                step,
+                norm,
+                rise,
+                rise is not None and rise > rise_limit,
+                f"the norm's max |gain| rose steadily by {rise if rise is not None else 0:.1%} over the last "
+                f"{self.cfg['trend_window']} steps, to {self.gains[-1][1][norm]:.4g}",
+                quiet=self.cfg["trend_window"],
+            )
         return events
 
     def _grad_norm(self, step) -> list[dict]:
@@ -131,11 +169,21 @@ class Watch:
             return []
         norms = self._trend_window(step, [(s, g) for s, _, g in self.steps])
         rise = steady_rise(norms) if norms is not None and len(norms) == self.cfg["trend_window"] else None
-        flat = rise is not None and relative_change([loss for s, loss, _ in self.steps if s > step - self.cfg["trend_window"]]) <= self.cfg["loss_flat"]
-        return self._event("grad_norm_rise", step, None, rise, rise is not None and rise > rise_limit and flat,
-                           f"the gradient norm rose steadily by {rise or 0:.1%} over the last {self.cfg['trend_window']} steps, "
-                           f"to {norms[-1] if norms else 0:.4g}, while the loss stayed within {self.cfg['loss_flat']:.1%}",
-                           quiet=self.cfg["trend_window"])
+        flat = (
+            rise is not None
+            and relative_change([loss for s, loss, _ in self.steps if s > step - self.cfg["trend_window"]])
+            <= self.cfg["loss_flat"]
+        )
+        return self._event(
+            "grad_norm_rise",
+            step,
+            None,
+            rise,
+            rise is not None and rise > rise_limit and flat,
+            f"the gradient norm rose steadily by {rise or 0:.1%} over the last {self.cfg['trend_window']} steps, "
+            f"to {norms[-1] if norms else 0:.4g}, while the loss stayed within {self.cfg['loss_flat']:.1%}",
+            quiet=self.cfg["trend_window"],
+        )
 
     def _spike(self, step, loss) -> list[dict]:
         limit, window = self.cfg["loss_spike"], self.cfg["spike_window"]
@@ -144,8 +192,15 @@ class Watch:
             return []
         median = float(np.median(before))
         jump = loss / median - 1 if median > 0 else 0.0
-        return self._event("loss_spike", step, None, jump, jump > limit,
-                           f"the loss {loss:.4f} is {jump:.1%} above the median {median:.4f} of the previous {window} steps", quiet=window)
+        return self._event(
+            "loss_spike",
+            step,
+            None,
+            jump,
+            jump > limit,
+            f"the loss {loss:.4f} is {jump:.1%} above the median {median:.4f} of the previous {window} steps",
+            quiet=window,
+        )
 
 
 WARNING_COLUMNS = ["run", "step", "warning", "layer", "value", "threshold", "message"]
@@ -155,6 +210,10 @@ def warnings_table(records_by_run: dict[str, list[dict]]):
     """Every warning that fired, one row per event (columns: WARNING_COLUMNS), in run and step order."""
     import pandas as pd
 
-    rows = [[run, *(event[k] for k in WARNING_COLUMNS[1:])]
-            for run, records in records_by_run.items() for r in records for event in r.get("warnings", [])]
+    rows = [
+        [run, *(event[k] for k in WARNING_COLUMNS[1:])]
+        for run, records in records_by_run.items()
+        for r in records
+        for event in r.get("warnings", [])
+    ]
     return pd.DataFrame(rows, columns=WARNING_COLUMNS, dtype=object)  # a layer is a number, a norm's name or none

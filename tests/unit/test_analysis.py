@@ -51,7 +51,9 @@ def test_sign_flips_and_errors_on_a_hand_built_case():
     # opposite signs at entries 1 and 3; a zero on either side (entries 2 and 4) is not a flip
     assert stats["sign_flips"] == 2 and stats["sign_flip_fraction"] == 2 / 6
     assert stats["max_abs_error"] == 6.0  # |3 - (-3)|
-    assert stats["rel_error"] == pytest.approx(math.sqrt(16 + 1 + 36 + 16) / math.sqrt(1 + 4 + 1 + 9 + 16 + 25), rel=1e-15)
+    assert stats["rel_error"] == pytest.approx(
+        math.sqrt(16 + 1 + 36 + 16) / math.sqrt(1 + 4 + 1 + 9 + 16 + 25), rel=1e-15
+    )
 
 
 def test_fp32_stream_is_closer_to_the_truth_than_bf16_and_full_precision_against_itself_is_zero(tmp_path):
@@ -83,7 +85,10 @@ def test_fp64_model_is_fp64_throughout_and_matches_fp32_to_fp32_precision(tmp_pa
         logits.logsumexp(-1).mean().backward()
     assert logits.dtype == torch.float64
     assert {h.dtype for h in cap["residual"] + cap["attention"]} == {torch.float64}
-    assert cap["residual"][0].grad.dtype == torch.float64 and model.layers[0].attention.wq.weight.grad.dtype == torch.float64
+    assert (
+        cap["residual"][0].grad.dtype == torch.float64
+        and model.layers[0].attention.wq.weight.grad.dtype == torch.float64
+    )
     with torch.no_grad():
         fp32 = load_model(trained, compute_dtype=torch.float32)(batch)
     error = (fp32.double() - logits.detach()).abs().max().item()
@@ -121,12 +126,27 @@ def test_envelope_equals_a_direct_computation(tmp_path):
 
 def test_training_envelope_reads_the_logged_maxima_and_minima(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    records = [{"step": 1, "tokens": 10, "loss": 5.0},
-               {"step": 2, "tokens": 20, "loss": 4.0, "stream_absmax": [3.0, 4.0], "stream_max": [3.0, 2.0], "stream_min": [-1.0, -4.0]}]
+    records = [
+        {"step": 1, "tokens": 10, "loss": 5.0},
+        {
+            "step": 2,
+            "tokens": 20,
+            "loss": 4.0,
+            "stream_absmax": [3.0, 4.0],
+            "stream_max": [3.0, 2.0],
+            "stream_min": [-1.0, -4.0],
+        },
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     table = training_envelope(read_metrics(path), "x")
-    assert table.to_dict("list") == {"step": [2, 2], "tokens": [20, 20], "layer": [0, 1], "absmax": [3.0, 4.0],
-                                     "max": [3.0, 2.0], "min": [-1.0, -4.0]}
+    assert table.to_dict("list") == {
+        "step": [2, 2],
+        "tokens": [20, 20],
+        "layer": [0, 1],
+        "absmax": [3.0, 4.0],
+        "max": [3.0, 2.0],
+        "min": [-1.0, -4.0],
+    }
     with pytest.raises(StreambackError, match="run x: its metrics.jsonl has no stream_max"):
         training_envelope(records[:1], "x")
 
@@ -154,23 +174,37 @@ def test_the_note_s_swallowed_update():
     d = torch.tensor([1.9, 2.1, 0.0]).bfloat16()
     stats = swallow_stats(h, d, bf16.add(h, d))
     lost = (600 - (600 + d[0].double())).abs() + (604 - (600 + d[1].double())).abs()
-    assert stats["swallowed_fraction"] == 0.5 and stats["lost_mass_fraction"] == pytest.approx(float(lost / d.double().sum()), rel=1e-15)
+    assert stats["swallowed_fraction"] == 0.5 and stats["lost_mass_fraction"] == pytest.approx(
+        float(lost / d.double().sum()), rel=1e-15
+    )
 
 
 def test_a_bf16_stream_swallows_far_more_than_an_fp32_stream(tmp_path):
     trained = tiny_model(tmp_path / "model.pt")
     table = swallowed(trained, random_tokens(), ["bf16", "fp32", "nvfp4_sr"])
-    assert len(table) == 3 * 3 * 2 and list(table.columns) == ["variant", "layer", "sublayer", "swallowed_fraction", "lost_mass_fraction"]
+    assert len(table) == 3 * 3 * 2 and list(table.columns) == [
+        "variant",
+        "layer",
+        "sublayer",
+        "swallowed_fraction",
+        "lost_mass_fraction",
+    ]
     mean = table.groupby("variant")[["swallowed_fraction", "lost_mass_fraction"]].mean()
     assert mean.loc["bf16", "swallowed_fraction"] > 0.01 and mean.loc["fp32", "swallowed_fraction"] < 1e-4
-    assert mean.loc["fp32", "lost_mass_fraction"] < 1e-6 < mean.loc["bf16", "lost_mass_fraction"] < mean.loc["nvfp4_sr", "lost_mass_fraction"]
+    assert (
+        mean.loc["fp32", "lost_mass_fraction"]
+        < 1e-6
+        < mean.loc["bf16", "lost_mass_fraction"]
+        < mean.loc["nvfp4_sr", "lost_mass_fraction"]
+    )
 
 
 # -- loss difference ----------------------------------------------------------------------------
 
 
 def write_metrics(path, losses, val, extra=None):
-    """A metrics.jsonl: a record per step (tokens = 100 x step), val_loss at the steps of `val`, `extra` fields by step."""
+    """A metrics.jsonl: a record per step (tokens = 100 x step), val_loss at the steps of `val`, `extra` fields by
+    step."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = []
     for step, loss in enumerate(losses, 1):
@@ -184,14 +218,18 @@ def write_metrics(path, losses, val, extra=None):
 def test_loss_difference_on_two_hand_written_metrics_files(tmp_path):
     write_metrics(tmp_path / "a.jsonl", [5.0, 4.0, 3.5, 3.0, 2.75], {2: 4.5, 4: 3.25, 5: 3.0})
     write_metrics(tmp_path / "b.jsonl", [5.0, 3.9, 3.6, 2.8, 2.5], {2: 4.25, 5: 3.5})
-    curves = loss_curves(read_metrics(tmp_path / "a.jsonl"), read_metrics(tmp_path / "b.jsonl"), smooth_steps=2, points=100)
+    curves = loss_curves(
+        read_metrics(tmp_path / "a.jsonl"), read_metrics(tmp_path / "b.jsonl"), smooth_steps=2, points=100
+    )
     train, val = curves[curves.split == "train"], curves[curves.split == "val"]
     assert train.step.tolist() == [1, 2, 3, 4, 5] and train.tokens.tolist() == [100, 200, 300, 400, 500]
     assert train.difference.tolist() == pytest.approx([0.0, 0.1, -0.1, 0.2, 0.25], abs=1e-12)  # baseline minus other
     assert train.smoothed.tolist() == pytest.approx([0.0, 0.05, 0.0, 0.05, 0.225], abs=1e-12)  # steps (s - 2, s]
     assert val.step.tolist() == [2, 5] and val.difference.tolist() == [0.25, -0.5]  # only steps both logged
     assert val.smoothed.tolist() == [0.25, -0.5]  # step 2 is outside step 5's window
-    thinned = loss_curves(read_metrics(tmp_path / "a.jsonl"), read_metrics(tmp_path / "b.jsonl"), smooth_steps=2, points=2)
+    thinned = loss_curves(
+        read_metrics(tmp_path / "a.jsonl"), read_metrics(tmp_path / "b.jsonl"), smooth_steps=2, points=2
+    )
     assert thinned[thinned.split == "train"].step.tolist() == [1, 4, 5]  # every third step, the last kept
     assert thinned[thinned.split == "train"].smoothed.tolist()[-1] == pytest.approx(0.225)  # smoothed before thinning
 
@@ -215,8 +253,10 @@ def test_schema_variants_are_every_stream_label():
 # -- the command on a small matrix of (untrained) runs --------------------------------------------
 
 
-SHAPES = {"a-short": {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 1, "multiple_of": 32},
-          "b-tall": {"n_layers": 4, "dim": 48, "n_heads": 4, "n_kv_heads": 1, "multiple_of": 32}}
+SHAPES = {
+    "a-short": {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 1, "multiple_of": 32},
+    "b-tall": {"n_layers": 4, "dim": 48, "n_heads": 4, "n_kv_heads": 1, "multiple_of": 32},
+}
 
 
 @pytest.fixture(scope="module")
@@ -227,14 +267,28 @@ def matrix(tmp_path_factory, tokens):
     from streamback.runs import run_matrix
 
     root = tmp_path_factory.mktemp("analysis")
-    config = validate_config({
-        "data": {"dir": str(tokens)},
-        "model": {"shapes": SHAPES},
-        "train": {"runs": {"shapes": list(SHAPES), "streams": ["mxfp8"], "seeds": [0, 1], "stream_seeds": [0]}, "seq_len": 32, "tokens": 320, "batch_size": 1,
-                  "micro_batch_size": 1, "schedule": {"warmup_steps": 1, "decay_steps": 1}, "log": {"val_sequences": 8}},
-        "analysis": {"batch_size": 2, "reference": "fp64", "variants": ["bf16", "fp32", "nvfp4_sr"], "micro_batch_size": 4,
-                     "smooth_steps": 2},
-    })
+    config = validate_config(
+        {
+            "data": {"dir": str(tokens)},
+            "model": {"shapes": SHAPES},
+            "train": {
+                "runs": {"shapes": list(SHAPES), "streams": ["mxfp8"], "seeds": [0, 1], "stream_seeds": [0]},
+                "seq_len": 32,
+                "tokens": 320,
+                "batch_size": 1,
+                "micro_batch_size": 1,
+                "schedule": {"warmup_steps": 1, "decay_steps": 1},
+                "log": {"val_sequences": 8},
+            },
+            "analysis": {
+                "batch_size": 2,
+                "reference": "fp64",
+                "variants": ["bf16", "fp32", "nvfp4_sr"],
+                "micro_batch_size": 4,
+                "smooth_steps": 2,
+            },
+        }
+    )
     vocab = json.loads((tokens / "manifest.json").read_text())["vocab_size"]
     for seed, (name, spec) in enumerate(run_matrix(config["train"]).items()):
         args = ModelArgs.from_config(config["model"], spec.shape, vocab, spec.block, spec.stream)
@@ -242,9 +296,17 @@ def matrix(tmp_path_factory, tokens):
         model.init_weights(seed)
         save_model(root / layout.model_file(name), args, model.state_dict())
         rng = np.random.default_rng(seed)
-        reach = {"stream_absmax": [2.0] * (args.n_layers + 1), "stream_max": [2.0] * (args.n_layers + 1), "stream_min": [-1.5] * (args.n_layers + 1)}
-        write_metrics(root / layout.metrics_file(name), 5 - np.arange(10) * 0.1 + rng.normal(0, 0.01, 10), {5: 4.6, 10: 4.1 + seed / 100},
-                      {5: reach, 10: reach})
+        reach = {
+            "stream_absmax": [2.0] * (args.n_layers + 1),
+            "stream_max": [2.0] * (args.n_layers + 1),
+            "stream_min": [-1.5] * (args.n_layers + 1),
+        }
+        write_metrics(
+            root / layout.metrics_file(name),
+            5 - np.arange(10) * 0.1 + rng.normal(0, 0.01, 10),
+            {5: 4.6, 10: 4.1 + seed / 100},
+            {5: reach, 10: reach},
+        )
         (root / layout.summary_file(name)).write_text("{}\n")
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -268,8 +330,17 @@ def matrix_tokens(config_path):
 @pytest.mark.slow
 def test_a_partial_set_of_runs_gives_a_partial_table_and_missing_runs_are_named(matrix, monkeypatch, capsys):
     root, config = matrix
-    status, out, err = analyze(monkeypatch, capsys, root, config, "envelope", "--runs", "b-tall-streamback",
-                               "--model", f"extra={root / layout.model_file('a-short-baseline')}")
+    status, out, err = analyze(
+        monkeypatch,
+        capsys,
+        root,
+        config,
+        "envelope",
+        "--runs",
+        "b-tall-streamback",
+        "--model",
+        f"extra={root / layout.model_file('a-short-baseline')}",
+    )
     assert status == 0, err[-3000:]
     assert "extra has no training metrics" in out
     table = pd.read_csv(root / layout.table("envelope"))

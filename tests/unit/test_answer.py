@@ -23,7 +23,9 @@ def built(tmp_path_factory):
     0.002, window noise 0.02), benchmark_pairs.csv from constructed items (one item of 100 lost
     by StreamBack in each seed, and a task it wins by 20 to 25 points); built once for the module."""
     tmp_path = tmp_path_factory.mktemp("answer")
-    config = validate_config(merge_config(load_config(), {"train": {"runs": {"shapes": ["tiny-medium"], "streams": [], "seeds": SEEDS}}}))
+    config = validate_config(
+        merge_config(load_config(), {"train": {"runs": {"shapes": ["tiny-medium"], "streams": [], "seeds": SEEDS}}})
+    )
     matrix = run_matrix(config["train"])
     pairs = comparisons(matrix)
     rng = np.random.default_rng(0)
@@ -38,11 +40,29 @@ def built(tmp_path_factory):
     rows = []
     for shape, base, other in pairs:
         seed = matrix[other].seed
-        for task, items in (("lost_one", np.array([-1.0] + [0.0] * 99)),
-                            ("won", np.array([1.0] * (20 + 2 * seed) + [0.0] * (80 - 2 * seed)))):
-            rows.append({"shape": shape, "comparison": "streamback", "seed": seed, "task": task, "filter": "none", "metric": "acc",
-                         "baseline": base, "run": other, "stream": "fp32", "n": 100, "_items": list(items), "diff": items.mean(),
-                         "baseline_value": 0.5, "value": 0.5 + items.mean(), "p_holm": 1.0})
+        for task, items in (
+            ("lost_one", np.array([-1.0] + [0.0] * 99)),
+            ("won", np.array([1.0] * (20 + 2 * seed) + [0.0] * (80 - 2 * seed))),
+        ):
+            rows.append(
+                {
+                    "shape": shape,
+                    "comparison": "streamback",
+                    "seed": seed,
+                    "task": task,
+                    "filter": "none",
+                    "metric": "acc",
+                    "baseline": base,
+                    "run": other,
+                    "stream": "fp32",
+                    "n": 100,
+                    "_items": list(items),
+                    "diff": items.mean(),
+                    "baseline_value": 0.5,
+                    "value": 0.5 + items.mean(),
+                    "p_holm": 1.0,
+                }
+            )
     bench = pd.DataFrame(across_seeds_rows(rows, [], config["eval"]["pairs"]))
     (tmp_path / layout.TABLES_DIR).mkdir(parents=True)
     loss.to_csv(tmp_path / layout.table("loss_difference"), index=False)
@@ -73,8 +93,12 @@ def test_the_rows_over_seeds_carry_the_resolution(study):
     assert row.seeds_for_band == stats.seeds_needed(sigma, 0.001) and row.seeds_for_band > 3
     assert row.p_seeds == 0.25  # every seed the same sign: the exact floor of three seeds
     lost = bench[bench.task == "lost_one"].iloc[0]
-    assert lost.sd == 0 and lost.boot_high == 0.0 and lost.p_seeds == 0.25 and lost.verdict.startswith("within seed noise")
-    assert lost.mde == pytest.approx(stats.seed_mde(0.0, 3, 0.05, 0.8, lost.within_se)) and lost.mde > 0  # the items' noise
+    assert (
+        lost.sd == 0 and lost.boot_high == 0.0 and lost.p_seeds == 0.25 and lost.verdict.startswith("within seed noise")
+    )
+    assert (
+        lost.mde == pytest.approx(stats.seed_mde(0.0, 3, 0.05, 0.8, lost.within_se)) and lost.mde > 0
+    )  # the items' noise
     won = bench[bench.task == "won"].iloc[0]
     assert won.verdict.startswith("consistent across seeds: better by 22.0 points")
 
@@ -83,23 +107,41 @@ def test_the_answer_says_what_the_tier_resolves_and_opens_with_the_forest_plot(s
     config, loss, _ = study
     row = loss[(loss.seed == "all") & (loss.split == "val")].iloc[0]
     text = " ".join(map(str, answer.loss(config)))
-    assert (f"this tier resolves |Δ| ≥ {row.mde:.4f} nats; the paper's band of ±0.001 nats would take "
-            f"{int(row.seeds_for_band):,} seeds at this spread") in text
+    assert (
+        f"this tier resolves |Δ| ≥ {row.mde:.4f} nats; the paper's band of ±0.001 nats would take "
+        f"{int(row.seeds_for_band):,} seeds at this spread"
+    ) in text
     words = " ".join(map(str, answer.benchmarks(config)))
     assert "1 of 2 benchmark comparisons" in words and "tiny-medium-streamback on won acc (+22.0 points" in words
     assert "lost_one" not in words.split("are consistent across seeds")[1].split(";")[0]
-    assert "cannot give p below 0.25, so after Holm over a comparison's 2 tests no difference can reach alpha 0.05 (that takes 7 seeds)" in words  # 2 x 2 / 2^7 <= 0.05 < 2 x 2 / 2^6
+    assert (
+        "cannot give p below 0.25, so after Holm over a comparison's 2 tests no difference can reach alpha 0.05 (that "
+        "takes 7 seeds)" in words
+    )  # 2 x 2 / 2^7 <= 0.05 < 2 x 2 / 2^6
     table = answer.verdicts()
-    assert list(table.quantity) == ["final train loss (nats)", "final val loss (nats)", "lost_one acc (points)", "won acc (points)"]
+    assert list(table.quantity) == [
+        "final train loss (nats)",
+        "final val loss (nats)",
+        "lost_one acc (points)",
+        "won acc (points)",
+    ]
     assert table.set_index("quantity").loc["lost_one acc (points)", "verdict"] == "within seed noise"
-    assert table.set_index("quantity").loc["final val loss (nats)", "seeds for the band"] == f"±0.001 nats: {int(row.seeds_for_band):,}"
+    assert (
+        table.set_index("quantity").loc["final val loss (nats)", "seeds for the band"]
+        == f"±0.001 nats: {int(row.seeds_for_band):,}"
+    )
     study_ = page.Study(config=config, config_files=[])
     blocks = page.the_answer(study_)
     spec = blocks[0].to_dict()  # the forest plot first: an Altair chart with its bands
     assert spec["facet"]["row"]["field"] == "shape" and len(spec["spec"]["layer"]) == 7
-    marks = [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["spec"]["layer"]]
+    marks = [
+        layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["spec"]["layer"]
+    ]
     assert marks == ["rect", "rect", "rule", "point", "rule", "rule", "point"]
-    assert isinstance(blocks[3], pd.DataFrame) and [name for name, _ in page.sections(study_)][:2] == ["The answer", "What was run"]
+    assert isinstance(blocks[3], pd.DataFrame) and [name for name, _ in page.sections(study_)][:2] == [
+        "The answer",
+        "What was run",
+    ]
     from streamback.charts import save_figure
 
     save_figure(blocks[0], layout.SEED_FIGURE)  # Vega draws it: the bands, bars and points of both kinds
@@ -116,10 +158,22 @@ def test_the_benchmark_answer_leads_with_the_tasks_that_can_rank(study):
     rows = []
     for name, spec in matrix.items():
         top = 0.6 if spec.block == "streamback" else 0.5
-        rows += [{"run": name, "task": "clear", "filter": "none", "metric": "acc", "value": top + 0.01 * wobble[spec.seed]},
-                 {"run": name, "task": "coin", "filter": "none", "metric": "acc", "value": 0.5 + (top - 0.5) / 10 + 0.05 * wobble[spec.seed]}]
+        rows += [
+            {"run": name, "task": "clear", "filter": "none", "metric": "acc", "value": top + 0.01 * wobble[spec.seed]},
+            {
+                "run": name,
+                "task": "coin",
+                "filter": "none",
+                "metric": "acc",
+                "value": 0.5 + (top - 0.5) / 10 + 0.05 * wobble[spec.seed],
+            },
+        ]
     table = task_snr(config["train"], pd.DataFrame(rows))
-    assert list(table.task) == ["clear", "coin"] and (table.models == 2).all() and (table.noise_from == "training seeds").all()
+    assert (
+        list(table.task) == ["clear", "coin"]
+        and (table.models == 2).all()
+        and (table.noise_from == "training seeds").all()
+    )
     clear, coin = table.iloc[0], table.iloc[1]
     sd = 0.01 * np.sqrt(2 / 3)  # np.std of -1, 0, 1 times 0.01
     assert clear.snr == pytest.approx(0.1 / sd) and clear.can_rank
@@ -141,10 +195,22 @@ def test_the_mechanisms_get_intervals_and_resolution(study):
     rows, swallowed, envelope = [], [], []
     for i, run in enumerate(runs):
         for variant, error, flips in (("bf16", 1e-2, 0.02 + 0.001 * i), ("fp32", 1e-2 / ratios[run], 0.001)):
-            rows += [{"run": run, "seed": matrix[run].seed, "variant": variant, "kind": "activations", "layer": layer,
-                      "max_abs_error": error * (layer + 1) / 3, "sign_flip_fraction": flips} for layer in range(3)]
-        swallowed += [{"run": run, "seed": matrix[run].seed, "variant": v, "swallowed_fraction": f, "lost_mass_fraction": f / 10}
-                      for v, f in (("bf16", 0.2 + 0.002 * i), ("fp32", 0.001))]
+            rows += [
+                {
+                    "run": run,
+                    "seed": matrix[run].seed,
+                    "variant": variant,
+                    "kind": "activations",
+                    "layer": layer,
+                    "max_abs_error": error * (layer + 1) / 3,
+                    "sign_flip_fraction": flips,
+                }
+                for layer in range(3)
+            ]
+        swallowed += [
+            {"run": run, "seed": matrix[run].seed, "variant": v, "swallowed_fraction": f, "lost_mass_fraction": f / 10}
+            for v, f in (("bf16", 0.2 + 0.002 * i), ("fp32", 0.001))
+        ]
         top = 40.0 + i + (5.0 if matrix[run].block == "streamback" else 0.0)
         envelope += [{"run": run, "seed": matrix[run].seed, "layer": 0, "max": top, "min": -top}]
     for name, frame in (("layer_error", rows), ("swallowed", swallowed), ("envelope", envelope)):
@@ -152,15 +218,25 @@ def test_the_mechanisms_get_intervals_and_resolution(study):
     text = answer.layer_error()[0]
     logs = np.log(list(ratios.values()))
     summary = stats.across_seeds(logs, 0.95)
-    assert f"geometric mean {np.exp(logs.mean()):.1f}, 95% t interval ×{np.exp(summary['low']):.2f} to ×{np.exp(summary['high']):.2f} over 6 runs" in text
+    assert (
+        f"geometric mean {np.exp(logs.mean()):.1f}, 95% t interval ×{np.exp(summary['low']):.2f} to "
+        f"×{np.exp(summary['high']):.2f} over 6 runs" in text
+    )
     assert f"they resolve a ratio beyond ×{np.exp(stats.seed_mde(summary['sd'], 6)):.2f}" in text
     gap = 100 * (0.02 + 0.001 * np.arange(6) - 0.001)
     flips = stats.across_seeds(gap, 0.95)
     assert f"in points of coordinates: 95% t interval {flips['low']:+.3f} to {flips['high']:+.3f} over 6 runs" in text
     text = answer.swallowed()[0]
     share = stats.across_seeds(100 * (0.2 + 0.002 * np.arange(6) - 0.001), 0.95)
-    assert (f"bf16 minus fp32 per run, in points: 95% t interval {share['low']:+.2f} to {share['high']:+.2f} over 6 runs; they resolve "
-            f"|Δ| ≥ {stats.seed_mde(share['sd'], 6):.2f}") in text
+    assert (
+        f"bf16 minus fp32 per run, in points: 95% t interval {share['low']:+.2f} to {share['high']:+.2f} over 6 runs; "
+        f"they resolve "
+        f"|Δ| ≥ {stats.seed_mde(share['sd'], 6):.2f}"
+    ) in text
     text = answer.envelope(config, comparisons(matrix))[0]
-    # StreamBack's top minus the baseline's of the same seed: 5 + 3 in every seed (the matrix lists the three baselines, then StreamBack)
-    assert "StreamBack's maximum minus the baseline's, per seed: tiny-medium: +8.0 (95% t interval +8.0 to +8.0 over 3 seeds; no spread" in text
+    # StreamBack's top minus the baseline's of the same seed: 5 + 3 in every seed (the matrix lists the three
+    # baselines, then StreamBack)
+    assert (
+        "StreamBack's maximum minus the baseline's, per seed: tiny-medium: +8.0 (95% t interval +8.0 to +8.0 over 3 "
+        "seeds; no spread" in text
+    )

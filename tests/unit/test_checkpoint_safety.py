@@ -65,7 +65,9 @@ def test_a_metadata_that_would_run_a_command_is_refused_and_runs_nothing(tmp_pat
     message = str(err.value)
     assert f"checkpoint file {path / '.metadata'} tries to load posix.system" in message and "\n" not in message
     assert not marker.exists()
-    assert (path / ".metadata").exists() and ckpt.list_checkpoints(tmp_path / "ckpt") == [(5, path)]  # not moved aside: not damaged, hostile
+    assert (path / ".metadata").exists() and ckpt.list_checkpoints(tmp_path / "ckpt") == [
+        (5, path)
+    ]  # not moved aside: not damaged, hostile
 
 
 class _Values(Stateful):
@@ -82,7 +84,9 @@ class _Values(Stateful):
 def test_a_value_that_would_run_a_command_is_refused_and_runs_nothing(tmp_path):
     marker = tmp_path / "ran"
     path = ckpt.save_checkpoint(tmp_path / "ckpt", 1, _Values(RunsACommand(f"touch {marker}")), {}, keep=1)
-    with pytest.raises(UnsafeCheckpoint, match=rf"checkpoint {path}: the value train\.setting of the checkpoint is not plain data"):
+    with pytest.raises(
+        UnsafeCheckpoint, match=rf"checkpoint {path}: the value train\.setting of the checkpoint is not plain data"
+    ):
         ckpt._load(path, _Values(None))
     assert not marker.exists()
     plain = ckpt.save_checkpoint(tmp_path / "plain", 1, _Values((0.9, 0.95)), {}, keep=1)

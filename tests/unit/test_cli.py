@@ -56,5 +56,7 @@ def test_check_names_the_file_and_line_of_invalid_yaml(tmp_path, capsys):
     assert "train.batch_size (6) must be a multiple of micro_batch_size (4) x processes (1)" in capsys.readouterr().err
     bad.write_text("train: {runs: {shapes: [tiny-medium], streams: [mxfp8], seeds: [0, 1]}}\n")
     assert main(["check", str(bad)]) == 0
-    assert capsys.readouterr().out == (f"config OK (config/config.yaml + {bad}): 5 runs: tiny-medium-baseline, tiny-medium-baseline-seed1, "
-                                       "tiny-medium-streamback, tiny-medium-streamback-seed1, tiny-medium-streamback-mxfp8\n")
+    assert capsys.readouterr().out == (
+        f"config OK (config/config.yaml + {bad}): 5 runs: tiny-medium-baseline, tiny-medium-baseline-seed1, "
+        "tiny-medium-streamback, tiny-medium-streamback-seed1, tiny-medium-streamback-mxfp8\n"
+    )

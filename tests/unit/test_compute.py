@@ -6,7 +6,8 @@ inputs on both paths, and each GEMM output's relative error against fp64 on the 
 must equal the native kernel's to within ERROR_BUDGET (measured: 0.0%); the same GEMM with its
 output unrounded has 5e-5 of native's error. Attention keeps what a flash kernel rounds inside
 in fp32 (streamback/model/compute.py), so its error is at most native's (measured 0.56-0.93x),
-its outputs and gradients rounded to bf16; unrounded, its output would have 4e-5 of native's. Whole runs: a trained tiny model's loss and gradients, a
+its outputs and gradients rounded to bf16; unrounded, its output would have 4e-5 of native's. Whole runs: a trained tiny
+model's loss and gradients, a
 short training run's losses, and the study's findings (layer error fp32 < bf16; the loss
 difference of two runs within its interval) on both paths.
 """
@@ -25,7 +26,17 @@ ERROR_BUDGET = 0.02  # |error / native error - 1| for the same rounding points
 
 
 def micro(block="baseline", stream="fp32", vocab=300):
-    return ModelArgs(dim=64, n_layers=3, n_heads=4, n_kv_heads=1, vocab_size=vocab, multiple_of=32, max_seq_len=64, block=block, stream=stream)
+    return ModelArgs(
+        dim=64,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=1,
+        vocab_size=vocab,
+        multiple_of=32,
+        max_seq_len=64,
+        block=block,
+        stream=stream,
+    )
 
 
 def windows(tokens_dir, count, seq, seed=0):
@@ -63,6 +74,7 @@ def record_ops(model, batch):
             out.register_hook(lambda grad: entry.__setitem__("grad", grad.detach()))
             calls.append(entry)
             return out
+
         return call
 
     compute.linear, compute.attention = recording(originals[0], "linear"), recording(originals[1], "attention")
@@ -93,20 +105,29 @@ def replay(fn, call, mode, dtype=None):
 
 
 def relative_errors(calls):
-    """{(op, which, path): relative L2 error against fp64} over all calls, for native, emulated and the skipped-rounding control."""
+    """{(op, which, path): relative L2 error against fp64} over all calls, for native, emulated and the skipped-rounding
+    control."""
     sums = {}
     for call in calls:
         op = compute.linear if call["kind"] == "linear" else compute.attention
         reference = F.linear if call["kind"] == "linear" else F.scaled_dot_product_attention
         truth = replay(reference, call, "native", torch.float64)
-        paths = {"native": replay(op, call, "native"), "emulated": replay(op, call, "emulated"),
-                 "skipped": replay(skip_gemm_rounding if call["kind"] == "linear" else skip_attention_rounding, call, "native")}
+        paths = {
+            "native": replay(op, call, "native"),
+            "emulated": replay(op, call, "emulated"),
+            "skipped": replay(
+                skip_gemm_rounding if call["kind"] == "linear" else skip_attention_rounding, call, "native"
+            ),
+        }
         for name, results in paths.items():
             for which, (got, true) in enumerate(zip(results, truth)):
                 if name != "skipped":
                     assert got.dtype == torch.bfloat16, (call["kind"], which, name)  # on the bf16 grid
                 err, norm = sums.get((call["kind"], which, name), (0.0, 0.0))
-                sums[(call["kind"], which, name)] = (err + float((got.double() - true).pow(2).sum()), norm + float(true.pow(2).sum()))
+                sums[(call["kind"], which, name)] = (
+                    err + float((got.double() - true).pow(2).sum()),
+                    norm + float(true.pow(2).sum()),
+                )
     return {key: math.sqrt(err / norm) for key, (err, norm) in sums.items()}
 
 
@@ -140,8 +161,12 @@ def test_a_trained_model_s_loss_and_gradients_agree_to_rounding_order(tokens):
     model = trained(tokens)
     batch = windows(tokens, 8, 48, seed=5)
     results = {}
-    for name, dtype, mode in (("native", torch.bfloat16, "native"), ("emulated", torch.bfloat16, "emulated"),
-                              ("fp32", torch.float32, "native"), ("fp64", torch.float64, "native")):
+    for name, dtype, mode in (
+        ("native", torch.bfloat16, "native"),
+        ("emulated", torch.bfloat16, "emulated"),
+        ("fp32", torch.float32, "native"),
+        ("fp64", torch.float64, "native"),
+    ):
         copy = Transformer(micro(), compute_dtype=dtype)
         copy.load_state_dict(model.state_dict())
         if dtype == torch.float64:
@@ -155,7 +180,9 @@ def test_a_trained_model_s_loss_and_gradients_agree_to_rounding_order(tokens):
 
     def error(name, tensors=slice(None)):
         pairs = list(zip(results[name][1], truth))[tensors]
-        return math.sqrt(sum(float((g - t).pow(2).sum()) for g, t in pairs) / sum(float(t.pow(2).sum()) for _, t in pairs))
+        return math.sqrt(
+            sum(float((g - t).pow(2).sum()) for g, t in pairs) / sum(float(t.pow(2).sum()) for _, t in pairs)
+        )
 
     assert abs(error("emulated") / error("native") - 1) <= 0.05, (error("emulated"), error("native"))
     assert error("fp32") < 1e-3 * error("native")

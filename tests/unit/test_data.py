@@ -18,7 +18,17 @@ from streamback.data import shards as shards_module
 from streamback.data import tokenize as tokenize_module
 from streamback.data.corpus import corpus_table, write_part
 from streamback.data.generate import generate
-from streamback.data.shards import HEADER_BYTES, TokenDataset, encode_header, read_header, read_manifest, read_record, token_dtype, write_record, write_shard
+from streamback.data.shards import (
+    HEADER_BYTES,
+    TokenDataset,
+    encode_header,
+    read_header,
+    read_manifest,
+    read_record,
+    token_dtype,
+    write_record,
+    write_shard,
+)
 from streamback.data.tokenize import tokenize
 from streamback.errors import StreambackError
 
@@ -28,8 +38,14 @@ SHARD = 4096  # small shards, so every split spans several
 
 
 def config(**overrides) -> dict:
-    data = {"shard_tokens": SHARD, "val_fraction": 0.2, "processes": 1, "batch_documents": 64,
-            "tokenizer": {"vocab_size": 600}, **overrides}
+    data = {
+        "shard_tokens": SHARD,
+        "val_fraction": 0.2,
+        "processes": 1,
+        "batch_documents": 64,
+        "tokenizer": {"vocab_size": 600},
+        **overrides,
+    }
     return validate_config({"data": data})["data"]
 
 
@@ -43,7 +59,9 @@ def split_documents(data_dir, split) -> list[list[int]]:
     ds = TokenDataset(data_dir, split, verify=True)
     tokens = ds.read(0, ds.num_tokens)
     ends = np.flatnonzero(tokens == ds.eos_id)
-    return [t.tolist() for t in np.split(tokens, ends + 1)[:-1]] + ([tokens[ends[-1] + 1:].tolist()] if ends[-1] + 1 < tokens.size else [])
+    return [t.tolist() for t in np.split(tokens, ends + 1)[:-1]] + (
+        [tokens[ends[-1] + 1 :].tolist()] if ends[-1] + 1 < tokens.size else []
+    )
 
 
 def shard_bytes(data_dir) -> dict:
@@ -74,8 +92,13 @@ def corpus(tmp_path_factory):
     table = pa.concat_tables([pq.read_table(f) for f in files])
     out = root / "tokens"
     manifest = tokenize(config(), out, inputs=files, progress=False)
-    return {"files": files, "texts": table.column("text").to_pylist(), "ids": table.column("id").to_pylist(),
-            "out": out, "manifest": manifest}
+    return {
+        "files": files,
+        "texts": table.column("text").to_pylist(),
+        "ids": table.column("id").to_pylist(),
+        "out": out,
+        "manifest": manifest,
+    }
 
 
 def test_shards_hold_every_document_once_in_its_split(corpus):
@@ -85,9 +108,13 @@ def test_shards_hold_every_document_once_in_its_split(corpus):
     assert manifest["eos_id"] == tokenizer.token_to_id("<|endoftext|>")
     assert manifest["dtype"] == "uint16"
     assert manifest["tokenizer"]["sha256"] == hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()
-    assert [f["sha256"] for f in manifest["source"]["files"]] == [hashlib.sha256(f.read_bytes()).hexdigest() for f in corpus["files"]]
+    assert [f["sha256"] for f in manifest["source"]["files"]] == [
+        hashlib.sha256(f.read_bytes()).hexdigest() for f in corpus["files"]
+    ]
     for split in ("train", "val"):
-        expected = [text for text, doc_id in zip(corpus["texts"], corpus["ids"]) if is_val(doc_id, 0.2) == (split == "val")]
+        expected = [
+            text for text, doc_id in zip(corpus["texts"], corpus["ids"]) if is_val(doc_id, 0.2) == (split == "val")
+        ]
         docs = split_documents(out, split)
         assert [tokenizer.decode(d[:-1]) for d in docs] == expected
         assert all(d[-1] == manifest["eos_id"] for d in docs)
@@ -106,7 +133,7 @@ def test_read_crosses_shard_boundaries(corpus):
     for offset, length in [(0, 10), (SHARD - 3, 7), (SHARD - 1, 2 * SHARD + 5), (raw.size - 4, 4), (17, 0)]:
         window = ds.read(offset, length)
         assert window.dtype == np.int64
-        np.testing.assert_array_equal(window, raw[offset:offset + length])
+        np.testing.assert_array_equal(window, raw[offset : offset + length])
     with pytest.raises(ValueError):
         ds.read(raw.size - 2, 3)
 
@@ -161,7 +188,10 @@ def test_resume_keeps_only_shards_whose_tokens_match(corpus, tmp_path, capsys):
     (out / "manifest.json").unlink()  # as after a killed run
     flip_bit(out / "train-00002.bin", HEADER_BYTES + 11)
     manifest = tokenize(config(), out, inputs=corpus["files"])
-    assert "not resuming from train-00002.bin: the sha256 of its tokens differs from its header's" in capsys.readouterr().err
+    assert (
+        "not resuming from train-00002.bin: the sha256 of its tokens differs from its header's"
+        in capsys.readouterr().err
+    )
     assert shard_bytes(out) == shard_bytes(corpus["out"]) and manifest["splits"] == corpus["manifest"]["splits"]
 
 
@@ -204,11 +234,17 @@ def test_fineweb_path_offline(corpus, tmp_path):
     """A local copy of a FineWeb-shaped hub repository, read as data.source: hub."""
     repo = tmp_path / "fineweb"
     (repo / "sample" / "100BT").mkdir(parents=True)
-    pq.write_table(corpus_table(3, 0, 300, "s3://fake/CC-MAIN.warc.gz"), repo / "sample" / "100BT" / "000_00000.parquet")
-    (repo / "README.md").write_text("---\nconfigs:\n- config_name: sample-100BT\n  data_files:\n"
-                                    "  - split: train\n    path: sample/100BT/*\n---\n")
-    data = config(source="hub", hub={"dataset": str(repo), "name": "sample-100BT"},
-                  tokenizer={"kind": "file", "file": str(corpus["out"] / "tokenizer.json")})
+    pq.write_table(
+        corpus_table(3, 0, 300, "s3://fake/CC-MAIN.warc.gz"), repo / "sample" / "100BT" / "000_00000.parquet"
+    )
+    (repo / "README.md").write_text(
+        "---\nconfigs:\n- config_name: sample-100BT\n  data_files:\n  - split: train\n    path: sample/100BT/*\n---\n"
+    )
+    data = config(
+        source="hub",
+        hub={"dataset": str(repo), "name": "sample-100BT"},
+        tokenizer={"kind": "file", "file": str(corpus["out"] / "tokenizer.json")},
+    )
     manifest = tokenize(data, tmp_path / "tokens", progress=False)
     assert manifest["source"]["kind"] == "hub" and manifest["source"]["name"] == "sample-100BT"
     assert {"path": "sample/100BT/000_00000.parquet"}.items() <= manifest["source"]["local_copy"][1].items()
@@ -222,7 +258,9 @@ def test_local_jsonl_and_text_files(tmp_path):
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:56]))
     for i, text in enumerate(docs[56:]):
         (tmp_path / f"t{i:02d}.txt").write_text(text)
-    data = config(source="local", local={"files": [str(tmp_path / "a.jsonl"), str(tmp_path / "t*.txt")]}, val_fraction=0.25)
+    data = config(
+        source="local", local={"files": [str(tmp_path / "a.jsonl"), str(tmp_path / "t*.txt")]}, val_fraction=0.25
+    )
     manifest = tokenize(data, tmp_path / "tokens", progress=False)
     tokenizer = Tokenizer.from_file(str(tmp_path / "tokens" / "tokenizer.json"))
     assert len(manifest["source"]["files"]) == 5
@@ -246,21 +284,25 @@ def test_uint32_shards_and_header_round_trip(tmp_path):
 
 # -- bad input ------------------------------------------------------------------------------
 
+
 def write(path, content: bytes):
     path.write_bytes(content)
     return str(path)
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("empty.parquet", None, r"empty corpus: .*empty\.parquet hold no documents"),
-    ("empty.txt", b"", r"empty corpus: .*empty\.txt hold no documents"),
-    ("blank.jsonl", b'{"text": ""}\n{"text": "  "}\n', r"empty corpus: .*blank\.jsonl holds no document with text"),
-    ("nocol.parquet", "content", r"nocol\.parquet has no column 'text' \(columns: content\)"),
-    ("nocol.jsonl", b'{"body": "hello"}\n', r"nocol\.jsonl has no column 'text' \(columns: body\)"),
-    ("latin1.txt", "café".encode("latin-1"), r"latin1\.txt is not valid UTF-8"),
-    ("latin1.jsonl", b'{"text": "caf\xe9"}\n', r"latin1\.jsonl is not valid UTF-8"),
-    ("missing.parquet", "absent", r"corpus file .*missing\.parquet does not exist"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("empty.parquet", None, r"empty corpus: .*empty\.parquet hold no documents"),
+        ("empty.txt", b"", r"empty corpus: .*empty\.txt hold no documents"),
+        ("blank.jsonl", b'{"text": ""}\n{"text": "  "}\n', r"empty corpus: .*blank\.jsonl holds no document with text"),
+        ("nocol.parquet", "content", r"nocol\.parquet has no column 'text' \(columns: content\)"),
+        ("nocol.jsonl", b'{"body": "hello"}\n', r"nocol\.jsonl has no column 'text' \(columns: body\)"),
+        ("latin1.txt", "café".encode("latin-1"), r"latin1\.txt is not valid UTF-8"),
+        ("latin1.jsonl", b'{"text": "caf\xe9"}\n', r"latin1\.jsonl is not valid UTF-8"),
+        ("missing.parquet", "absent", r"corpus file .*missing\.parquet does not exist"),
+    ],
+)
 def test_bad_corpus_files(tmp_path, name, content, message):
     path = tmp_path / name
     if content is None:
@@ -274,11 +316,17 @@ def test_bad_corpus_files(tmp_path, name, content, message):
     assert not (tmp_path / "tokens").exists()  # a failed run leaves no (empty) output directory
 
 
-@pytest.mark.parametrize("tokenizer, message", [
-    ({"kind": "file", "file": "/nonexistent/tokenizer.json"}, r"tokenizer file /nonexistent/tokenizer\.json does not exist"),
-    ({"kind": "file", "file": "GARBAGE"}, r"tokenizer file .*garbage\.json cannot be loaded"),
-    ({"kind": "file", "file": "BPE", "eos_token": "<|eot|>"}, r"has no token '<\|eot\|>'"),
-])
+@pytest.mark.parametrize(
+    "tokenizer, message",
+    [
+        (
+            {"kind": "file", "file": "/nonexistent/tokenizer.json"},
+            r"tokenizer file /nonexistent/tokenizer\.json does not exist",
+        ),
+        ({"kind": "file", "file": "GARBAGE"}, r"tokenizer file .*garbage\.json cannot be loaded"),
+        ({"kind": "file", "file": "BPE", "eos_token": "<|eot|>"}, r"has no token '<\|eot\|>'"),
+    ],
+)
 def test_tokenizer_that_cannot_be_loaded(corpus, tmp_path, tokenizer, message):
     if tokenizer["file"] == "GARBAGE":
         tokenizer["file"] = write(tmp_path / "garbage.json", b'{"model": ')
@@ -288,12 +336,21 @@ def test_tokenizer_that_cannot_be_loaded(corpus, tmp_path, tokenizer, message):
         tokenize(config(tokenizer=tokenizer), tmp_path / "tokens", inputs=corpus["files"], progress=False)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: (d / "train-00001.bin").unlink(), r"shard .*train-00001\.bin listed in .*manifest\.json is missing"),
-    (lambda d: (d / "val-00000.bin").write_bytes((d / "val-00000.bin").read_bytes()[:-2]), r"val-00000\.bin is \d+ bytes, its header promises"),
-    (lambda d: (d / "train-00000.bin").write_bytes(b"not a shard"), r"train-00000\.bin has no streamback header"),
-    (lambda d: (d / "train-00000.bin").write_bytes((d / "train-00001.bin").read_bytes()), r"train-00000\.bin and .*manifest\.json disagree on its "),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / "train-00001.bin").unlink(), r"shard .*train-00001\.bin listed in .*manifest\.json is missing"),
+        (
+            lambda d: (d / "val-00000.bin").write_bytes((d / "val-00000.bin").read_bytes()[:-2]),
+            r"val-00000\.bin is \d+ bytes, its header promises",
+        ),
+        (lambda d: (d / "train-00000.bin").write_bytes(b"not a shard"), r"train-00000\.bin has no streamback header"),
+        (
+            lambda d: (d / "train-00000.bin").write_bytes((d / "train-00001.bin").read_bytes()),
+            r"train-00000\.bin and .*manifest\.json disagree on its ",
+        ),
+    ],
+)
 def test_shards_whose_header_or_size_do_not_match(corpus, tmp_path, damage, message):
     out = copy_tokens(corpus["out"], tmp_path / "tokens")
     damage(out)
@@ -307,7 +364,10 @@ def test_a_changed_byte_is_found_before_it_is_read(corpus, tmp_path):
     ds = TokenDataset(out, "train")
     good = TokenDataset(corpus["out"], "train")
     np.testing.assert_array_equal(ds.read(0, 100), good.read(0, 100))  # shards 0 and 1 are intact
-    message = r"shard .*train-00002\.bin: the sha256 of its tokens is [0-9a-f]{16}\.\.\., .*manifest\.json records [0-9a-f]{16}"
+    message = (
+        r"shard .*train-00002\.bin: the sha256 of its tokens is [0-9a-f]{16}\.\.\., .*manifest\.json records "
+        r"[0-9a-f]{16}"
+    )
     for _ in range(2):  # refused every time, never remembered as good
         with pytest.raises(StreambackError, match=message):
             ds.read(ds.starts[2], 8)
@@ -331,7 +391,10 @@ def test_a_token_id_outside_the_vocabulary_is_named(corpus, tmp_path):
     bad = [name for name, top in largest.items() if top >= manifest["vocab_size"]]
     assert bad and str(err.value).count("outside the vocabulary") == len(bad)
     for name in bad:
-        assert f"{name}: it holds token id {largest[name]}, outside the vocabulary of {manifest['vocab_size']} ids" in str(err.value)
+        assert (
+            f"{name}: it holds token id {largest[name]}, outside the vocabulary of {manifest['vocab_size']} ids"
+            in str(err.value)
+        )
     with pytest.raises(StreambackError, match="outside the vocabulary"):
         ds.read(ds.starts[int(bad[0][6:11])], 1)
 
@@ -348,7 +411,7 @@ def test_each_shard_is_hashed_once_per_process(corpus, tmp_path, monkeypatch):
     assert sorted(hashed) == [p.name for p in ds.paths]
     (out / "train-00001.bin").write_bytes((out / "train-00001.bin").read_bytes())  # same bytes, written again
     TokenDataset(out, "train").verify()
-    assert hashed[len(ds.paths):] == ["train-00001.bin"]  # a file written since is hashed again
+    assert hashed[len(ds.paths) :] == ["train-00001.bin"]  # a file written since is hashed again
 
 
 def test_a_verification_record_spares_only_unchanged_shards(corpus, tmp_path, monkeypatch):
@@ -380,7 +443,12 @@ def test_unwritable_output_directories_are_named_before_any_work(corpus, tmp_pat
 
 def test_cli_reports_bad_input(tmp_path):
     params = json.dumps({"source": "local", "local": {"files": [str(tmp_path / "none*.parquet")]}})
-    result = subprocess.run([sys.executable, "-m", "streamback", "tokenize", "--params", params, "--out", str(tmp_path)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamback", "tokenize", "--params", params, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "streamback tokenize: error: empty corpus: data.local.files matched no files" in result.stderr

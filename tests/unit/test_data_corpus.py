@@ -10,15 +10,46 @@ import pytest
 from streamback.data.corpus import PHENOMENA, document_id, document_text, minimal_pairs, part_ranges, write_part
 
 # FineWeb's parquet schema (HuggingFaceFW/fineweb, data/*/*.parquet).
-FINEWEB_SCHEMA = pa.schema([
-    ("text", pa.string()), ("id", pa.string()), ("dump", pa.string()), ("url", pa.string()),
-    ("date", pa.string()), ("file_path", pa.string()), ("language", pa.string()),
-    ("language_score", pa.float64()), ("token_count", pa.int64()),
-])
-NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+FINEWEB_SCHEMA = pa.schema(
+    [
+        ("text", pa.string()),
+        ("id", pa.string()),
+        ("dump", pa.string()),
+        ("url", pa.string()),
+        ("date", pa.string()),
+        ("file_path", pa.string()),
+        ("language", pa.string()),
+        ("language_score", pa.float64()),
+        ("token_count", pa.int64()),
+    ]
+)
+NUMBER_WORDS = {
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+}
 # A hand-made agreement key for a few nouns, independent of corpus.py's lexicon.
-NOUN_NUMBER = {"dog": "sg", "dogs": "pl", "mouse": "sg", "mice": "pl", "child": "sg", "children": "pl",
-               "box": "sg", "boxes": "pl", "goose": "sg", "geese": "pl", "shelf": "sg", "shelves": "pl"}
+NOUN_NUMBER = {
+    "dog": "sg",
+    "dogs": "pl",
+    "mouse": "sg",
+    "mice": "pl",
+    "child": "sg",
+    "children": "pl",
+    "box": "sg",
+    "boxes": "pl",
+    "goose": "sg",
+    "geese": "pl",
+    "shelf": "sg",
+    "shelves": "pl",
+}
 VERB_NUMBER = {"is": "sg", "are": "pl", "has": "sg", "have": "pl"}
 DOCS = [document_text(7, i) for i in range(400)]
 
@@ -36,7 +67,9 @@ def brackets_balanced(text: str) -> bool:
 
 def counts_agree(text: str) -> bool:
     """Every counting sentence lists as many items as it announces (and counts correctly)."""
-    for kind, number, items in re.findall(r"(counts to|counts down from|(?:rings|sounds)) (\w+)(?: times)?: ([^.]*)\.", text):
+    for kind, number, items in re.findall(
+        r"(counts to|counts down from|(?:rings|sounds)) (\w+)(?: times)?: ([^.]*)\.", text
+    ):
         n, listed = NUMBER_WORDS[number], items.split(", ")
         if len(listed) != n:
             return False
@@ -91,8 +124,10 @@ def singular_verb(word: str) -> bool:
 
 def number_pair(a: str, b: str) -> bool:
     """a and b are one verb in its two numbers (sings/sing, watches/watch, carries/carry, is/are)."""
+
     def third_person(plural):
         return {plural + "s", plural + "es", plural[:-1] + "ies", {"are": "is", "have": "has"}.get(plural)}
+
     return a in third_person(b) or b in third_person(a)
 
 
@@ -110,7 +145,12 @@ def test_minimal_pairs_differ_in_one_word(phenomenon):
         if phenomenon.startswith("agreement"):
             assert number_pair(good[i], bad[i]), (good[i], bad[i])
         if phenomenon == "agreement_attractor":  # Det (Adj) HEAD prep Det (Adj) NOUN <verb>
-            head = good[good.index(next(w for w in good[2:] if w in {"to", "of", "near", "behind", "beside", "with", "from", "under"})) - 1]
+            head = good[
+                good.index(
+                    next(w for w in good[2:] if w in {"to", "of", "near", "behind", "beside", "with", "from", "under"})
+                )
+                - 1
+            ]
             assert plural_noun(head) != singular_verb(good[i]) and plural_noun(head) != plural_noun(good[i - 1])
         elif phenomenon == "agreement_subject_relative":  # HEAD that/who verb Det (Adj) NOUN <verb>
             head = good[next(k for k, w in enumerate(good) if w in {"that", "who"}) - 1]

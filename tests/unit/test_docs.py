@@ -48,14 +48,23 @@ def layout_list(text: str) -> tuple[set[str], set[str]]:
 
 
 def test_the_layout_list_parses_as_written():
-    text = "```\nstreamback/\n  a.py b.py\n  model/    c.py d.py   (x.smk)\n            e.py\n  eval/     f.py tasks/\n```"
-    assert layout_list(text) == ({"a.py", "b.py", "model/c.py", "model/d.py", "model/e.py", "eval/f.py"}, {"model", "eval", "eval/tasks"})
+    text = (
+        "```\nstreamback/\n  a.py b.py\n  model/    c.py d.py   (x.smk)\n            e.py\n  eval/     f.py tasks/\n```"
+    )
+    assert layout_list(text) == (
+        {"a.py", "b.py", "model/c.py", "model/d.py", "model/e.py", "eval/f.py"},
+        {"model", "eval", "eval/tasks"},
+    )
 
 
 def test_the_layout_list_in_development_md_is_the_tree():
     """Every module of streamback/ is listed (besides the packages' __init__.py), and nothing listed is missing."""
     modules, folders = layout_list((ROOT / "docs" / "development.md").read_text())
-    tree = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts}
+    tree = {
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py" and "__pycache__" not in p.parts
+    }
     assert sorted(tree - modules) == [], "modules missing from docs/development.md's layout"
     assert sorted(modules - tree) == [], "docs/development.md lists modules that do not exist"
     assert all((PACKAGE / folder).is_dir() for folder in folders), folders
@@ -75,33 +84,62 @@ def test_the_plain_pytorch_reference_of_gpu_checks_is_the_measured_one():
     """benchmarks/gpu_checks.py's REFERENCE (the speeds its bench goals compare with) is the table in
     docs/measurements.md, and the summary's `ref tok/s` column printed it."""
     source = (ROOT / "benchmarks" / "gpu_checks.py").read_text()
-    (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "REFERENCE"]
+    (node,) = [
+        n
+        for n in ast.parse(source).body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "REFERENCE"
+    ]
     reference = ast.literal_eval(node.value)
-    rows = re.findall(r"\| ([\w-]+) (compiled|eager) (baseline|streamback): ([\d,]+) tok/s(?:, peak ([\d.]+) GiB)? \|", MEASUREMENTS)
-    documented = {(shape, mode, block): (int(_number(tps)), float(peak) if peak else None) for shape, mode, block, tps, peak in rows}
+    rows = re.findall(
+        r"\| ([\w-]+) (compiled|eager) (baseline|streamback): ([\d,]+) tok/s(?:, peak ([\d.]+) GiB)? \|", MEASUREMENTS
+    )
+    documented = {
+        (shape, mode, block): (int(_number(tps)), float(peak) if peak else None)
+        for shape, mode, block, tps, peak in rows
+    }
     assert documented == reference
     for (shape, mode, block), (tps, _) in reference.items():
-        assert re.search(rf"^\| {shape} \| {mode} \| {block} \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]* \| {tps:,} \|", H200_SUMMARY, re.MULTILINE)
+        assert re.search(
+            rf"^\| {shape} \| {mode} \| {block} \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]* \| {tps:,} \|",
+            H200_SUMMARY,
+            re.MULTILINE,
+        )
 
 
 def test_the_h200_figures_in_measurements_md_are_the_shipped_summary_s():
     (rate,) = re.findall(r"^bf16 matmul ([\d.]+) TFLOP/s; device copy ([\d.]+) TB/s", H200_SUMMARY, re.MULTILINE)
     assert f"bf16 matmul {rate[0]} TFLOP/s; device copy {rate[1]} TB/s" in MEASUREMENTS
-    speed = {mode: int(_number(tps)) for mode, tps in re.findall(r"^\| medium \| (compiled|eager) \| baseline \| ([\d,]+) \|", H200_SUMMARY, re.MULTILINE)}
-    assert f"compiled {speed['compiled']:,} tok/s against eager {speed['eager']:,} ({speed['compiled'] / speed['eager']:.2f}x)" in MEASUREMENTS
+    speed = {
+        mode: int(_number(tps))
+        for mode, tps in re.findall(
+            r"^\| medium \| (compiled|eager) \| baseline \| ([\d,]+) \|", H200_SUMMARY, re.MULTILINE
+        )
+    }
+    assert (
+        f"compiled {speed['compiled']:,} tok/s against eager {speed['eager']:,} "
+        f"({speed['compiled'] / speed['eager']:.2f}x)" in MEASUREMENTS
+    )
 
 
-@pytest.mark.parametrize(("config", "stated"), [
-    ("config.yaml", "{steps} steps x {tokens_per_step} tokens"),
-    ("one-gpu.yaml", "{steps:,} steps of {batch_size} x {seq_len} ({read:,} tokens)"),
-    ("paper.yaml", "100B tokens ({steps:,} steps"),
-])
+@pytest.mark.parametrize(
+    ("config", "stated"),
+    [
+        ("config.yaml", "{steps} steps x {tokens_per_step} tokens"),
+        ("one-gpu.yaml", "{steps:,} steps of {batch_size} x {seq_len} ({read:,} tokens)"),
+        ("paper.yaml", "100B tokens ({steps:,} steps"),
+    ],
+)
 def test_the_step_counts_in_config_comments_are_the_code_s(config, stated):
     """A run's steps, where a config comment states them, are `train_steps` of that config."""
     train = load_config(ROOT / "config" / config)["train"]
     steps = train_steps(train)
-    fields = dict(steps=steps, tokens_per_step=train["batch_size"] * train["seq_len"], batch_size=train["batch_size"],
-                  seq_len=train["seq_len"], read=steps * train["batch_size"] * train["seq_len"])
+    fields = dict(
+        steps=steps,
+        tokens_per_step=train["batch_size"] * train["seq_len"],
+        batch_size=train["batch_size"],
+        seq_len=train["seq_len"],
+        read=steps * train["batch_size"] * train["seq_len"],
+    )
     assert stated.format(**fields) in _flat(ROOT / "config" / config)
 
 
@@ -125,7 +163,9 @@ def test_the_drift_page_states_the_default_grid():
     text = _flat(ROOT / "docs" / "stages" / "drift.md")
     assert f"{drift['coords']} coordinates start at {drift['start']:g} and take {drift['steps']} steps" in text
     words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
-    assert f"summed along {words[len(drift['paths'])]} paths: " + ", ".join(f"`{p}`" for p in drift["paths"][:2]) in text
+    assert (
+        f"summed along {words[len(drift['paths'])]} paths: " + ", ".join(f"`{p}`" for p in drift["paths"][:2]) in text
+    )
     assert all(f"`{p}`" in text for p in drift["paths"])
 
 
@@ -133,5 +173,7 @@ def test_stream_traffic_s_example_step_time_is_the_measured_reference_s():
     """benchmarks/stream_traffic.py's example `--step-ms` is a compiled fat-short step of plain
     PyTorch on the H200: 4 x 2048 tokens at the tokens/s docs/measurements.md records."""
     (tps,) = re.findall(r"\| fat-short compiled baseline: ([\d,]+) tok/s", MEASUREMENTS)
-    (step_ms,) = re.findall(r"--shapes fat-short --step-ms ([\d.]+)", (ROOT / "benchmarks" / "stream_traffic.py").read_text())
+    (step_ms,) = re.findall(
+        r"--shapes fat-short --step-ms ([\d.]+)", (ROOT / "benchmarks" / "stream_traffic.py").read_text()
+    )
     assert float(step_ms) == round(4 * 2048 / _number(tps) * 1e3, 1)

@@ -16,8 +16,15 @@ ALL_PATHS = list(PATHS)
 
 
 def config(**changes):
-    cfg = dict(coords=64, start=600.0, steps=200, settings=[{"mu": 0.2, "sigma": 0.5}], seeds=[0],
-               paths=ALL_PATHS, trajectory_every=10)
+    cfg = dict(
+        coords=64,
+        start=600.0,
+        steps=200,
+        settings=[{"mu": 0.2, "sigma": 0.5}],
+        seeds=[0],
+        paths=ALL_PATHS,
+        trajectory_every=10,
+    )
     return cfg | changes
 
 
@@ -40,8 +47,16 @@ def test_spacing_probes_at_600():
 
 def test_spacing_per_power_of_two_range():
     ranges = spacing_table().query("kind == 'range'")
-    hand = {("bf16", 512.0): 4.0, ("bf16", 1024.0): 8.0, ("bf16", 1.0): 2**-7, ("fp16", 512.0): 0.5,
-            ("fp16", 1024.0): 1.0, ("fp8_e4m3", 256.0): 32.0, ("fp8_e4m3", 1.0): 0.125, ("fp8_e5m2", 512.0): 128.0}
+    hand = {
+        ("bf16", 512.0): 4.0,
+        ("bf16", 1024.0): 8.0,
+        ("bf16", 1.0): 2**-7,
+        ("fp16", 512.0): 0.5,
+        ("fp16", 1024.0): 1.0,
+        ("fp8_e4m3", 256.0): 32.0,
+        ("fp8_e4m3", 1.0): 0.125,
+        ("fp8_e5m2", 512.0): 128.0,
+    }
     measured = ranges.set_index(["format", "value"]).gap
     for key, gap in hand.items():
         assert measured[key] == gap, key
@@ -75,7 +90,9 @@ def test_constant_updates_hand_derived():
 
 def test_stochastic_rounding_keeps_constant_updates_on_average():
     """+1 at 600 in bf16 rounds up to 604 with probability 1/4; after 100 steps the mean drift is 100."""
-    sim = simulate(config(coords=4096, steps=100, settings=[{"mu": 1.0, "sigma": 0.0}], paths=["bf16_sr"]), compiled=False)
+    sim = simulate(
+        config(coords=4096, steps=100, settings=[{"mu": 1.0, "sigma": 0.0}], paths=["bf16_sr"]), compiled=False
+    )
     drift = sim.final["bf16_sr"].double() - 600.0
     standard_error = math.sqrt(100 * 16 * 0.25 * 0.75 / drift.numel())
     assert abs(drift.mean().item() - 100.0) < 5 * standard_error
@@ -85,8 +102,14 @@ def _native_loop(path, cfg, mu, sigma, seed):
     """One (setting, seed) of `path` step by step in torch's native bf16 / fp16 / fp8 arithmetic."""
     g = torch.Generator().manual_seed(seed)
     mu, sigma = torch.tensor(mu), torch.tensor(sigma)
-    dtype = {"fp32": torch.float32, "fp32_bf16_updates": torch.float32, "bf16": torch.bfloat16,
-             "bf16_kahan": torch.bfloat16, "fp16": torch.float16, "fp8_e5m2": torch.float8_e5m2}[path]
+    dtype = {
+        "fp32": torch.float32,
+        "fp32_bf16_updates": torch.float32,
+        "bf16": torch.bfloat16,
+        "bf16_kahan": torch.bfloat16,
+        "fp16": torch.float16,
+        "fp8_e5m2": torch.float8_e5m2,
+    }[path]
     total = torch.full((cfg["coords"],), cfg["start"]).to(dtype)
     comp = torch.zeros(cfg["coords"], dtype=dtype)
     for _ in range(cfg["steps"]):
@@ -123,7 +146,17 @@ def test_vectorised_grid_matches_native_dtype_loop():
 def test_summary_rows_ratios_and_the_skipped_e4m3():
     cfg = config(settings=[{"mu": 0.2, "sigma": 1.0}, {"mu": 0.5, "sigma": 1.0}], seeds=[3, 4])
     summary = summary_table(cfg, simulate(cfg, compiled=False))
-    assert list(summary.columns[:9]) == ["mu", "sigma", "path", "seed", "steps", "coords", "start", "drift", "drift_ratio"]
+    assert list(summary.columns[:9]) == [
+        "mu",
+        "sigma",
+        "path",
+        "seed",
+        "steps",
+        "coords",
+        "start",
+        "drift",
+        "drift_ratio",
+    ]
     assert len(summary) == 2 * 2 * len(PATHS)
     assert (summary[summary.path == "fp32"].drift_ratio == 1.0).all()
     e4m3 = summary[summary.path == "fp8_e4m3"]

@@ -27,13 +27,30 @@ from streamback.train import trainer
 
 from conftest import ROOT
 
-MODEL = {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64}
-TRAIN = {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "streams": [], "seeds": None}, "seed": 7, "tokens": 30 * 8 * 32, "seq_len": 32,
-         "batch_size": 8, "micro_batch_size": 8, "optimizer": {"lr": 3e-3}, "schedule": {"warmup_steps": 4, "decay_steps": 8},
-         "checkpoint": {"every": 30, "keep": 1}, "log": {"every": 10, "stream_every": 10, "val_every": 30, "val_sequences": 8}}
+MODEL = {
+    "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
+    "max_seq_len": 64,
+}
+TRAIN = {
+    "runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "streams": [], "seeds": None},
+    "seed": 7,
+    "tokens": 30 * 8 * 32,
+    "seq_len": 32,
+    "batch_size": 8,
+    "micro_batch_size": 8,
+    "optimizer": {"lr": 3e-3},
+    "schedule": {"warmup_steps": 4, "decay_steps": 8},
+    "checkpoint": {"every": 30, "keep": 1},
+    "log": {"every": 10, "stream_every": 10, "val_every": 30, "val_sequences": 8},
+}
 RUNS = ("micro-baseline", "micro-streamback")
 SMALL = {"local": {"seed": 1000, "pairs": 6, "documents": 8}, "bootstrap_iters": 100, "batch_size": 16}
-TEXTS = ["The dog runs.", "Mia counts to five: one, two, three, four, five.", "A cat", "Four dark friends [and three shelves (blue and heavy)] miss every song."]
+TEXTS = [
+    "The dog runs.",
+    "Mia counts to five: one, two, three, four, five.",
+    "A cat",
+    "Four dark friends [and three shelves (blue and heavy)] miss every song.",
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,7 +82,9 @@ def other_corpora(tmp_path_factory):
     write_part(12, 0, 300, root / "part.parquet")
     out = {}
     for vocab in (400, 280):
-        data = validate_config({"data": {"tokenizer": {"vocab_size": vocab}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
+        data = validate_config(
+            {"data": {"tokenizer": {"vocab_size": vocab}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}}
+        )["data"]
         tokenize(data, root / f"tokens-{vocab}", inputs=[root / "part.parquet"], progress=False)
         out[vocab] = root / f"tokens-{vocab}"
     return out
@@ -94,7 +113,7 @@ def scorer(runs, tokens, run="micro-baseline", dtype=torch.float32, batch_size=4
 def direct_loglikelihood(model, context, continuation):
     """Sum of log-probabilities of `continuation` after `context`: one unpadded forward of exactly
     what lm-eval's hf backend feeds a model (the last max_seq_len + 1 tokens, less the last)."""
-    whole = [*context, *continuation][-(model.args.max_seq_len + 1):]
+    whole = [*context, *continuation][-(model.args.max_seq_len + 1) :]
     with torch.inference_mode():
         logits = model(torch.tensor([whole[:-1]]))[0].double()
     logp = torch.log_softmax(logits, -1)
@@ -114,7 +133,11 @@ def test_loglikelihood_equals_the_models_forward(runs, tokens, dtype, tol):
     requests longer than the context (left-truncated) and a one-token context."""
     sc, run = scorer(runs, tokens, dtype=dtype, batch_size=5)
     eos = run.eos_id
-    requests = [([eos, *sc.encode(a)], sc.encode(" " + b)) for a in TEXTS for b in ("sees it.", "runs", "is happy (and the cat is not).")]
+    requests = [
+        ([eos, *sc.encode(a)], sc.encode(" " + b))
+        for a in TEXTS
+        for b in ("sees it.", "runs", "is happy (and the cat is not).")
+    ]
     long_context = sc.encode(" ".join(TEXTS * 4))
     assert len(long_context) > 64
     requests += [([eos], sc.encode(TEXTS[1])), (long_context, sc.encode(" The end."))]
@@ -172,9 +195,18 @@ def test_rolling_windows_are_lm_evals(runs, tokens):
     assert totals[1] == pytest.approx(direct_loglikelihood(sc.model, [run.eos_id], short)[0], abs=1e-5)
 
 
-@pytest.mark.parametrize("run, stream, dtype", [("micro-baseline", None, torch.bfloat16), ("micro-streamback", None, torch.bfloat16),
-                                                ("micro-streamback", "mxfp8", torch.bfloat16), ("micro-baseline", None, torch.float32)])
-def test_the_evaluated_model_holds_its_weights_in_the_compute_dtype_with_the_same_outputs(runs, tokens, run, stream, dtype):
+@pytest.mark.parametrize(
+    "run, stream, dtype",
+    [
+        ("micro-baseline", None, torch.bfloat16),
+        ("micro-streamback", None, torch.bfloat16),
+        ("micro-streamback", "mxfp8", torch.bfloat16),
+        ("micro-baseline", None, torch.float32),
+    ],
+)
+def test_the_evaluated_model_holds_its_weights_in_the_compute_dtype_with_the_same_outputs(
+    runs, tokens, run, stream, dtype
+):
     """The model evaluation scores with keeps its parameters in the compute dtype (no cast at every
     use) and gives bit for bit the logits of the model file's fp32 master weights cast at each use."""
     from streamback.model.weights import load_model
@@ -182,14 +214,23 @@ def test_the_evaluated_model_holds_its_weights_in_the_compute_dtype_with_the_sam
     opened = open_run(runs[run], tokens)
     model = opened.model(compute_dtype=dtype, stream=stream)
     masters = load_model(runs[run], compute_dtype=dtype, stream=stream)
-    assert {p.dtype for p in model.parameters()} == {dtype} and {p.dtype for p in masters.parameters()} == {torch.float32}
+    assert {p.dtype for p in model.parameters()} == {dtype} and {p.dtype for p in masters.parameters()} == {
+        torch.float32
+    }
     x = torch.randint(0, 300, (3, 40), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         assert torch.equal(model(x), masters(x))
 
 
-@pytest.mark.parametrize("run, stream, dtype, tol", [("micro-baseline", None, torch.float32, 2e-5), ("micro-streamback", None, torch.float32, 2e-5),
-                                                     ("micro-streamback", "mxfp8", torch.bfloat16, 0.1), ("micro-baseline", None, torch.bfloat16, 0.1)])
+@pytest.mark.parametrize(
+    "run, stream, dtype, tol",
+    [
+        ("micro-baseline", None, torch.float32, 2e-5),
+        ("micro-streamback", None, torch.float32, 2e-5),
+        ("micro-streamback", "mxfp8", torch.bfloat16, 0.1),
+        ("micro-baseline", None, torch.bfloat16, 0.1),
+    ],
+)
 def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtype, tol, device):
     """The key/value cache's logits after a right-padded batch of contexts, then after each appended
     token (rows dropped on the way), are those of the model's own forward over each whole sequence:
@@ -204,7 +245,7 @@ def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtyp
     appended = torch.randint(0, 300, (4, 6), generator=gen)
     tokens_in = torch.zeros((4, 17), dtype=torch.long)
     for b, row in enumerate(rows):
-        tokens_in[b, :len(row)] = torch.tensor(row)
+        tokens_in[b, : len(row)] = torch.tensor(row)
     decoder = CachedDecoder(model, tokens_in.to(device), torch.tensor([len(r) for r in rows]), capacity=17 + 6)
     alive = [0, 1, 2, 3]
 
@@ -226,7 +267,7 @@ def test_cached_decoding_gives_the_models_logits(runs, tokens, run, stream, dtyp
 
 def test_greedy_generation_is_the_argmax_loop(runs, tokens):
     sc, run = scorer(runs, tokens, batch_size=3)
-    prompts = [[run.eos_id, *sc.encode(t)] for t in ("Mia counts to five: one,", "The dog", "Ben says, \"The", "A")]
+    prompts = [[run.eos_id, *sc.encode(t)] for t in ("Mia counts to five: one,", "The dog", 'Ben says, "The', "A")]
 
     def loop(prompt, steps):
         ids = list(prompt)
@@ -236,11 +277,13 @@ def test_greedy_generation_is_the_argmax_loop(runs, tokens):
                 if nxt == run.eos_id:
                     break
                 ids.append(nxt)
-        return sc.decode(ids[len(prompt):])
+        return sc.decode(ids[len(prompt) :])
 
     plain = [loop(p, 12) for p in prompts]
     assert sc.generate(prompts, stop=[], max_new_tokens=12) == plain
-    assert Scorer(sc.model, run.tokenizer, run.eos_id, batch_size=1).generate(prompts, stop=[], max_new_tokens=12) == plain
+    assert (
+        Scorer(sc.model, run.tokenizer, run.eos_id, batch_size=1).generate(prompts, stop=[], max_new_tokens=12) == plain
+    )
     stop = (plain[0].strip() or " ")[0]  # a character the first continuation holds
     cut = sc.generate(prompts, stop=[stop], max_new_tokens=12)
     assert cut == [text.split(stop)[0] for text in plain]
@@ -253,10 +296,18 @@ def test_greedy_generation_is_the_argmax_loop(runs, tokens):
     from streamback.eval.lm import StreambackLM
 
     lm = StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), dtype="float32", batch_size=3)
-    texts = ["Mia counts to five: one,", "The dog", "Ben says, \"The", "A"]
-    kwargs = [{"until": [stop], "max_gen_toks": 12}, {"until": [], "max_gen_toks": 12}, {"until": [stop], "max_gen_toks": 12}, {"max_gen_toks": 5}]
+    texts = ["Mia counts to five: one,", "The dog", 'Ben says, "The', "A"]
+    kwargs = [
+        {"until": [stop], "max_gen_toks": 12},
+        {"until": [], "max_gen_toks": 12},
+        {"until": [stop], "max_gen_toks": 12},
+        {"max_gen_toks": 5},
+    ]
     requests = [Instance("generate_until", {}, (t, k), i) for i, (t, k) in enumerate(zip(texts, kwargs))]
-    want = [sc.generate([lm.tok_encode(t)], stop=k.get("until", []), max_new_tokens=k["max_gen_toks"])[0] for t, k in zip(texts, kwargs)]
+    want = [
+        sc.generate([lm.tok_encode(t)], stop=k.get("until", []), max_new_tokens=k["max_gen_toks"])[0]
+        for t, k in zip(texts, kwargs)
+    ]
     assert lm.generate_until(requests) == want
     with pytest.raises(StreambackError, match="greedy only"):
         lm.generate_until([Instance("generate_until", {}, ("A", {"do_sample": True, "temperature": 0.7}), 0)])
@@ -274,14 +325,20 @@ def test_generation_reports_progress_in_the_log(runs, tokens, monkeypatch, capsy
 
     monkeypatch.setattr(lm_module, "Progress", functools.partial(Progress, every_s=0.0))
     lm = lm_module.StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), batch_size=2)
-    requests = [Instance("generate_until", {}, (text, {"until": [], "max_gen_toks": 5}), i, metadata=("my_task", i, 1))
-                for i, text in enumerate(["The dog", "A cat", "Mia", "Ben says"])]
+    requests = [
+        Instance("generate_until", {}, (text, {"until": [], "max_gen_toks": 5}), i, metadata=("my_task", i, 1))
+        for i, text in enumerate(["The dog", "A cat", "Mia", "Ben says"])
+    ]
     assert [r.task_name for r in requests] == ["my_task"] * 4
     lm.scorer.eos_id = -1  # no end-of-text token: each request generates its 5 tokens
     capsys.readouterr()
     lm.generate_until(requests)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[generate_until my_task]")]
-    assert lines and lines[-1].startswith("[generate_until my_task] 4/4 request, ") and lines[-1].endswith(" 20 tokens generated")
+    assert (
+        lines
+        and lines[-1].startswith("[generate_until my_task] 4/4 request, ")
+        and lines[-1].endswith(" 20 tokens generated")
+    )
     assert any(" request, " in line and " left " in line for line in lines)
 
 
@@ -296,13 +353,19 @@ def test_lm_eval_runs_the_local_tasks_with_the_streamback_model(evaluated, runs,
     sc, run = scorer(runs, tokens, dtype=torch.bfloat16)
     for name in RUNS:
         out = root / layout.eval_dir(name)
-        assert sorted(p.name for p in out.iterdir()) == sorted(["results.json", *(f"samples_{t}.jsonl" for t in cfg["tasks"])])
+        assert sorted(p.name for p in out.iterdir()) == sorted(
+            ["results.json", *(f"samples_{t}.jsonl" for t in cfg["tasks"])]
+        )
         saved = json.loads((out / "results.json").read_text())
         assert saved["config"]["model"] == "streamback" and saved["config"]["streamback"]["run"] == name
         assert saved["config"]["streamback"]["stream"] == ("bf16" if name == "micro-baseline" else "fp32")
         assert set(saved["results"]) == set(cfg["tasks"]) and saved["lm_eval_version"].startswith("0.4")
-    samples = {t: [json.loads(x) for x in (root / layout.eval_samples("micro-baseline", t)).read_text().splitlines()] for t in cfg["tasks"]}
+    samples = {
+        t: [json.loads(x) for x in (root / layout.eval_samples("micro-baseline", t)).read_text().splitlines()]
+        for t in cfg["tasks"]
+    }
     assert len(samples["streamback_pairs_agreement"]) == 5 * 6 and len(samples["streamback_cloze"]) == 8
+
     def tol(tokens):
         """bf16 compute in other batches: the last-bit noise of other matmul shapes, which now and then
         flips a rounding and moves each scored token's log-probability a little (measured: 1.4e-3 nats on
@@ -317,7 +380,7 @@ def test_lm_eval_runs_the_local_tasks_with_the_streamback_model(evaluated, runs,
         assert pair["acc"] == float(saved[0] > saved[1])
     for cloze in samples["streamback_cloze"]:
         context = sc.encode(cloze["doc"]["context"])
-        target = sc.encode(cloze["doc"]["context"] + cloze["doc"]["target"])[len(context):]
+        target = sc.encode(cloze["doc"]["context"] + cloze["doc"]["target"])[len(context) :]
         ll, greedy = sc.loglikelihood([(context, target)])[0]
         assert float(cloze["resps"][0][0][0]) == pytest.approx(ll, abs=tol(target)) and cloze["acc"] == int(greedy)
     for story in samples["streamback_perplexity"]:
@@ -356,9 +419,17 @@ def test_export_carries_the_runs_tokenizer(runs, tokens, tmp_path):
     from streamback.cli import main as cli_main
 
     out = tmp_path / "hf"
-    assert cli_main(["export-hf", "--checkpoint", str(runs["micro-streamback"]), "--out", str(out), "--data", str(tokens)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json",
-                                                      "tokenizer_config.json"]
+    assert (
+        cli_main(["export-hf", "--checkpoint", str(runs["micro-streamback"]), "--out", str(out), "--data", str(tokens)])
+        == 0
+    )
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert (out / "tokenizer.json").read_bytes() == (tokens / "tokenizer.json").read_bytes()
     sc, run = scorer(runs, tokens, run="micro-streamback")
     hf = AutoTokenizer.from_pretrained(out)
@@ -375,24 +446,33 @@ def test_export_carries_the_runs_tokenizer(runs, tokens, tmp_path):
     trained = read_model(runs["micro-streamback"])
     save_model(tmp_path / "random.pt", trained.args, trained.state, trained.compute_dtype)
     export(tmp_path / "random.pt", tmp_path / "random-hf", default_tokens=tokens)
-    assert not (tmp_path / "random-hf" / "tokenizer.json").exists() and (tmp_path / "random-hf" / "model.safetensors").exists()
+    assert (
+        not (tmp_path / "random-hf" / "tokenizer.json").exists()
+        and (tmp_path / "random-hf" / "model.safetensors").exists()
+    )
 
 
 # ---- the model's arguments -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"tokens": "/elsewhere"}, r"tokens=/elsewhere and tokenizer=.* name two directories; give one"),
-    ({"batch_size": "auto"}, r"batch_size='auto' must be a positive whole number \(no 'auto'\)"),
-    ({"batch_size": 0}, r"batch_size=0 must be a positive whole number"),
-    ({"max_length": 1000}, r"max_length 1000 must be between 1 and the model's max_seq_len 64"),
-    ({"max_length": "long"}, r"max_length='long' must be a positive whole number"),
-    ({"dtype": "fp8"}, r"dtype='fp8' is not one of float32, bfloat16, float16"),
-    ({"stream": "fp7"}, r"stream='fp7': bad residual-stream format 'fp7'"),
-    ({"device": "gpu9"}, r"device='gpu9' is not a torch device"),
-    ({"trust_remote_code": True, "parallelize": False}, r"unknown arguments 'trust_remote_code', 'parallelize' in model_args; it takes pretrained, tokens"),
-    ({"pretrained": None}, r"pretrained= is required"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"tokens": "/elsewhere"}, r"tokens=/elsewhere and tokenizer=.* name two directories; give one"),
+        ({"batch_size": "auto"}, r"batch_size='auto' must be a positive whole number \(no 'auto'\)"),
+        ({"batch_size": 0}, r"batch_size=0 must be a positive whole number"),
+        ({"max_length": 1000}, r"max_length 1000 must be between 1 and the model's max_seq_len 64"),
+        ({"max_length": "long"}, r"max_length='long' must be a positive whole number"),
+        ({"dtype": "fp8"}, r"dtype='fp8' is not one of float32, bfloat16, float16"),
+        ({"stream": "fp7"}, r"stream='fp7': bad residual-stream format 'fp7'"),
+        ({"device": "gpu9"}, r"device='gpu9' is not a torch device"),
+        (
+            {"trust_remote_code": True, "parallelize": False},
+            r"unknown arguments 'trust_remote_code', 'parallelize' in model_args; it takes pretrained, tokens",
+        ),
+        ({"pretrained": None}, r"pretrained= is required"),
+    ],
+)
 def test_a_bad_model_argument_is_named_in_one_line(runs, tokens, args, message, no_scoring):
     from streamback.eval.lm import StreambackLM
 
@@ -401,7 +481,9 @@ def test_a_bad_model_argument_is_named_in_one_line(runs, tokens, args, message, 
     assert "\n" not in str(caught.value)
 
 
-def test_tokenizer_is_tokens_and_the_default_is_found_by_the_models_corpus(runs, tokens, other_corpora, tmp_path, monkeypatch):
+def test_tokenizer_is_tokens_and_the_default_is_found_by_the_models_corpus(
+    runs, tokens, other_corpora, tmp_path, monkeypatch
+):
     """`tokenizer=` (the hf backend's name) is `tokens=`; without either, the token directory is the one
     beside the model file's results/ whose corpus the model file records (another corpus there is
     passed over), wherever the working directory is; none there is one line naming where it looked."""
@@ -423,12 +505,17 @@ def test_tokenizer_is_tokens_and_the_default_is_found_by_the_models_corpus(runs,
     assert found.run.tokens_dir == project / "results" / "tokens" / "my-corpus"
     assert found.get_model_info()["model_args"]["tokens"] == str(project / "results" / "tokens" / "my-corpus")
     shutil.rmtree(project / "results" / "tokens" / "my-corpus")
-    with pytest.raises(StreambackError, match=rf"^streamback model: no token directory was given, and none of {project / 'results' / 'tokens'}, "
-                                              rf".*results/tokens holds the corpus .*model.pt was trained on \(fingerprint \w+\): give its token directory$"):
+    with pytest.raises(
+        StreambackError,
+        match=rf"^streamback model: no token directory was given, and none of {project / 'results' / 'tokens'}, "
+        rf".*results/tokens holds the corpus .*model.pt was trained on \(fingerprint \w+\): give its token directory$",
+    ):
         StreambackLM(pretrained=str(project / layout.model_file("micro-baseline")))
 
 
-def test_tokenizer_takes_the_token_directory_its_tokenizer_file_or_a_directory_holding_it(runs, tokens, other_corpora, tmp_path):
+def test_tokenizer_takes_the_token_directory_its_tokenizer_file_or_a_directory_holding_it(
+    runs, tokens, other_corpora, tmp_path
+):
     """`tokenizer=` (as the hf backend's users pass a tokenizer's path) takes the token directory, its
     tokenizer.json, or a tokenizer outside it (an export-hf directory, or its tokenizer.json), whose
     corpus is found beside the model file's results/; anything else is one line naming it."""
@@ -439,7 +526,10 @@ def test_tokenizer_takes_the_token_directory_its_tokenizer_file_or_a_directory_h
     model = str(runs["micro-baseline"])
     assert StreambackLM(pretrained=model, tokenizer=str(tokens)).run.tokens_dir == tokens
     assert StreambackLM(pretrained=model, tokenizer=str(tokens / "tokenizer.json")).run.tokens_dir == tokens
-    assert StreambackLM(pretrained=model, tokens=str(tokens), tokenizer=str(tokens / "tokenizer.json")).run.tokens_dir == tokens
+    assert (
+        StreambackLM(pretrained=model, tokens=str(tokens), tokenizer=str(tokens / "tokenizer.json")).run.tokens_dir
+        == tokens
+    )
     project = tmp_path / "project"
     (project / layout.run_dir("micro-baseline")).mkdir(parents=True)
     shutil.copy2(model, project / layout.model_file("micro-baseline"))
@@ -448,13 +538,23 @@ def test_tokenizer_takes_the_token_directory_its_tokenizer_file_or_a_directory_h
     shutil.copy2(tokens / "tokenizer.json", tmp_path / "hf" / "tokenizer.json")
     model = str(project / layout.model_file("micro-baseline"))
     for given in (tmp_path / "hf", tmp_path / "hf" / "tokenizer.json"):
-        assert StreambackLM(pretrained=model, tokenizer=str(given)).run.tokens_dir == project / "results" / "tokens" / "my-corpus"
+        assert (
+            StreambackLM(pretrained=model, tokenizer=str(given)).run.tokens_dir
+            == project / "results" / "tokens" / "my-corpus"
+        )
     (tmp_path / "other").mkdir()
     shutil.copy2(other_corpora[280] / "tokenizer.json", tmp_path / "other" / "tokenizer.json")
     (tmp_path / "empty").mkdir()
     for given, message in [
-        (tmp_path / "other", rf"tokenizer {tmp_path / 'other' / 'tokenizer.json'} is not the one of .*my-corpus, the corpus .* was trained on \(sha256 differs\)"),
-        (tmp_path / "empty", rf"{tmp_path / 'empty'} is neither a token directory \(it has no manifest.json\) nor a tokenizer.json"),
+        (
+            tmp_path / "other",
+            rf"tokenizer {tmp_path / 'other' / 'tokenizer.json'} is not the one of .*my-corpus, the corpus .* was "
+            rf"trained on \(sha256 differs\)",
+        ),
+        (
+            tmp_path / "empty",
+            rf"{tmp_path / 'empty'} is neither a token directory \(it has no manifest.json\) nor a tokenizer.json",
+        ),
         (tmp_path / "nowhere.json", rf"{tmp_path / 'nowhere.json'} does not exist"),
     ]:
         with pytest.raises(StreambackError, match=r"^streamback model: " + message) as caught:
@@ -468,6 +568,7 @@ def test_tokenizer_takes_the_token_directory_its_tokenizer_file_or_a_directory_h
 @pytest.fixture
 def no_scoring(monkeypatch):
     """Scoring raises: a check that passes too late shows up as this error instead of its own."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("scored before the bad input was caught")
 
@@ -492,9 +593,14 @@ def test_bad_model_files_are_named(evaluated, runs, tokens, tmp_path, monkeypatc
 
 
 def test_a_tokenizer_of_another_corpus_is_refused(runs, tokens, other_corpora, no_scoring):
-    with pytest.raises(StreambackError, match=r"has 400 tokens, but the embedding of .*micro-baseline/model.pt has 300 rows"):
+    with pytest.raises(
+        StreambackError, match=r"has 400 tokens, but the embedding of .*micro-baseline/model.pt has 300 rows"
+    ):
         open_run(runs["micro-baseline"], other_corpora[400])
-    with pytest.raises(StreambackError, match=r"run micro-streamback \(.*\) was trained on another corpus than .*tokens-280: its fingerprint"):
+    with pytest.raises(
+        StreambackError,
+        match=r"run micro-streamback \(.*\) was trained on another corpus than .*tokens-280: its fingerprint",
+    ):
         open_run(runs["micro-streamback"], other_corpora[280])
     with pytest.raises(StreambackError, match="another corpus"):
         export(runs["micro-baseline"], other_corpora[280].parent / "hf-refused", other_corpora[280])
@@ -528,27 +634,63 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
     cfg = evaluated["cfg"]
     train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
     benchmarks, pairs = tables.tables(cfg, train_cfg)
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
+    assert list(benchmarks.columns) == [
+        "run",
+        "shape",
+        "block",
+        "stream",
+        "seed",
+        "task",
+        "filter",
+        "metric",
+        "value",
+        "stderr",
+        "n",
+        "chance",
+    ]
     assert set(benchmarks["filter"]) == {"none"} and set(benchmarks.seed) == {TRAIN.get("seed", 0)}
     guessed = benchmarks.set_index(["task", "metric"]).chance
     assert (guessed.loc[[t for t in benchmarks.task.unique() if "pairs" in t]] == 0.5).all()  # two sentences a pair
-    cloze = [json.loads(line)["target"] for line in layout.eval_samples(RUNS[0], "streamback_cloze").read_text().splitlines()]
-    assert (guessed.loc[("streamback_cloze", "acc")] == max(cloze.count(t) for t in cloze) / len(cloze)).all()  # the most frequent last word
-    assert guessed.loc[("streamback_cloze", "perplexity")].isna().all() and guessed.loc["streamback_perplexity"].isna().all()
+    cloze = [
+        json.loads(line)["target"] for line in layout.eval_samples(RUNS[0], "streamback_cloze").read_text().splitlines()
+    ]
+    assert (
+        guessed.loc[("streamback_cloze", "acc")] == max(cloze.count(t) for t in cloze) / len(cloze)
+    ).all()  # the most frequent last word
+    assert (
+        guessed.loc[("streamback_cloze", "perplexity")].isna().all()
+        and guessed.loc["streamback_perplexity"].isna().all()
+    )
     over = pairs[pairs.seed == "all"]
-    assert len(over) == 4 and (over.seeds == 1).all() and over.verdict.str.startswith("one training seed: training randomness is not covered").all()
+    assert (
+        len(over) == 4
+        and (over.seeds == 1).all()
+        and over.verdict.str.startswith("one training seed: training randomness is not covered").all()
+    )
     pairs = pairs[pairs.seed != "all"]
     for row in benchmarks.itertuples():
         saved = evaluated["results"][row.run]["results"][row.task]
         assert row.value == saved[f"{row.metric},none"]
         assert row.n == evaluated["results"][row.run]["n-samples"][row.task]["effective"]
-        assert (row.stream, row.block, row.shape) == (("bf16", "baseline") if row.run == "micro-baseline" else ("fp32", "streamback")) + ("micro",)
+        assert (row.stream, row.block, row.shape) == (
+            ("bf16", "baseline") if row.run == "micro-baseline" else ("fp32", "streamback")
+        ) + ("micro",)
     assert set(benchmarks.metric) == {"acc", "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte"}
     # pairs: the 0/1 metrics only (the four accuracies), StreamBack against the baseline
     assert list(pairs[["task", "metric"]].itertuples(index=False, name=None)) == [
-        ("streamback_pairs_agreement", "acc"), ("streamback_pairs_brackets", "acc"), ("streamback_pairs_counting", "acc"), ("streamback_cloze", "acc")]
+        ("streamback_pairs_agreement", "acc"),
+        ("streamback_pairs_brackets", "acc"),
+        ("streamback_pairs_counting", "acc"),
+        ("streamback_cloze", "acc"),
+    ]
     for row in pairs.itertuples():
-        outcome = {run: {s["doc_id"]: s["acc"] for s in map(json.loads, layout.eval_samples(run, row.task).read_text().splitlines())} for run in RUNS}
+        outcome = {
+            run: {
+                s["doc_id"]: s["acc"]
+                for s in map(json.loads, layout.eval_samples(run, row.task).read_text().splitlines())
+            }
+            for run in RUNS
+        }
         a, b = ([outcome[run][i] for i in sorted(outcome[run])] for run in RUNS)
         only_a = sum(x > y for x, y in zip(a, b))
         only_b = sum(y > x for x, y in zip(a, b))
@@ -556,8 +698,11 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
         assert row.diff == pytest.approx(sum(b) / len(b) - sum(a) / len(a)) and row.ci_low <= row.diff <= row.ci_high
         want_p = mcnemar([[0, only_a], [only_b, 0]], exact=True).pvalue if only_a + only_b else 1.0
         assert row.p_mcnemar == pytest.approx(want_p) and row.tests == 4 and row.p_holm >= row.p_mcnemar
-        assert row.family == ("micro-streamback vs micro-baseline, 4 tests: streamback_pairs_agreement acc; streamback_pairs_brackets acc; "
-                              "streamback_pairs_counting acc; streamback_cloze acc")
+        assert row.family == (
+            "micro-streamback vs micro-baseline, 4 tests: streamback_pairs_agreement acc; streamback_pairs_brackets "
+            "acc; "
+            "streamback_pairs_counting acc; streamback_cloze acc"
+        )
         assert row.verdict.startswith(("no difference", "not distinguishable from noise", "distinguishable from noise"))
 
 
@@ -580,19 +725,32 @@ def test_the_rows_over_seeds_have_the_values_the_statistics_give(evaluated, monk
             if s.get("acc") in (0, 1):
                 s["acc"] = 1 - s["acc"]
         path.write_text("".join(json.dumps(s) + "\n" for s in samples))
-    train_cfg = validate_config({"model": MODEL, "train": {**TRAIN, "runs": {**TRAIN["runs"], "seeds": [TRAIN["seed"], 1]}}})["train"]
+    train_cfg = validate_config(
+        {"model": MODEL, "train": {**TRAIN, "runs": {**TRAIN["runs"], "seeds": [TRAIN["seed"], 1]}}}
+    )["train"]
     _, pairs = tables.tables(evaluated["cfg"], train_cfg)
     pairs_cfg = evaluated["cfg"]["pairs"]
     for row in pairs[pairs.seed == "all"].itertuples():
         seeds = pairs[(pairs.seed != "all") & (pairs.task == row.task) & (pairs.metric == row.metric)]
-        assert sorted(seeds.seed) == [1, TRAIN["seed"]] and row.seeds == 2 and row.comparison == "streamback" and row.run == "micro-streamback"
+        assert (
+            sorted(seeds.seed) == [1, TRAIN["seed"]]
+            and row.seeds == 2
+            and row.comparison == "streamback"
+            and row.run == "micro-streamback"
+        )
         summary = stats.across_seeds(seeds["diff"].to_numpy(), pairs_cfg["confidence"])
         assert (row.diff, row.ci_low, row.ci_high, row.sd, row.p_seeds) == pytest.approx(
-            (summary["mean"], summary["low"], summary["high"], summary["sd"], summary["p"]), nan_ok=True)
+            (summary["mean"], summary["low"], summary["high"], summary["sd"], summary["p"]), nan_ok=True
+        )
         items = []
         for seed in ("", "-seed1"):
-            outcome = {run: {s["doc_id"]: s["acc"] for s in map(json.loads, layout.eval_samples(run + seed, row.task).read_text().splitlines())}
-                       for run in RUNS}
+            outcome = {
+                run: {
+                    s["doc_id"]: s["acc"]
+                    for s in map(json.loads, layout.eval_samples(run + seed, row.task).read_text().splitlines())
+                }
+                for run in RUNS
+            }
             items.append([outcome[RUNS[1]][i] - outcome[RUNS[0]][i] for i in sorted(outcome[RUNS[0]])])
         boot = stats.hierarchical_bootstrap(items, pairs_cfg["confidence"], pairs_cfg["resamples"], pairs_cfg["seed"])
         assert (row.boot_low, row.boot_high) == pytest.approx(boot[1:])
@@ -600,7 +758,9 @@ def test_the_rows_over_seeds_have_the_values_the_statistics_give(evaluated, monk
         assert row.within_se == pytest.approx(noise) and noise > 0
         assert row.mde == pytest.approx(stats.seed_mde(summary["sd"], 2, pairs_cfg["alpha"], pairs_cfg["power"], noise))
         assert row.seeds_for_target == pytest.approx(
-            stats.seeds_needed(max(summary["sd"], noise), pairs_cfg["target"], pairs_cfg["alpha"], pairs_cfg["power"]), nan_ok=True)
+            stats.seeds_needed(max(summary["sd"], noise), pairs_cfg["target"], pairs_cfg["alpha"], pairs_cfg["power"]),
+            nan_ok=True,
+        )
         assert row.baseline_sd == pytest.approx(0.0)  # both seeds' baselines are the same evaluation here
         assert row.verdict.startswith(("within seed noise", "consistent across seeds"))
     assert len(pairs[pairs.seed == "all"]) == 4
@@ -620,7 +780,9 @@ def test_tables_refuse_half_written_results(evaluated, monkeypatch, tmp_path):
     path.write_text(text)
     samples = layout.eval_samples("micro-streamback", "streamback_cloze")
     samples.write_text("".join(samples.read_text().splitlines(keepends=True)[:-1]))
-    with pytest.raises(StreambackError, match="samples_streamback_cloze.jsonl holds 7 items under filter none, .* says 8"):
+    with pytest.raises(
+        StreambackError, match="samples_streamback_cloze.jsonl holds 7 items under filter none, .* says 8"
+    ):
         tables.read_results("micro-streamback", tasks)
 
 
@@ -632,18 +794,53 @@ def _edited(path, edit):
         path.write_text(json.dumps(edit(json.loads(path.read_text()))))
 
 
-@pytest.mark.parametrize("file, edit, message", [
-    ("results", lambda r: {**r, "results": {**r["results"], "streamback_cloze": {k: v for k, v in r["results"]["streamback_cloze"].items()
-                                                                                if k != "acc,none"}}},
-     r"results/eval/micro-streamback/results.json has no acc,none of task streamback_cloze \(each metric under each filter\)"),
-    ("results", lambda r: {k: v for k, v in r.items() if k != "n-samples"}, r"results.json has no 'n-samples': not a whole lm-eval results file"),
-    ("results", lambda r: {**r, "n-samples": {k: v for k, v in r["n-samples"].items() if k != "streamback_perplexity"}},
-     r"results.json has no n-samples of task streamback_perplexity"),
-    ("results", lambda r: {**r, "higher_is_better": {}}, r"results.json names no metric of task streamback_pairs_agreement"),
-    ("samples", lambda s: {k: v for k, v in s.items() if k != "doc_hash"}, r"samples_streamback_cloze.jsonl, line 1: no doc_hash"),
-    ("samples", lambda s: {k: v for k, v in s.items() if k != "acc"}, r"samples_streamback_cloze.jsonl, line 1: no acc"),
-    ("samples", lambda s: {**s, "filter": "strict-match"}, r"line 1: filter 'strict-match' is not one of the task's \(none\)"),
-])
+@pytest.mark.parametrize(
+    "file, edit, message",
+    [
+        (
+            "results",
+            lambda r: {
+                **r,
+                "results": {
+                    **r["results"],
+                    "streamback_cloze": {k: v for k, v in r["results"]["streamback_cloze"].items() if k != "acc,none"},
+                },
+            },
+            r"results/eval/micro-streamback/results.json has no acc,none of task streamback_cloze \(each metric under "
+            r"each filter\)",
+        ),
+        (
+            "results",
+            lambda r: {k: v for k, v in r.items() if k != "n-samples"},
+            r"results.json has no 'n-samples': not a whole lm-eval results file",
+        ),
+        (
+            "results",
+            lambda r: {**r, "n-samples": {k: v for k, v in r["n-samples"].items() if k != "streamback_perplexity"}},
+            r"results.json has no n-samples of task streamback_perplexity",
+        ),
+        (
+            "results",
+            lambda r: {**r, "higher_is_better": {}},
+            r"results.json names no metric of task streamback_pairs_agreement",
+        ),
+        (
+            "samples",
+            lambda s: {k: v for k, v in s.items() if k != "doc_hash"},
+            r"samples_streamback_cloze.jsonl, line 1: no doc_hash",
+        ),
+        (
+            "samples",
+            lambda s: {k: v for k, v in s.items() if k != "acc"},
+            r"samples_streamback_cloze.jsonl, line 1: no acc",
+        ),
+        (
+            "samples",
+            lambda s: {**s, "filter": "strict-match"},
+            r"line 1: filter 'strict-match' is not one of the task's \(none\)",
+        ),
+    ],
+)
 def test_tables_refuse_incomplete_lm_eval_outputs(evaluated, monkeypatch, tmp_path, file, edit, message):
     """A results.json without a metric the task reports, without its item counts, or a samples file
     without doc_hash or a metric: named with the file and the rule to rerun, never a table without the row."""
@@ -651,11 +848,18 @@ def test_tables_refuse_incomplete_lm_eval_outputs(evaluated, monkeypatch, tmp_pa
 
     shutil.copytree(evaluated["root"] / "results", tmp_path / "results")
     monkeypatch.chdir(tmp_path)
-    path = layout.eval_results("micro-streamback") if file == "results" else layout.eval_samples("micro-streamback", "streamback_cloze")
+    path = (
+        layout.eval_results("micro-streamback")
+        if file == "results"
+        else layout.eval_samples("micro-streamback", "streamback_cloze")
+    )
     _edited(path, edit)
     train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
-    with pytest.raises(StreambackError, match=message + r".*: evaluate the run again \(rule evaluate: snakemake --forcerun "
-                                              r"results/eval/micro-streamback/results.json\)$"):
+    with pytest.raises(
+        StreambackError,
+        match=message + r".*: evaluate the run again \(rule evaluate: snakemake --forcerun "
+        r"results/eval/micro-streamback/results.json\)$",
+    ):
         tables.tables(evaluated["cfg"], train_cfg)
     assert not layout.table("benchmarks").exists()
 
@@ -665,11 +869,30 @@ def test_benchmark_table_command_writes_both_tables(evaluated, tmp_path):
 
     shutil.copytree(evaluated["root"] / "results", tmp_path / "results")
     params = json.dumps(SMALL)
-    proc = subprocess.run([sys.executable, "-m", "streamback", "benchmark-table", "--params", params, "--train-params", json.dumps(TRAIN)],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamback",
+            "benchmark-table",
+            "--params",
+            params,
+            "--train-params",
+            json.dumps(TRAIN),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
-    assert len(pd.read_csv(tmp_path / layout.table("benchmarks"))) == 2 * 8 and len(pairs) == 4 + 4 and set(pairs["filter"]) == {"none"}
+    assert (
+        len(pd.read_csv(tmp_path / layout.table("benchmarks"))) == 2 * 8
+        and len(pairs) == 4 + 4
+        and set(pairs["filter"]) == {"none"}
+    )
     assert pairs.seed.astype(str).tolist() == ["7"] * 4 + ["all"] * 4  # per seed, then over the seeds
     assert "micro-streamback vs micro-baseline" in proc.stdout
 
@@ -682,10 +905,18 @@ def test_local_task_items_are_held_out_and_read_as_stored(tmp_path, monkeypatch)
 
     local = {"seed": 1000, "pairs": 3, "documents": 4}
     agreement = taskdata.task_items("streamback_pairs_agreement", local)
-    assert len(agreement) == 5 * 3 and {i["phenomenon"] for i in agreement} == set(taskdata.PAIR_GROUPS["streamback_pairs_agreement"])
+    assert len(agreement) == 5 * 3 and {i["phenomenon"] for i in agreement} == set(
+        taskdata.PAIR_GROUPS["streamback_pairs_agreement"]
+    )
     first = minimal_pairs("agreement_simple", 3, 1000)[0]
-    assert agreement[0] == {"phenomenon": "agreement_simple", "sentence_good": first.good, "sentence_bad": first.bad, "context": "",
-                            "choices": [first.good, first.bad], "label": 0}
+    assert agreement[0] == {
+        "phenomenon": "agreement_simple",
+        "sentence_good": first.good,
+        "sentence_bad": first.bad,
+        "context": "",
+        "choices": [first.good, first.bad],
+        "label": 0,
+    }
     for item, i in zip(taskdata.task_items("streamback_cloze", local), range(4)):
         assert item["text"] == document_text(1000, i) and item["text"].startswith(item["context"] + item["target"])
         assert item["target"].startswith(" ") and item["target"][1:].isalpha()
@@ -708,7 +939,9 @@ def test_task_yamls_read_the_layout_paths_through_lm_evals_task_manager():
     assert set(manager.all_subtasks) == set(taskdata.LOCAL_TASKS) and "streamback_local" in manager.all_tags
     for task in taskdata.LOCAL_TASKS:
         cfg = manager.task_index[task].cfg
-        assert cfg["dataset_path"] == "json" and cfg["dataset_kwargs"]["data_files"] == {"test": str(layout.eval_task_file(task))}
+        assert cfg["dataset_path"] == "json" and cfg["dataset_kwargs"]["data_files"] == {
+            "test": str(layout.eval_task_file(task))
+        }
         assert not any("{{" in str(cfg.get(key, "")) for key in ("doc_to_text", "doc_to_target", "doc_to_choice"))
         text = (taskload.TASKS_DIR / f"{task}.yaml").read_text()
         assert "data.synthetic.seed" in text and "eval-tasks" in text  # says how its items are held out

@@ -24,20 +24,65 @@ from streamback.model.weights import read_model, save_model
 from test_eval import MODEL, RUNS, SMALL, TRAIN, runs  # noqa: F401  (runs: the two micro runs, a fixture)
 
 LM_EVAL_TASKS = Path(lm_eval.__file__).resolve().parent / "tasks"
-PIQA = [{"goal": f"How do I {verb} a {thing}?", "sol1": f"Use a {tool}.", "sol2": f"Ask the {thing}.", "label": k % 2}
-        for k, (verb, thing, tool) in enumerate([("open", "jar", "spoon"), ("fold", "shirt", "table"), ("clean", "window", "cloth"),
-                                                 ("fix", "chair", "hammer"), ("warm", "room", "stove"), ("light", "lamp", "match")])]
-HELLASWAG = [{"ind": 10 + k, "activity_label": label, "ctx_a": f"A {who} stands in a kitchen.", "ctx_b": "she picks up a cup",
-              "ctx": f"A {who} stands in a kitchen. She picks up a cup", "endings": [f"and drinks {x}." for x in ("tea", "water", "milk", "juice")],
-              "source_id": f"activitynet~v_{k}", "split": "val", "split_type": "indomain", "label": str(k % 4)}
-             for k, (label, who) in enumerate([("Making tea", "woman"), ("Cooking", "man"), ("Cleaning [title] dishes", "girl"),
-                                               ("Baking", "boy"), ("Washing", "cook")])]
-GSM8K = [{"question": f"{name} has {a} apples and buys {b} more. How many apples does {name} have?",
-          "answer": f"{name} has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}"}
-         for name, a, b in [("Mia", 3, 4), ("Ben", 2, 5), ("Ava", 6, 1), ("Leo", 4, 4), ("Zoe", 1, 8), ("Sam", 7, 2), ("Ivy", 5, 5),
-                            ("Max", 9, 3), ("Eve", 2, 2), ("Tom", 3, 6), ("Ada", 8, 1)]]
-WIKITEXT = [{"page": f" = {title} = \n \n {title} is a small town . It has a river , a bridge and 1 @,@ 200 people . \n"}
-            for title in ("Valley", "Hill Top", "River End")]
+PIQA = [
+    {"goal": f"How do I {verb} a {thing}?", "sol1": f"Use a {tool}.", "sol2": f"Ask the {thing}.", "label": k % 2}
+    for k, (verb, thing, tool) in enumerate(
+        [
+            ("open", "jar", "spoon"),
+            ("fold", "shirt", "table"),
+            ("clean", "window", "cloth"),
+            ("fix", "chair", "hammer"),
+            ("warm", "room", "stove"),
+            ("light", "lamp", "match"),
+        ]
+    )
+]
+HELLASWAG = [
+    {
+        "ind": 10 + k,
+        "activity_label": label,
+        "ctx_a": f"A {who} stands in a kitchen.",
+        "ctx_b": "she picks up a cup",
+        "ctx": f"A {who} stands in a kitchen. She picks up a cup",
+        "endings": [f"and drinks {x}." for x in ("tea", "water", "milk", "juice")],
+        "source_id": f"activitynet~v_{k}",
+        "split": "val",
+        "split_type": "indomain",
+        "label": str(k % 4),
+    }
+    for k, (label, who) in enumerate(
+        [
+            ("Making tea", "woman"),
+            ("Cooking", "man"),
+            ("Cleaning [title] dishes", "girl"),
+            ("Baking", "boy"),
+            ("Washing", "cook"),
+        ]
+    )
+]
+GSM8K = [
+    {
+        "question": f"{name} has {a} apples and buys {b} more. How many apples does {name} have?",
+        "answer": f"{name} has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}",
+    }
+    for name, a, b in [
+        ("Mia", 3, 4),
+        ("Ben", 2, 5),
+        ("Ava", 6, 1),
+        ("Leo", 4, 4),
+        ("Zoe", 1, 8),
+        ("Sam", 7, 2),
+        ("Ivy", 5, 5),
+        ("Max", 9, 3),
+        ("Eve", 2, 2),
+        ("Tom", 3, 6),
+        ("Ada", 8, 1),
+    ]
+]
+WIKITEXT = [
+    {"page": f" = {title} = \n \n {title} is a small town . It has a river , a bridge and 1 @,@ 200 people . \n"}
+    for title in ("Valley", "Hill Top", "River End")
+]
 
 
 def local_copy(task_file: str, directory: Path, dataset_path: str, data_files=None, task: str | None = None) -> Path:
@@ -45,7 +90,9 @@ def local_copy(task_file: str, directory: Path, dataset_path: str, data_files=No
     `directory` with only its dataset lines changed (and its task name, if `task` is given)."""
     source = LM_EVAL_TASKS / task_file
     directory.mkdir(parents=True, exist_ok=True)
-    lines = [line for line in source.read_text().splitlines() if not line.startswith(("dataset_path:", "dataset_name:"))]
+    lines = [
+        line for line in source.read_text().splitlines() if not line.startswith(("dataset_path:", "dataset_name:"))
+    ]
     if task is not None:
         lines = [f"task: {task}" if line.startswith("task:") else line for line in lines]
     lines.append(f"dataset_path: {dataset_path}")
@@ -68,9 +115,20 @@ def write_parquet(path: Path, rows: list[dict], schema: pa.Schema | None = None)
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
 
 
-HELLASWAG_SCHEMA = pa.schema([("ind", pa.int32()), ("activity_label", pa.string()), ("ctx_a", pa.string()), ("ctx_b", pa.string()),
-                              ("ctx", pa.string()), ("endings", pa.list_(pa.string())), ("source_id", pa.string()), ("split", pa.string()),
-                              ("split_type", pa.string()), ("label", pa.string())])
+HELLASWAG_SCHEMA = pa.schema(
+    [
+        ("ind", pa.int32()),
+        ("activity_label", pa.string()),
+        ("ctx_a", pa.string()),
+        ("ctx_b", pa.string()),
+        ("ctx", pa.string()),
+        ("endings", pa.list_(pa.string())),
+        ("source_id", pa.string()),
+        ("split", pa.string()),
+        ("split_type", pa.string()),
+        ("label", pa.string()),
+    ]
+)
 
 
 def piqa_forms(root: Path) -> dict[str, int]:
@@ -84,10 +142,15 @@ def piqa_forms(root: Path) -> dict[str, int]:
         table = pa.Table.from_pylist(rows)
         with pa.OSFile(str(data / f"{split}.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)  # the Arrow stream files datasets' save_to_disk writes
-        (data / f"{split}.csv").write_text("goal,sol1,sol2,label\n" + "".join(f'"{r["goal"]}","{r["sol1"]}","{r["sol2"]}",{r["label"]}\n' for r in rows))
+        (data / f"{split}.csv").write_text(
+            "goal,sol1,sol2,label\n"
+            + "".join(f'"{r["goal"]}","{r["sol1"]}","{r["sol2"]}",{r["label"]}\n' for r in rows)
+        )
         (data / f"{split}.json").write_text(json.dumps(rows))  # one JSON array
         write_jsonl(data / f"{split}.jsonl", rows)
-        write_parquet(root / "piqa-copy" / "data" / f"{split}-00000-of-00001.parquet", rows)  # a local copy of the hub repository
+        write_parquet(
+            root / "piqa-copy" / "data" / f"{split}-00000-of-00001.parquet", rows
+        )  # a local copy of the hub repository
     write_jsonl(data / "valid-a.jsonl", valid[:4])
     write_jsonl(data / "valid-b.jsonl", valid[4:])
     forms = {
@@ -97,7 +160,11 @@ def piqa_forms(root: Path) -> dict[str, int]:
         "piqa_json": ("json", {"train": "data/train.json", "validation": "data/validation.json"}, 6),
         "piqa_jsonl": ("json", {"train": "data/train.jsonl", "validation": "data/validation.jsonl"}, 6),
         "piqa_glob": ("json", {"train": "data/tr*.jsonl", "validation": "data/valid-*.jsonl"}, 6),
-        "piqa_list": ("json", {"train": ["data/train.jsonl"], "validation": ["data/valid-a.jsonl", "data/valid-b.jsonl"]}, 6),
+        "piqa_list": (
+            "json",
+            {"train": ["data/train.jsonl"], "validation": ["data/valid-a.jsonl", "data/valid-b.jsonl"]},
+            6,
+        ),
         "piqa_mixed": ("json", {"train": "data/train.jsonl", "validation": ["data/valid-a.jsonl"]}, 4),
         "piqa_directory": (str(root / "piqa-copy"), None, 6),
     }
@@ -120,17 +187,42 @@ def test_every_form_of_data_files_lm_eval_accepts_passes(tmp_path, monkeypatch):
         assert task.doc_to_text(docs[0]) == f"Question: {docs[0]['goal']}\nAnswer:"
 
 
-@pytest.mark.parametrize("files, message", [
-    ({"validation": ["data/valid-a.jsonl", "data/missing.jsonl"]}, r"task piqa_x, split validation: no data file matches data/missing.jsonl"),
-    ({"validation": "data/nothing-*.jsonl"}, r"task piqa_x, split validation: no data file matches data/nothing-\*.jsonl"),
-    ({"train": "data/good.parquet", "validation": "data/broken.parquet"},
-     r"task piqa_x, split validation: data/broken.parquet cannot be read as parquet data: ArrowInvalid"),
-    ({"train": "data/valid-a.jsonl", "validation": "data/empty.jsonl"}, r"task piqa_x has no items: data/empty.jsonl \(split validation\) is empty"),
-    ("data/valid-a.jsonl", r"task piqa_x reads split 'validation' \(validation_split in tasks/piqa_x.yaml\), but its data files give only train"),
-    ({"validation": "data/valid-a.jsonl"}, r"task piqa_x reads split 'train' \(training_split in tasks/piqa_x.yaml\), but its data files give "
-                                           r"only validation"),
-    (None, r"task piqa_x: cannot load its dataset ./piqa-copy: .* \(dataset_path ./piqa-copy in tasks/piqa_x.yaml is not a directory"),
-])
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        (
+            {"validation": ["data/valid-a.jsonl", "data/missing.jsonl"]},
+            r"task piqa_x, split validation: no data file matches data/missing.jsonl",
+        ),
+        (
+            {"validation": "data/nothing-*.jsonl"},
+            r"task piqa_x, split validation: no data file matches data/nothing-\*.jsonl",
+        ),
+        (
+            {"train": "data/good.parquet", "validation": "data/broken.parquet"},
+            r"task piqa_x, split validation: data/broken.parquet cannot be read as parquet data: ArrowInvalid",
+        ),
+        (
+            {"train": "data/valid-a.jsonl", "validation": "data/empty.jsonl"},
+            r"task piqa_x has no items: data/empty.jsonl \(split validation\) is empty",
+        ),
+        (
+            "data/valid-a.jsonl",
+            r"task piqa_x reads split 'validation' \(validation_split in tasks/piqa_x.yaml\), but its data files give "
+            r"only train",
+        ),
+        (
+            {"validation": "data/valid-a.jsonl"},
+            r"task piqa_x reads split 'train' \(training_split in tasks/piqa_x.yaml\), but its data files give "
+            r"only validation",
+        ),
+        (
+            None,
+            r"task piqa_x: cannot load its dataset ./piqa-copy: .* \(dataset_path ./piqa-copy in tasks/piqa_x.yaml is "
+            r"not a directory",
+        ),
+    ],
+)
 def test_missing_or_unreadable_data_are_named_with_task_and_split(tmp_path, monkeypatch, files, message):
     """Before any model runs: the task, the split and the file, with a hint that fits a user's own
     task (its YAML and the working directory, never `streamback eval-tasks`)."""
@@ -146,7 +238,10 @@ def test_missing_or_unreadable_data_are_named_with_task_and_split(tmp_path, monk
     text = str(caught.value)
     assert "\n" not in text and "eval-tasks" not in text
     if "empty" not in text and files:
-        assert f"see dataset_path and dataset_kwargs in tasks/piqa_x.yaml; relative paths are read from the working directory, {tmp_path}" in text
+        assert (
+            "see dataset_path and dataset_kwargs in tasks/piqa_x.yaml; relative paths are read from the working "
+            f"directory, {tmp_path}" in text
+        )
 
 
 # ---- the stage on three kinds of real task -------------------------------------------------------
@@ -157,19 +252,42 @@ def real_tasks(root: Path) -> list[str]:
     lines by a glob) and wikitext (rolling log-likelihood, from a list of parquet files), lm-eval's
     own YAMLs in root/tasks with their data in root/data in the Hub datasets' schemas."""
     data = root / "data"
-    write_parquet(data / "hellaswag" / "train-00000-of-00001.parquet", HELLASWAG[:2], HELLASWAG_SCHEMA)  # its few-shot pool
+    write_parquet(
+        data / "hellaswag" / "train-00000-of-00001.parquet", HELLASWAG[:2], HELLASWAG_SCHEMA
+    )  # its few-shot pool
     write_parquet(data / "hellaswag" / "validation-00000-of-00001.parquet", HELLASWAG, HELLASWAG_SCHEMA)
     write_jsonl(data / "gsm8k" / "train.jsonl", GSM8K[:5])
     write_jsonl(data / "gsm8k" / "test-0.jsonl", GSM8K[5:8])
     write_jsonl(data / "gsm8k" / "test-1.jsonl", GSM8K[8:])
-    write_parquet(data / "wikitext" / "train.parquet", WIKITEXT[:1])  # read by lm-eval as a few-shot pool, even at 0 shots
+    write_parquet(
+        data / "wikitext" / "train.parquet", WIKITEXT[:1]
+    )  # read by lm-eval as a few-shot pool, even at 0 shots
     write_parquet(data / "wikitext" / "test-a.parquet", WIKITEXT[:2])
     write_parquet(data / "wikitext" / "test-b.parquet", WIKITEXT[2:])
-    local_copy("hellaswag/hellaswag.yaml", root / "tasks" / "hellaswag", "parquet",
-               {"train": "data/hellaswag/train-00000-of-00001.parquet", "validation": "data/hellaswag/validation-00000-of-00001.parquet"})
-    local_copy("gsm8k/gsm8k.yaml", root / "tasks" / "gsm8k", "json", {"train": "data/gsm8k/train.jsonl", "test": "data/gsm8k/test-*.jsonl"})
-    local_copy("wikitext/wikitext.yaml", root / "tasks" / "wikitext", "parquet",
-               {"train": "data/wikitext/train.parquet", "test": ["data/wikitext/test-a.parquet", "data/wikitext/test-b.parquet"]})
+    local_copy(
+        "hellaswag/hellaswag.yaml",
+        root / "tasks" / "hellaswag",
+        "parquet",
+        {
+            "train": "data/hellaswag/train-00000-of-00001.parquet",
+            "validation": "data/hellaswag/validation-00000-of-00001.parquet",
+        },
+    )
+    local_copy(
+        "gsm8k/gsm8k.yaml",
+        root / "tasks" / "gsm8k",
+        "json",
+        {"train": "data/gsm8k/train.jsonl", "test": "data/gsm8k/test-*.jsonl"},
+    )
+    local_copy(
+        "wikitext/wikitext.yaml",
+        root / "tasks" / "wikitext",
+        "parquet",
+        {
+            "train": "data/wikitext/train.parquet",
+            "test": ["data/wikitext/test-a.parquet", "data/wikitext/test-b.parquet"],
+        },
+    )
     return ["hellaswag", "gsm8k", "wikitext"]
 
 
@@ -180,8 +298,13 @@ def long_runs(runs, tmp_path_factory):  # noqa: F811
     root = tmp_path_factory.mktemp("real-tasks")
     for run in RUNS:
         trained = read_model(runs[run])
-        save_model(root / layout.model_file(run), dataclasses.replace(trained.args, max_seq_len=512), trained.state, trained.compute_dtype,
-                   data=trained.data)
+        save_model(
+            root / layout.model_file(run),
+            dataclasses.replace(trained.args, max_seq_len=512),
+            trained.state,
+            trained.compute_dtype,
+            data=trained.data,
+        )
     return root
 
 
@@ -230,17 +353,28 @@ def test_task_names_are_checked_by_streamback_check_from_the_cache(tmp_path, cap
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert check_names(tmp_path, capsys, ["streamback_cloze", "streamback_perplexity"])[0] == 0
     status, out = check_names(tmp_path, capsys, ["streamback_local"])
-    assert status == 2 and "eval.tasks: 'streamback_local' is a group or tag of lm-eval tasks; list its tasks instead" in out.err
+    assert (
+        status == 2
+        and "eval.tasks: 'streamback_local' is a group or tag of lm-eval tasks; list its tasks instead" in out.err
+    )
     installed = str(LM_EVAL_TASKS.parent)
     cache = taskload._cache_file()
     assert cache == tmp_path / "cache" / "streamback" / f"lm-eval-{lm_eval.__version__}-task-names.json"
     cache.parent.mkdir(parents=True)
-    cache.write_text(json.dumps({"installed": installed, "tasks": ["arc_easy", "arc_challenge", "gsm8k"], "groups": ["ai2_arc"]}))
+    cache.write_text(
+        json.dumps({"installed": installed, "tasks": ["arc_easy", "arc_challenge", "gsm8k"], "groups": ["ai2_arc"]})
+    )
     full_indexes.append("refuse")
     assert check_names(tmp_path, capsys, ["arc_easy", "streamback_cloze"])[0] == 0
     status, out = check_names(tmp_path, capsys, ["arc_esy", "gsm8k"])
-    assert status == 2 and ("eval.tasks: lm-eval knows no task 'arc_esy' (local tasks, eval.include_path and lm-eval's own); "
-                            "close names: arc_easy") in out.err
+    assert (
+        status == 2
+        and (
+            "eval.tasks: lm-eval knows no task 'arc_esy' (local tasks, eval.include_path and lm-eval's own); "
+            "close names: arc_easy"
+        )
+        in out.err
+    )
     status, out = check_names(tmp_path, capsys, ["ai2_arc"])
     assert status == 2 and "'ai2_arc' is a group or tag" in out.err
     cache.write_text(json.dumps({"installed": "/another/lm_eval", "tasks": ["arc_easy"], "groups": []}))

@@ -56,7 +56,9 @@ def test_a_model_file_records_the_sha256_of_its_contents_and_a_changed_bit_is_re
     args, state = tiny()
     save_model(path, args, state)
     record = torch.load(path, weights_only=True)
-    digest = hashlib.sha256(json.dumps({k: v for k, v in record.items() if k not in ("model", "sha256")}, sort_keys=True).encode())
+    digest = hashlib.sha256(
+        json.dumps({k: v for k, v in record.items() if k not in ("model", "sha256")}, sort_keys=True).encode()
+    )
     for key in sorted(state):  # the documented layout, computed here on its own
         digest.update(f"\n{key} {state[key].dtype} {tuple(state[key].shape)}\n".encode())
         digest.update(state[key].numpy().tobytes())
@@ -72,7 +74,10 @@ def test_a_model_file_records_the_sha256_of_its_contents_and_a_changed_bit_is_re
     with pytest.raises(StreambackError) as refused:
         read_model(path)
     message = str(refused.value)
-    assert message.startswith(f"model file {path}: the sha256 of its contents is ") and "it changed after it was written" in message
+    assert (
+        message.startswith(f"model file {path}: the sha256 of its contents is ")
+        and "it changed after it was written" in message
+    )
     assert f"`snakemake --cores 1 --forcerun {path}` (rule train" in message
     # every reader reads through read_model: export-hf, through the CLI, prints that one line
     assert main(["export-hf", "--checkpoint", str(path), "--out", str(tmp_path / "hf")]) == 2
@@ -81,7 +86,9 @@ def test_a_model_file_records_the_sha256_of_its_contents_and_a_changed_bit_is_re
 
     record["stream"] = "fp32"  # a changed field outside the tensors, the old seal kept
     torch.save(record, tmp_path / "edited.pt")
-    with pytest.raises(StreambackError, match=r"edited\.pt: the sha256 of its contents .* rebuild it with the command that made it"):
+    with pytest.raises(
+        StreambackError, match=r"edited\.pt: the sha256 of its contents .* rebuild it with the command that made it"
+    ):
         read_model(tmp_path / "edited.pt")
 
 
@@ -91,7 +98,9 @@ def test_a_model_file_that_records_no_sha256_is_refused(tmp_path):
     record = torch.load(tmp_path / "model.pt", weights_only=True)
     del record["sha256"]
     torch.save(record, tmp_path / "old.pt")
-    with pytest.raises(StreambackError, match=r"old\.pt records no sha256, so its contents cannot be verified: rebuild it"):
+    with pytest.raises(
+        StreambackError, match=r"old\.pt records no sha256, so its contents cannot be verified: rebuild it"
+    ):
         read_model(tmp_path / "old.pt")
 
 
@@ -106,13 +115,22 @@ def analysis_dir(tmp_path, tokens, monkeypatch):
     from streamback.config import validate_config
 
     monkeypatch.chdir(tmp_path)
-    config = validate_config({
-        "data": {"dir": str(tokens)},
-        "model": {"shapes": {"t": {"n_layers": 1, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}},
-        "train": {"runs": {"shapes": ["t"], "streams": []}, "seq_len": 16, "tokens": 160, "batch_size": 1, "micro_batch_size": 1,
-                  "schedule": {"warmup_steps": 1, "decay_steps": 1}, "log": {"val_sequences": 4}},
-        "analysis": {"batch_size": 2, "variants": ["bf16"], "loss_windows": 4},
-    })
+    config = validate_config(
+        {
+            "data": {"dir": str(tokens)},
+            "model": {"shapes": {"t": {"n_layers": 1, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}},
+            "train": {
+                "runs": {"shapes": ["t"], "streams": []},
+                "seq_len": 16,
+                "tokens": 160,
+                "batch_size": 1,
+                "micro_batch_size": 1,
+                "schedule": {"warmup_steps": 1, "decay_steps": 1},
+                "log": {"val_sequences": 4},
+            },
+            "analysis": {"batch_size": 2, "variants": ["bf16"], "loss_windows": 4},
+        }
+    )
     manifest = read_manifest(tokens)
     corpus = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
     for seed, (run, spec) in enumerate(run_matrix(config["train"]).items()):
@@ -120,7 +138,9 @@ def analysis_dir(tmp_path, tokens, monkeypatch):
         model = Transformer(args)
         model.init_weights(seed)
         save_model(layout.model_file(run), args, model.state_dict(), data=corpus)
-        layout.metrics_file(run).write_text("".join(json.dumps({"step": s, "tokens": 16 * s, "loss": 5.0 - s / 10}) + "\n" for s in (1, 2)))
+        layout.metrics_file(run).write_text(
+            "".join(json.dumps({"step": s, "tokens": 16 * s, "loss": 5.0 - s / 10}) + "\n" for s in (1, 2))
+        )
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     return tmp_path / "config.yaml", corpus
 
@@ -140,7 +160,10 @@ def test_the_analyses_refuse_a_model_of_another_corpus_before_writing_anything(a
         assert analyze(config, kind) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1
-        assert f"run t-baseline ({layout.model_file('t-baseline')}) was trained on another corpus than" in err and "its fingerprint is ffff" in err
+        assert (
+            f"run t-baseline ({layout.model_file('t-baseline')}) was trained on another corpus than" in err
+            and "its fingerprint is ffff" in err
+        )
         assert not any(layout.table(name).exists() for name in layout.ANALYSIS_TABLES[kind])
 
 
@@ -155,7 +178,9 @@ def test_an_imported_model_records_its_tokenizer_and_the_analyses_check_it(analy
     tokens = yaml.safe_load(config.read_text())["data"]["dir"]
     export(layout.model_file("t-baseline"), tmp_path / "hf", tokens)
     assert main(["import-hf", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "same.pt")]) == 0
-    assert read_model(tmp_path / "same.pt").data == {"tokenizer_sha256": corpus["tokenizer_sha256"]}  # the round trip keeps the tokenizer
+    assert read_model(tmp_path / "same.pt").data == {
+        "tokenizer_sha256": corpus["tokenizer_sha256"]
+    }  # the round trip keeps the tokenizer
     other = train_bpe(["a quite different corpus, with other words in it"] * 20, 280)
     (tmp_path / "hf" / "tokenizer.json").write_text(other.to_str())
     assert main(["import-hf", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "other.pt")]) == 0
@@ -196,7 +221,9 @@ def full_disk(request, tmp_path, monkeypatch):
     directory = tmp_path / "disk"
     directory.mkdir()
     if request.param == "tmpfs":
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(directory)], capture_output=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(directory)], capture_output=True
+        )
         if mounted.returncode:
             pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip() or 'not root'}")
         request.addfinalizer(lambda: subprocess.run(["umount", "-l", str(directory)], check=True))
@@ -243,8 +270,11 @@ def test_a_full_disk_while_a_model_is_written_is_named_and_leaves_nothing(full_d
     path = disk / "results" / "runs" / "tiny-baseline" / "model.pt"
     path.parent.mkdir(parents=True)
     fill()
-    with pytest.raises(DiskFull, match=rf"^no space left on device while writing {path} \(.* MB free on its filesystem\): "
-                                       r"free space there, then write it again with `snakemake --cores 1 --forcerun"):
+    with pytest.raises(
+        DiskFull,
+        match=rf"^no space left on device while writing {path} \(.* MB free on its filesystem\): "
+        r"free space there, then write it again with `snakemake --cores 1 --forcerun",
+    ):
         save_model(path, args, state)
     assert not path.exists() and leftovers(disk) == []
 
@@ -254,14 +284,22 @@ def test_a_full_disk_while_a_table_is_written_is_one_line_of_the_command(full_di
     monkeypatch.chdir(disk)
     runs = ["tiny-fat-short-baseline", "tiny-fat-short-streamback"]
     for run in runs:
-        write_text(layout.metrics_file(run), "".join(json.dumps({"step": s, "tokens": 2048 * s, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0})
-                                                     + "\n" for s in (1, 2)))
+        write_text(
+            layout.metrics_file(run),
+            "".join(
+                json.dumps({"step": s, "tokens": 2048 * s, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0}) + "\n"
+                for s in (1, 2)
+            ),
+        )
     fill()
     params = json.dumps({"runs": {"shapes": ["tiny-fat-short"], "blocks": ["baseline", "streamback"], "streams": []}})
     assert main(["training-curves", "--params", params, "--runs", *runs]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith(f"streamback training-curves: error: no space left on device while writing {layout.table(layout.TRAINING_TABLE)} (")
+    assert err.startswith(
+        "streamback training-curves: error: no space left on device while writing "
+        f"{layout.table(layout.TRAINING_TABLE)} ("
+    )
     with pytest.raises(DiskFull, match=r"while writing .*t\.csv"):
         write_csv(disk / "t.csv", pd.DataFrame({"a": [1.0]}))
     assert not layout.table(layout.TRAINING_TABLE).exists() and leftovers(disk) == []
@@ -285,16 +323,24 @@ def test_a_full_disk_while_a_figure_is_written_is_named_and_leaves_nothing(full_
 def test_an_expected_os_error_is_one_line_and_a_bug_keeps_its_traceback(monkeypatch, capsys):
     import streamback.check
 
-    faults = iter([OSError(errno.ENOSPC, "No space left on device"), PermissionError(errno.EACCES, "Permission denied", "results/x"),
-                   KeyboardInterrupt(), OSError(errno.EBADF, "Bad file descriptor")])
+    faults = iter(
+        [
+            OSError(errno.ENOSPC, "No space left on device"),
+            PermissionError(errno.EACCES, "Permission denied", "results/x"),
+            KeyboardInterrupt(),
+            OSError(errno.EBADF, "Bad file descriptor"),
+        ]
+    )
 
     def run(args):
         raise next(faults)
 
     monkeypatch.setattr(streamback.check, "run", run)
     assert main(["check"]) == 2
-    assert capsys.readouterr().err == ("streamback check: error: no space left on device while writing a file the system does not "
-                                       "name: free space there (or write elsewhere), then rerun\n")
+    assert capsys.readouterr().err == (
+        "streamback check: error: no space left on device while writing a file the system does not "
+        "name: free space there (or write elsewhere), then rerun\n"
+    )
     assert main(["check"]) == 2
     assert capsys.readouterr().err == "streamback check: error: Permission denied: results/x\n"
     assert main(["check"]) == 130
@@ -308,12 +354,21 @@ def test_an_expected_os_error_is_one_line_and_a_bug_keeps_its_traceback(monkeypa
 
 def test_a_killed_write_leaves_a_temporary_file_that_the_next_write_removes_and_names(tmp_path, capsys):
     target = tmp_path / "summary.json"
-    killed = subprocess.run([sys.executable, "-c", (
-        "import os, signal, sys\n"
-        "from streamback.io import atomic_path\n"
-        "with atomic_path(sys.argv[1]) as tmp:\n"
-        "    tmp.write_text('half')\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n"), str(target)], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, signal, sys\n"
+                "from streamback.io import atomic_path\n"
+                "with atomic_path(sys.argv[1]) as tmp:\n"
+                "    tmp.write_text('half')\n"
+                "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            ),
+            str(target),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert killed.returncode == -9
     (left,) = leftovers(tmp_path)
     alive = target.with_name(f".{target.name}.{os.getppid()}.tmp")  # a live process's: it may still be writing
@@ -323,7 +378,9 @@ def test_a_killed_write_leaves_a_temporary_file_that_the_next_write_removes_and_
     assert capsys.readouterr().err == f"removed {left}, left behind by a write of {target} that was killed\n"
 
 
-def test_a_killed_checkpoint_save_and_tokenize_leave_temporaries_the_next_run_removes_and_names(tmp_path, tokens, capsys):
+def test_a_killed_checkpoint_save_and_tokenize_leave_temporaries_the_next_run_removes_and_names(
+    tmp_path, tokens, capsys
+):
     from streamback.config import validate_config
     from streamback.data.tokenize import tokenize
 
@@ -332,16 +389,23 @@ def test_a_killed_checkpoint_save_and_tokenize_leave_temporaries_the_next_run_re
     (root / ".tmp_step_000000040" / "__0_0.distcp").write_bytes(b"half")
     said = []
     ckpt.remove_partial(root, say=said.append)
-    assert said == [f"removed {root / '.tmp_step_000000040'}, the temporary directory of a checkpoint save that was killed"]
+    assert said == [
+        f"removed {root / '.tmp_step_000000040'}, the temporary directory of a checkpoint save that was killed"
+    ]
     assert list(root.iterdir()) == []
 
     copy = tmp_path / "tokens"
     shutil.copytree(tokens, copy)
     (copy / f".train-00000.bin.{NO_SUCH_PID}.tmp").write_bytes(b"half")
-    data = validate_config({"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}})["data"]
+    data = validate_config(
+        {"data": {"tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1}}
+    )["data"]
     tokenize(data, copy, inputs=[tokens.parent / "part.parquet"], processes=1, progress=True)
     err = capsys.readouterr().err
-    assert f"tokenize: removed {copy / f'.train-00000.bin.{NO_SUCH_PID}.tmp'}, a temporary file of a tokenize that was killed" in err
+    assert (
+        f"tokenize: removed {copy / f'.train-00000.bin.{NO_SUCH_PID}.tmp'}, a temporary file of a tokenize that was "
+        f"killed" in err
+    )
     assert "nothing to do" in err and leftovers(copy) == []
 
 
@@ -350,7 +414,9 @@ def test_a_killed_checkpoint_save_and_tokenize_leave_temporaries_the_next_run_re
 
 @pytest.fixture
 def saved(tmp_path):
-    """A checkpoint of a small module under umask 002 (which gives the group write permission), and a fresh state to load it into."""
+    """A checkpoint of a small module under umask 002 (which gives the group write permission), and a fresh state to
+    load it into."""
+
     def state(seed):
         torch.manual_seed(seed)
         model = torch.nn.Linear(8, 8)
@@ -373,19 +439,32 @@ def test_a_checkpoint_is_written_writable_by_its_owner_alone_and_resumes(saved):
     assert torch.equal(fresh.model.weight, torch.nn.Linear(8, 8).weight)
 
 
-@pytest.mark.parametrize("change, problem", [
-    (lambda p: os.chmod(p / ".metadata", 0o664), r"\.metadata may be written by its group or others \(-rw-rw-r--\)"),
-    (lambda p: os.chmod(p, 0o757), r"step_000000005 may be written by its group or others \(drwxr-xrwx\)"),
-    (lambda p: os.chown(p / ".metadata", 65534, 65534), r"\.metadata is owned by (nobody \()?uid 65534\)?, not by you"),
-], ids=["group-writable-metadata", "world-writable-directory", "another-owner"])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (
+            lambda p: os.chmod(p / ".metadata", 0o664),
+            r"\.metadata may be written by its group or others \(-rw-rw-r--\)",
+        ),
+        (lambda p: os.chmod(p, 0o757), r"step_000000005 may be written by its group or others \(drwxr-xrwx\)"),
+        (
+            lambda p: os.chown(p / ".metadata", 65534, 65534),
+            r"\.metadata is owned by (nobody \()?uid 65534\)?, not by you",
+        ),
+    ],
+    ids=["group-writable-metadata", "world-writable-directory", "another-owner"],
+)
 def test_a_checkpoint_someone_else_could_have_written_is_refused_naming_it(saved, change, problem):
     root, path, fresh = saved
     if "owned by" in problem and os.geteuid() != 0:
         pytest.skip("only root can give a file to another user")
     change(path)
     before = fresh.model.weight.clone()
-    with pytest.raises(StreambackError, match=r"not resuming from checkpoint .*step_000000005: loading a checkpoint runs its "
-                                              rf"pickled \.metadata(.|\n)*{problem}(.|\n)*chmod -R go-w"):
+    with pytest.raises(
+        StreambackError,
+        match=r"not resuming from checkpoint .*step_000000005: loading a checkpoint runs its "
+        rf"pickled \.metadata(.|\n)*{problem}(.|\n)*chmod -R go-w",
+    ):
         ckpt.load_newest(root, fresh)
     assert torch.equal(fresh.model.weight, before) and ckpt.list_checkpoints(root) == [(5, path)]
 
@@ -403,24 +482,34 @@ def test_a_manifest_that_disagrees_with_a_shard_names_both_and_which_is_newer(to
     with pytest.raises(StreambackError) as edited:
         TokenDataset(data, "train")
     assert str(edited.value) == (
-        f"shard {data / 'train-00000.bin'} and {data / 'manifest.json'} disagree on its sha256: the shard's header records "
-        f"{recorded[:16]}..., the manifest {'0' * 16}...; manifest.json was written after train-00000.bin (so manifest.json is the one "
-        "that changed, or the other is a copy from another tokenize): rerun tokenize (`snakemake --forcerun tokenize`) to write both again")
+        f"shard {data / 'train-00000.bin'} and {data / 'manifest.json'} disagree on its sha256: the shard's header "
+        f"records "
+        f"{recorded[:16]}..., the manifest {'0' * 16}...; manifest.json was written after train-00000.bin (so "
+        f"manifest.json is the one "
+        "that changed, or the other is a copy from another tokenize): rerun tokenize (`snakemake --forcerun tokenize`) "
+        "to write both again"
+    )
     os.utime(data / "manifest.json", (1e9, 1e9))
     os.utime(data / "train-00000.bin", None)
     with pytest.raises(StreambackError, match=r"train-00000\.bin was written after manifest\.json"):
         TokenDataset(data, "train")
 
 
-@pytest.mark.parametrize("drop, named", [
-    (lambda m: m.pop("vocab_size"), " lacks 'vocab_size'"),
-    (lambda m: m["tokenizer"].pop("sha256"), "'s tokenizer lacks 'sha256'"),
-    (lambda m: m["splits"].pop("val"), "'s splits lacks 'val'"),
-])
+@pytest.mark.parametrize(
+    "drop, named",
+    [
+        (lambda m: m.pop("vocab_size"), " lacks 'vocab_size'"),
+        (lambda m: m["tokenizer"].pop("sha256"), "'s tokenizer lacks 'sha256'"),
+        (lambda m: m["splits"].pop("val"), "'s splits lacks 'val'"),
+    ],
+)
 def test_a_manifest_without_a_key_it_needs_is_named(tokens, tmp_path, drop, named):
     data = shutil.copytree(tokens, tmp_path / "tokens")
     manifest = json.loads((data / "manifest.json").read_text())
     drop(manifest)
     (data / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(StreambackError, match=rf"^{data / 'manifest.json'}{named} \(edited, or not written by tokenize\): rerun tokenize"):
+    with pytest.raises(
+        StreambackError,
+        match=rf"^{data / 'manifest.json'}{named} \(edited, or not written by tokenize\): rerun tokenize",
+    ):
         TokenDataset(data, "train")

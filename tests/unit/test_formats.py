@@ -26,6 +26,7 @@ def _block(values, size):
 
 # ---------------------------------------------------------------- parsing
 
+
 @pytest.mark.parametrize(
     "text, name, rounding",
     [
@@ -66,6 +67,7 @@ def test_constructor_errors_name_the_value():
 
 
 # ---------------------------------------------------------------- MXFP8 hand values (OCP MX v1.0)
+
 
 def test_mx_hand_values_shared_exponent_and_ties():
     # amax = 100: floor(log2 100) = 6, shared exponent 6 - emax_elem(8) = -2, X = 0.25.
@@ -139,6 +141,7 @@ def test_mx_matches_peer_reference_over_magnitudes():
 
 # ---------------------------------------------------------------- NVFP4 hand values
 
+
 def test_nvfp4_hand_values_unit_tensor_scale():
     # tensor amax 2688 -> tensor scale 2688 / (448 * 6) = 1 (exact in 18 bits).
     # block 0: amax 2688 -> block scale E4M3(2688 / 6) = 448; 2688 / 448 = 6 -> 2688.
@@ -209,7 +212,9 @@ def test_nvfp4_matches_nvidias_recipe(device):
     dividing by a rounded tensor scale, as this code once did, lands on the other side), and a
     tensor so small that its decode scale is an fp32 subnormal."""
     gen = torch.Generator().manual_seed(2)
-    random = torch.randn(1600, 1024, generator=gen) * torch.exp2(torch.randint(-12, 12, (1600, 1), generator=gen).float())
+    random = torch.randn(1600, 1024, generator=gen) * torch.exp2(
+        torch.randint(-12, 12, (1600, 1), generator=gen).float()
+    )
     # amax 6: S = 448, so a block of amax v gets b = E4M3(v / 6 * 448); 68 is the midpoint of 64 and 72
     mid = 68.0 * 6 / 448
     near = torch.nextafter(torch.full((64,), mid), torch.tensor(0.0))
@@ -223,8 +228,12 @@ def test_nvfp4_matches_nvidias_recipe(device):
         ours = quantize_nvfp4(x)
         b, q, exact = _nvfp4_recipe(x)
         if x is not tiny:
-            s = float(quantize_nvfp4(x.abs().max().reshape(1, 1).expand(1, 16).contiguous())[0, 0]) / 2688  # the 18-bit decode scale
-            assert torch.equal(ours.double(), (q.double() * b.double() * s).flatten(-2))  # the recipe's codes, bit for bit
+            s = (
+                float(quantize_nvfp4(x.abs().max().reshape(1, 1).expand(1, 16).contiguous())[0, 0]) / 2688
+            )  # the 18-bit decode scale
+            assert torch.equal(
+                ours.double(), (q.double() * b.double() * s).flatten(-2)
+            )  # the recipe's codes, bit for bit
             assert abs(s / (x.abs().max().double().item() / 2688) - 1) < 2.0**-18
         else:  # decode scale subnormal: kept as it is, so values are the recipe's up to fp32's subnormal spacing
             assert ((ours.double() - exact).abs() <= 2.0**-146).all()
@@ -233,6 +242,7 @@ def test_nvfp4_matches_nvidias_recipe(device):
 
 
 # ---------------------------------------------------------------- stochastic rounding
+
 
 def _sr_rows(fmt):
     """A row whose exact values lie between grid points; the first element fixes the block scales."""
@@ -253,7 +263,10 @@ def _sr_verdict(fmt, draws, exact):
     target = exact[0].double()
     assert (low <= target).all() and (target <= high).all()
     # both neighbours drawn wherever the value is off the grid
-    off_grid = StreamFormat(fmt.name).add(fmt.enter(torch.zeros(1, width, device=exact.device)), exact[:1])[0].double() != target
+    off_grid = (
+        StreamFormat(fmt.name).add(fmt.enter(torch.zeros(1, width, device=exact.device)), exact[:1])[0].double()
+        != target
+    )
     assert (high > low)[off_grid].all()
     # a Bernoulli choice between neighbours `gap` apart has sd <= gap / 2
     tolerance = 5 * (high - low) / 2 / math.sqrt(n)
@@ -281,6 +294,7 @@ def test_nearest_is_deterministic():
 
 
 # ---------------------------------------------------------------- dtype and grid invariants
+
 
 @pytest.mark.parametrize("fmt", ALL, ids=IDS)
 def test_add_dtype_and_grid_eager(fmt):
@@ -331,6 +345,7 @@ def _two_steps(fmt, x, d, d16):
 
 
 # ---------------------------------------------------------------- straight-through gradient
+
 
 @pytest.mark.parametrize("fmt", ALL, ids=IDS)
 def test_gradient_passes_straight_through(fmt):

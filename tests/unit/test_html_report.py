@@ -28,11 +28,15 @@ def test_save_chart_svg_and_png(tmp_path):
 def test_report_is_self_contained_and_escaped(tmp_path):
     hostile = "</script><script>alert(1)</script>"
     table = pd.DataFrame({"path": ["bf16", "<b>fp32</b>"], "ratio": [0.0031, 1.0]})
-    write_report(tmp_path / "r.html", "Drift & co", [
-        ("", ["Two < three."]),
-        ("Tables", [table]),
-        ("Charts", [_chart(), _chart(hostile)]),
-    ])
+    write_report(
+        tmp_path / "r.html",
+        "Drift & co",
+        [
+            ("", ["Two < three."]),
+            ("Tables", [table]),
+            ("Charts", [_chart(), _chart(hostile)]),
+        ],
+    )
     page = (tmp_path / "r.html").read_text()
     assert "<title>Drift &amp; co</title>" in page and "<p>Two &lt; three.</p>" in page
     assert "&lt;b&gt;fp32&lt;/b&gt;" in page and "<h2>Tables</h2>" in page
@@ -50,7 +54,9 @@ def test_report_rejects_unknown_blocks():
 def test_captions_missing_stages_and_subheadings_are_set_apart():
     from streamback.html_report import Caption, Missing, Subheading
 
-    page = render_report("t", [("s", [Subheading("a <shape>"), "plain", Caption("what & how"), Missing("rule x has not run")])])
+    page = render_report(
+        "t", [("s", [Subheading("a <shape>"), "plain", Caption("what & how"), Missing("rule x has not run")])]
+    )
     assert "<h3>a &lt;shape&gt;</h3>" in page and "<p>plain</p>" in page
     assert '<p class="caption">what &amp; how</p>' in page and '<p class="missing">rule x has not run</p>' in page
 
@@ -58,10 +64,19 @@ def test_captions_missing_stages_and_subheadings_are_set_apart():
 def test_text_columns_align_left_and_names_stay_whole():
     """Numbers align right (also when written as text), text left; a short text (a run name) is kept
     on one line, sentences get a wide column."""
-    table = pd.DataFrame({"run": ["tiny-skinny-tall-baseline", None], "loss": [4.3, 4.2], "reading": ["a sentence " * 8, "short"],
-                          "steps": [30, 60], "acc": ["0.5620 ± 0.022", "-0.1 ± 0.1"]})
+    table = pd.DataFrame(
+        {
+            "run": ["tiny-skinny-tall-baseline", None],
+            "loss": [4.3, 4.2],
+            "reading": ["a sentence " * 8, "short"],
+            "steps": [30, 60],
+            "acc": ["0.5620 ± 0.022", "-0.1 ± 0.1"],
+        }
+    )
     page = render_report("t", [("s", ["intro", table])])
     style = re.search(r'<style>([^<]*)</style>\n<table[^>]*id="table1"', page).group(1)
-    assert style == ("#table1 td:nth-child(1), #table1 th:nth-child(1) { text-align: left; white-space: nowrap; } "
-                     "#table1 td:nth-child(3), #table1 th:nth-child(3) { text-align: left; min-width: 20rem; }")
+    assert style == (
+        "#table1 td:nth-child(1), #table1 th:nth-child(1) { text-align: left; white-space: nowrap; } "
+        "#table1 td:nth-child(3), #table1 th:nth-child(3) { text-align: left; min-width: 20rem; }"
+    )
     assert "<style>" not in render_report("t", [("s", [pd.DataFrame({"x": [1.0]})])]).split("</style>", 1)[1]

@@ -27,17 +27,43 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 VOCAB = 96
-BASE = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 16}  # short enough that every band (kept, interpolated, divided) is used
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=48,
+    intermediate_size=112,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}  # short enough that every band (kept, interpolated, divided) is used
 FAMILIES = {
     "llama-rope-llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(rope_parameters=LLAMA3_ROPE)),
-    "llama-tied-head-dim-16": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(head_dim=16, tie_word_embeddings=True)),
-    "mistral-head-dim-8": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(head_dim=8, sliding_window=None)),
+    "llama-tied-head-dim-16": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(head_dim=16, tie_word_embeddings=True),
+    ),
+    "mistral-head-dim-8": (
+        transformers.MistralConfig,
+        transformers.MistralForCausalLM,
+        dict(head_dim=8, sliding_window=None),
+    ),
     "qwen2-tied": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
     "qwen3-head-dim-16": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=16)),
-    "qwen3-tied": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=12, tie_word_embeddings=True)),
+    "qwen3-tied": (
+        transformers.Qwen3Config,
+        transformers.Qwen3ForCausalLM,
+        dict(head_dim=12, tie_word_embeddings=True),
+    ),
 }
 
 
@@ -78,7 +104,10 @@ def test_each_family_imports_and_computes_what_transformers_does_in_fp64(tmp_pat
     hf = save_family(tmp_path / "hf", family)
     args = import_hf(tmp_path / "hf", tmp_path / "model.pt")
     config = hf.config
-    assert args.head_dim == (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads) and args.tied_embeddings == config.tie_word_embeddings
+    assert (
+        args.head_dim == (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        and args.tied_embeddings == config.tie_word_embeddings
+    )
     assert (args.qkv_bias, args.qk_norm) == (config.model_type == "qwen2", config.model_type == "qwen3")
     assert (args.rope_scaling is not None) == (family == "llama-rope-llama3")
     trained = read_model(tmp_path / "model.pt")
@@ -103,24 +132,35 @@ def test_export_hf_writes_each_family_back_as_transformers_reads_it(tmp_path, fa
     assert written["model_type"] == hf.config.model_type
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "again", dtype=torch.float64)
     tokens = torch.randint(0, VOCAB, (1, 30), generator=torch.Generator().manual_seed(2))
-    assert torch.equal(fp64_logits(reloaded, tokens), fp64_logits(hf, tokens))  # the same fp32 weights, the same computation
+    assert torch.equal(
+        fp64_logits(reloaded, tokens), fp64_logits(hf, tokens)
+    )  # the same fp32 weights, the same computation
     import_hf(tmp_path / "again", tmp_path / "back.pt")
     before, after = read_model(tmp_path / "model.pt"), read_model(tmp_path / "back.pt")
     assert after.args == before.args and all(torch.equal(before.state[k], after.state[k]) for k in before.state)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_parameters rope_type 'yarn' is not supported"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters of type llama3 lack low_freq_factor"),
-    ({"attention_bias": True}, "attention_bias = True is not supported"),
-    ({"mlp_bias": True}, "mlp_bias = True is not supported"),
-    ({"hidden_act": "gelu"}, "hidden_act = 'gelu' is not supported"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor = 0.5 is not supported"),
-    ({"use_sliding_window": True}, "use_sliding_window = True is not supported"),
-    ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types has sliding_attention layers"),
-    ({"head_dim": 7}, "config.json: model: head_dim 7 must be even"),
-    ({"model_type": "gemma"}, "model_type 'gemma' is not a decoder family"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
+            "rope_parameters rope_type 'yarn' is not supported",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}},
+            "rope_parameters of type llama3 lack low_freq_factor",
+        ),
+        ({"attention_bias": True}, "attention_bias = True is not supported"),
+        ({"mlp_bias": True}, "mlp_bias = True is not supported"),
+        ({"hidden_act": "gelu"}, "hidden_act = 'gelu' is not supported"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor = 0.5 is not supported"),
+        ({"use_sliding_window": True}, "use_sliding_window = True is not supported"),
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types has sliding_attention layers"),
+        ({"head_dim": 7}, "config.json: model: head_dim 7 must be even"),
+        ({"model_type": "gemma"}, "model_type 'gemma' is not a decoder family"),
+    ],
+)
 def test_what_the_model_cannot_compute_is_refused_in_one_line_naming_the_key(tmp_path, change, message):
     save_family(tmp_path / "hf", "qwen3-head-dim-16")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -144,7 +184,9 @@ BEFORE = "25e70de"  # the last commit before the model's import options
 
 def model_before_options():
     """streamback/model/model.py as it was at BEFORE, loaded beside today's (it imports the same helpers)."""
-    source = subprocess.run(["git", "show", f"{BEFORE}:streamback/model/model.py"], cwd=ROOT, capture_output=True, text=True)
+    source = subprocess.run(
+        ["git", "show", f"{BEFORE}:streamback/model/model.py"], cwd=ROOT, capture_output=True, text=True
+    )
     if source.returncode:
         pytest.skip(f"git show {BEFORE} failed here: {source.stderr.strip()}")
     spec = importlib.util.spec_from_loader("streamback_model_before", loader=None)
@@ -154,10 +196,14 @@ def model_before_options():
     return module
 
 
-@pytest.mark.parametrize("kw", [
-    dict(dim=64, n_heads=4, n_kv_heads=2),
-    dict(dim=189, n_heads=2, n_kv_heads=1, tied_embeddings=True, block="streamback", stream="fp32"),
-], ids=["baseline", "tied-streamback-head-dim-94"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(dim=64, n_heads=4, n_kv_heads=2),
+        dict(dim=189, n_heads=2, n_kv_heads=1, tied_embeddings=True, block="streamback", stream="fp32"),
+    ],
+    ids=["baseline", "tied-streamback-head-dim-94"],
+)
 def test_the_study_shapes_compute_bit_for_bit_what_they_did_before_the_options(kw):
     before = model_before_options()
     common = dict(n_layers=2, vocab_size=211, multiple_of=32, max_seq_len=64, **kw)

@@ -20,11 +20,15 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.mark.parametrize("kw", [
-    dict(dim=64, n_heads=4, n_kv_heads=2),
-    dict(dim=189, n_heads=2, n_kv_heads=1),  # head_dim 94, a query width (188) other than dim: written as Mistral
-    dict(dim=64, n_heads=4, n_kv_heads=4, tied_embeddings=True, block="streamback", stream="mxfp8_sr"),
-], ids=["llama", "head-dim-94", "tied-streamback"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(dim=64, n_heads=4, n_kv_heads=2),
+        dict(dim=189, n_heads=2, n_kv_heads=1),  # head_dim 94, a query width (188) other than dim: written as Mistral
+        dict(dim=64, n_heads=4, n_kv_heads=4, tied_embeddings=True, block="streamback", stream="mxfp8_sr"),
+    ],
+    ids=["llama", "head-dim-94", "tied-streamback"],
+)
 def test_export_then_import_gives_identical_weights_and_logits(tmp_path, kw):
     args = ModelArgs(n_layers=2, vocab_size=211, multiple_of=32, max_seq_len=128, **kw)
     model = Transformer(args)
@@ -39,7 +43,11 @@ def test_export_then_import_gives_identical_weights_and_logits(tmp_path, kw):
     before, after = read_model(tmp_path / "model.pt"), read_model(tmp_path / "back.pt")
     assert set(before.state) == set(after.state)
     assert all(torch.equal(before.state[k], after.state[k]) for k in before.state)
-    assert after.stream == before.stream and after.args.block == args.block and after.args.tied_embeddings == args.tied_embeddings
+    assert (
+        after.stream == before.stream
+        and after.args.block == args.block
+        and after.args.tied_embeddings == args.tied_embeddings
+    )
     assert after.args.ffn_hidden_dim == args.ffn_hidden_dim and after.args.head_dim == args.head_dim
     tokens = torch.randint(0, 211, (2, 40), generator=torch.Generator().manual_seed(0))
     for compute in (torch.bfloat16, torch.float32):
@@ -53,9 +61,22 @@ def test_export_then_import_gives_identical_weights_and_logits(tmp_path, kw):
 
 
 def hf_llama(tmp_path, **kw):
-    config = transformers.LlamaConfig(**{**dict(
-        vocab_size=211, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128, rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}), **kw})
+    config = transformers.LlamaConfig(
+        **{
+            **dict(
+                vocab_size=211,
+                hidden_size=64,
+                intermediate_size=160,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=128,
+                rms_norm_eps=1e-5,
+                rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            ),
+            **kw,
+        }
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
     with torch.no_grad():
@@ -70,7 +91,14 @@ def test_a_transformers_llama_imports_and_computes_what_transformers_does(tmp_pa
     hf = hf_llama(tmp_path)
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
     args = import_hf(tmp_path / "hf", tmp_path / "model.pt")
-    assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.ffn_hidden_dim, args.block) == (64, 3, 4, 2, 160, "baseline")
+    assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.ffn_hidden_dim, args.block) == (
+        64,
+        3,
+        4,
+        2,
+        160,
+        "baseline",
+    )
     assert read_model(tmp_path / "model.pt").stream == "bf16"  # a public model is a plain bf16 model
     tokens = torch.randint(0, 211, (2, 50), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -88,10 +116,13 @@ def test_a_transformers_llama_imports_and_computes_what_transformers_does(tmp_pa
     assert (ours64 - theirs64).abs().max().item() < 1e-6
 
 
-@pytest.mark.parametrize("change, message", [  # the other families and settings: tests/unit/test_import_families.py
-    ({"attention_bias": True}, "attention_bias = True is not supported"),
-    ({"model_type": "gpt2"}, "model_type 'gpt2' is not a decoder family"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [  # the other families and settings: tests/unit/test_import_families.py
+        ({"attention_bias": True}, "attention_bias = True is not supported"),
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not a decoder family"),
+    ],
+)
 def test_what_the_model_cannot_compute_is_refused(tmp_path, change, message):
     hf_llama(tmp_path)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

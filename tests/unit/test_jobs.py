@@ -30,7 +30,17 @@ def test_a_train_job_resolves_to_its_run_as_the_whole_config_does(config):
         check_runs(train, model, only=run)
         for key in ("micro_batch_size", "activation_checkpointing", "compile"):
             assert run_setting(train, run, key) == run_setting(whole, run, key), (run, key)
-        for key in ("seed", "tokens", "seq_len", "batch_size", "optimizer", "schedule", "log", "checkpoint", "repeat_data"):
+        for key in (
+            "seed",
+            "tokens",
+            "seq_len",
+            "batch_size",
+            "optimizer",
+            "schedule",
+            "log",
+            "checkpoint",
+            "repeat_data",
+        ):
             assert train[key] == whole[key], (run, key)
         assert is_reversible(train, spec) == is_reversible(whole, spec)
         args = ModelArgs.from_config(model, spec.shape, 1000, block=spec.block, stream=spec.stream)
@@ -41,17 +51,38 @@ def test_a_train_job_resolves_to_its_run_as_the_whole_config_does(config):
 def test_a_train_job_holds_nothing_of_other_runs_or_how_it_runs():
     run = "tiny-medium-baseline"
     before = jobs.train(DEFAULT, run)
-    changed = merge_config(DEFAULT, {
-        "model": {"shapes": {"tiny-fat-short": {"n_layers": 3, "dim": 128, "n_heads": 4, "n_kv_heads": 1}, "new": {"n_layers": 1, "dim": 8, "n_heads": 2, "n_kv_heads": 1}}},
-        "train": {"runs": {"shapes": ["tiny-medium", "new"], "streams": ["fp16"]}, "per_run": {"tiny-medium-streamback": {"compile": True}},
-                  "micro_batch_size": 8, "compile": True, "checkpoint": {"every": 7}, "resources": {"gpus": 8, "threads": 4},
-                  "reversible": True, "log": {"tensorboard": False}},  # reversible: applies to fp32 StreamBack runs only
-        "drift": {"steps": 10}, "eval": {"batch_size": 3}, "analysis": {"seed": 4},
-    })
+    changed = merge_config(
+        DEFAULT,
+        {
+            "model": {
+                "shapes": {
+                    "tiny-fat-short": {"n_layers": 3, "dim": 128, "n_heads": 4, "n_kv_heads": 1},
+                    "new": {"n_layers": 1, "dim": 8, "n_heads": 2, "n_kv_heads": 1},
+                }
+            },
+            "train": {
+                "runs": {"shapes": ["tiny-medium", "new"], "streams": ["fp16"]},
+                "per_run": {"tiny-medium-streamback": {"compile": True}},
+                "micro_batch_size": 8,
+                "compile": True,
+                "checkpoint": {"every": 7},
+                "resources": {"gpus": 8, "threads": 4},
+                "reversible": True,
+                "log": {"tensorboard": False},
+            },  # reversible: applies to fp32 StreamBack runs only
+            "drift": {"steps": 10},
+            "eval": {"batch_size": 3},
+            "analysis": {"seed": 4},
+        },
+    )
     assert jobs.train(changed, run) == before
-    assert jobs.train_execution(changed, run)["train"] == {"micro_batch_size": 8, "compile": True, "activation_checkpointing": False,
-                                                            "checkpoint": {"every": 7, "keep": 2, "resume_on_other_kernels": False},
-                                                            "log": {"tensorboard": False, "wandb": {"project": None, "entity": None, "mode": "online"}}}
+    assert jobs.train_execution(changed, run)["train"] == {
+        "micro_batch_size": 8,
+        "compile": True,
+        "activation_checkpointing": False,
+        "checkpoint": {"every": 7, "keep": 2, "resume_on_other_kernels": False},
+        "log": {"tensorboard": False, "wandb": {"project": None, "entity": None, "mode": "online"}},
+    }
     assert jobs.train(changed, "tiny-medium-streamback")["train"]["reversible"] is True
     lr = merge_config(DEFAULT, {"train": {"optimizer": {"lr": 1e-3}}})
     assert jobs.train(lr, run)["train"]["optimizer"]["lr"] == 1e-3
@@ -63,7 +94,13 @@ def test_every_other_job_gets_only_the_keys_it_reads():
     assert "files" not in tokenize["local"] and tokenize["synthetic"] == DEFAULT["data"]["synthetic"]
     assert jobs.tokenize_execution(DEFAULT) == {"data": {"batch_documents": DEFAULT["data"]["batch_documents"]}}
     assert jobs.corpus(DEFAULT) == {"data": {"synthetic": DEFAULT["data"]["synthetic"]}}
-    assert set(jobs.evaluate(DEFAULT)["eval"]) == {"tasks", "include_path", "batch_size", "max_length", "bootstrap_iters"}
+    assert set(jobs.evaluate(DEFAULT)["eval"]) == {
+        "tasks",
+        "include_path",
+        "batch_size",
+        "max_length",
+        "bootstrap_iters",
+    }
     assert jobs.eval_tasks(PAPER)["eval"]["tasks"] == []  # the paper's tasks are lm-eval's own
     for kind, keys in jobs.ANALYSIS_SETTINGS.items():
         job = jobs.analysis(DEFAULT, kind)
@@ -74,7 +111,9 @@ def test_every_other_job_gets_only_the_keys_it_reads():
         assert given(job)["train"]["seq_len"] == DEFAULT["train"]["seq_len"]
     loss = given(jobs.analysis(DEFAULT, "loss-difference"))["train"]
     assert loss["log"]["val_sequences"] == DEFAULT["train"]["log"]["val_sequences"]
-    assert "log" not in jobs.analysis(merge_config(DEFAULT, {"analysis": {"loss_windows": 8}}), "loss-difference")["train"]
+    assert (
+        "log" not in jobs.analysis(merge_config(DEFAULT, {"analysis": {"loss_windows": 8}}), "loss-difference")["train"]
+    )
     assert set(jobs.benchmark_table(DEFAULT)["eval"]) == {"tasks", "pairs"}
     for job in (jobs.training_curves(DEFAULT), jobs.benchmark_table(DEFAULT), jobs.seed_variance(DEFAULT)):
         assert job["train"] == {"runs": DEFAULT["train"]["runs"], "seed": DEFAULT["train"]["seed"]}
@@ -82,7 +121,16 @@ def test_every_other_job_gets_only_the_keys_it_reads():
 
 def test_what_the_rules_pass_is_what_the_stage_validates():
     """Every job's sections pass the schema (the CLI's validation) as they are."""
-    for job in (jobs.corpus(DEFAULT), jobs.tokenize(DEFAULT), jobs.drift(DEFAULT), jobs.eval_tasks(DEFAULT),
-                jobs.evaluate(DEFAULT), jobs.benchmark_table(DEFAULT), jobs.training_curves(DEFAULT), jobs.seed_variance(DEFAULT),
-                *(jobs.analysis(PAPER, kind) for kind in jobs.ANALYSIS_SETTINGS), jobs.train(PAPER, "medium-streamback")):
+    for job in (
+        jobs.corpus(DEFAULT),
+        jobs.tokenize(DEFAULT),
+        jobs.drift(DEFAULT),
+        jobs.eval_tasks(DEFAULT),
+        jobs.evaluate(DEFAULT),
+        jobs.benchmark_table(DEFAULT),
+        jobs.training_curves(DEFAULT),
+        jobs.seed_variance(DEFAULT),
+        *(jobs.analysis(PAPER, kind) for kind in jobs.ANALYSIS_SETTINGS),
+        jobs.train(PAPER, "medium-streamback"),
+    ):
         given(job)  # StreambackError on a key the schema does not allow

@@ -21,12 +21,25 @@ EMULATED, NATIVE = "bf16 on fp32 kernels on cpu", "native bf16 on cpu"
 
 
 def config(**checkpoint):
-    return validate_config({
-        "model": {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64},
-        "train": {"runs": {"shapes": ["micro"], "blocks": ["baseline"], "streams": []}, "seed": 3, "tokens": 10 * 4 * 32, "seq_len": 32,
-                  "batch_size": 4, "micro_batch_size": 4, "schedule": {"warmup_steps": 2, "decay_steps": 4},
-                  "checkpoint": {"every": 5, "keep": 2, **checkpoint}, "log": {"every": 5, "val_every": 5, "val_sequences": 4}},
-    })
+    return validate_config(
+        {
+            "model": {
+                "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
+                "max_seq_len": 64,
+            },
+            "train": {
+                "runs": {"shapes": ["micro"], "blocks": ["baseline"], "streams": []},
+                "seed": 3,
+                "tokens": 10 * 4 * 32,
+                "seq_len": 32,
+                "batch_size": 4,
+                "micro_batch_size": 4,
+                "schedule": {"warmup_steps": 2, "decay_steps": 4},
+                "checkpoint": {"every": 5, "keep": 2, **checkpoint},
+                "log": {"every": 5, "val_every": 5, "val_sequences": 4},
+            },
+        }
+    )
 
 
 def train(tokens, root, mode, **checkpoint):
@@ -48,19 +61,28 @@ def test_the_records_name_the_kernels_and_another_path_is_refused_unless_allowed
     recipe, summary, header, metas = records(tmp_path)
     for record in (summary, header, *metas):
         assert (record["kernels"], record["kernel_changes"]) == (EMULATED, [])
-    assert [r["step"] for r in read_metrics(tmp_path / "out" / layout.METRICS_FILE)] == list(range(1, 11))  # the header is no step
+    assert [r["step"] for r in read_metrics(tmp_path / "out" / layout.METRICS_FILE)] == list(
+        range(1, 11)
+    )  # the header is no step
 
     shutil.rmtree(ckpt.checkpoint_dir(recipe, 10))  # the run resumes from step 5
     with pytest.raises(StreambackError) as err:
         train(tokens, tmp_path, "native")
     message = str(err.value)
     assert "\n" not in message and f"{ckpt.checkpoint_dir(recipe, 5)} was trained on {EMULATED}" in message
-    assert f"this process computes on {NATIVE} (cpu_bf16 native)" in message and "train.checkpoint.resume_on_other_kernels: true" in message
+    assert (
+        f"this process computes on {NATIVE} (cpu_bf16 native)" in message
+        and "train.checkpoint.resume_on_other_kernels: true" in message
+    )
     assert [s for s, _ in ckpt.list_checkpoints(recipe)] == [5]  # refused before anything changed
 
     assert train(tokens, tmp_path, "native", resume_on_other_kernels=True) == 0
     _, summary, header, metas = records(tmp_path)
     change = [{"step": 5, "from": EMULATED, "to": NATIVE}]
-    assert (summary["kernels"], summary["kernel_changes"]) == (header["kernels"], header["kernel_changes"]) == (NATIVE, change)
+    assert (
+        (summary["kernels"], summary["kernel_changes"])
+        == (header["kernels"], header["kernel_changes"])
+        == (NATIVE, change)
+    )
     assert [(m["step"], m["kernels"], m["kernel_changes"]) for m in metas] == [(5, EMULATED, []), (10, NATIVE, change)]
     assert [r["step"] for r in read_metrics(tmp_path / "out" / layout.METRICS_FILE)] == list(range(1, 11))

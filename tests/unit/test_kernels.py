@@ -16,8 +16,16 @@ from streamback.measure import kernels
         ("cpp_fused__to_copy_add_mean_mul_pow_rsqrt_t_0", "cpp"),
         ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matmul"),
         ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", "attention"),
-        ("void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>, std::array<char*, 1ul> >", "fill"),
-        ("void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>, 4>", "other"),
+        (
+            "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>, "
+            "std::array<char*, 1ul> >",
+            "fill",
+        ),
+        (
+            "void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>, "
+            "4>",
+            "other",
+        ),
         ("aten::mm", "matmul"),
     ],
 )
@@ -27,7 +35,11 @@ def test_kind(name, kind):
 
 def test_two_profiles_compared():
     a = {"kernels": {"triton_per_a": [1.5, 40.0], "nvjet_x": [10.0, 100.0]}, "busy_ms": 11.5, "wall_ms": 12.0}
-    b = {"kernels": {"triton_red_b": [2.0, 40.0], "triton_per_a": [1.0, 40.0], "nvjet_x": [10.25, 100.0]}, "busy_ms": 13.25, "wall_ms": 15.0}
+    b = {
+        "kernels": {"triton_red_b": [2.0, 40.0], "triton_per_a": [1.0, 40.0], "nvjet_x": [10.25, 100.0]},
+        "busy_ms": 13.25,
+        "wall_ms": 15.0,
+    }
     assert kernels.kind_table(a, b) == [
         ["triton:red", "0.00", "2.00", "+2.00", "0", "40"],
         ["triton:per", "1.50", "1.00", "-0.50", "40", "40"],

@@ -22,7 +22,7 @@ def test_no_import_runs_up_a_layer():
 def test_every_module_has_a_layer():
     """A module outside every layer could import anything: each top-level module or package of
     streamback (but the package's own __init__ and __main__) is named in exactly one layer."""
-    contract, = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (contract,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     named = [m.strip() for layer in contract["layers"] for m in layer.replace("|", ":").split(":")]
     modules = {f"streamback.{m.name}" for m in pkgutil.iter_modules(streamback.__path__) if m.name != "__main__"}
     assert sorted(named) == sorted(modules)

@@ -34,7 +34,9 @@ def allocator_peak(args: ModelArgs) -> tuple[int, int]:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, compute.use("native"):
         F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
     # every allocation and free, in order (kineto's raw events: FunctionEvents leave them out)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
     current = peak = 0
     for event in events:
         current += event.nbytes()

@@ -12,7 +12,16 @@ from streamback.cli import main as cli_main
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config
 from streamback.errors import StreambackError
 from streamback.model.formats import STREAM_LABELS, StreamFormat
-from streamback.model.model import STREAM_POINTS, ModelArgs, Transformer, _RMSNormFunction, apply_rope, count_params, norm_gain_absmax, rope_tables
+from streamback.model.model import (
+    STREAM_POINTS,
+    ModelArgs,
+    Transformer,
+    _RMSNormFunction,
+    apply_rope,
+    count_params,
+    norm_gain_absmax,
+    rope_tables,
+)
 from streamback.train.parallel import apply_compile
 
 # every stream format, with each rounding it has (fp32 has no stochastic variant)
@@ -114,7 +123,9 @@ def test_rope_matches_complex_rotation():
     cos, sin = rope_tables(94, 10, 500000.0)
     freqs = 1.0 / 500000.0 ** (torch.arange(0, 94, 2).double() / 94)
     cis = torch.polar(torch.ones(10, 47, dtype=torch.float64), torch.outer(torch.arange(10).double(), freqs))
-    reference = torch.view_as_real(torch.view_as_complex(x.double().unflatten(-1, (-1, 2))) * cis[:, None, :]).flatten(-2)
+    reference = torch.view_as_real(torch.view_as_complex(x.double().unflatten(-1, (-1, 2))) * cis[:, None, :]).flatten(
+        -2
+    )
     torch.testing.assert_close(apply_rope(x, cos, sin).double(), reference, atol=1e-5, rtol=1e-5)
 
 
@@ -130,7 +141,10 @@ def test_depth_scaled_init_and_seed():
     assert model.tok_embeddings.weight.std().item() == pytest.approx(1.0, rel=0.02)
     out = model.output.weight
     assert out.abs().max().item() <= 3 * 256**-0.5 and out.std().item() == pytest.approx(256**-0.5 * 0.986, rel=0.03)
-    assert norm_gain_absmax(model) == {**{f"layers.{i}.{n}": 1.0 for i in range(4) for n in ("attention_norm", "ffn_norm")}, "norm": 1.0}
+    assert norm_gain_absmax(model) == {
+        **{f"layers.{i}.{n}": 1.0 for i in range(4) for n in ("attention_norm", "ffn_norm")},
+        "norm": 1.0,
+    }
     again = Transformer(args, torch.float32)
     again.init_weights(seed=3)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
@@ -156,12 +170,16 @@ def test_a_model_built_on_the_meta_device_is_the_model_built_on_the_cpu():
     for (name, a), b in zip(model.state_dict().items(), cpu.state_dict().values()):
         assert torch.equal(a, b), name
     assert torch.equal(model.rope_cos, cpu.rope_cos) and torch.equal(model.rope_sin, cpu.rope_sin)
-    probe = ("import sys, torch\n"
-             "from streamback.model.model import ModelArgs, Transformer\n"
-             "with torch.device('meta'):\n"
-             "    Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, vocab_size=97, multiple_of=32))\n"
-             "print('torch._dynamo' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split() == ["False"]
+    probe = (
+        "import sys, torch\n"
+        "from streamback.model.model import ModelArgs, Transformer\n"
+        "with torch.device('meta'):\n"
+        "    Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, vocab_size=97, multiple_of=32))\n"
+        "print('torch._dynamo' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split() == [
+        "False"
+    ]
 
 
 def test_tied_embeddings_share_one_matrix():
@@ -249,7 +267,10 @@ def test_loss_with_targets_is_next_token_loss_of_the_logits(device):
     compiled.load_state_dict(model.state_dict())
     tok = tokens(args, seq=33).to(device)
     losses, grads = [], []
-    for loss_of in (lambda m: next_token_loss(m(tok[:, :-1]), tok[:, 1:]), lambda m: m(tok[:, :-1], targets=tok[:, 1:])):
+    for loss_of in (
+        lambda m: next_token_loss(m(tok[:, :-1]), tok[:, 1:]),
+        lambda m: m(tok[:, :-1], targets=tok[:, 1:]),
+    ):
         model.zero_grad(set_to_none=True)
         losses.append(loss_of(model))
         losses[-1].backward()
@@ -260,7 +281,9 @@ def test_loss_with_targets_is_next_token_loss_of_the_logits(device):
     loss.backward()
     torch.testing.assert_close(loss, losses[0], rtol=1e-5, atol=0)
     for (name, p), q in zip(model.named_parameters(), compiled.parameters()):
-        assert (p.grad - q.grad).abs().max() <= 1e-2 * p.grad.abs().max(), name  # a flipped bf16 rounding here and there
+        assert (p.grad - q.grad).abs().max() <= 1e-2 * p.grad.abs().max(), (
+            name
+        )  # a flipped bf16 rounding here and there
     torch._dynamo.reset()
 
 
@@ -272,7 +295,9 @@ def process_group(tmp_path, device):
 
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())  # NCCL's device_id needs the index
-        dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, device_id=device)
+        dist.init_process_group(
+            "nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, device_id=device
+        )
     else:
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

@@ -53,7 +53,10 @@ def test_hf_parity(tmp_path):
     hf = assert_parity(random_model(), tmp_path, via_cli=True)
     assert type(hf).__name__ == "LlamaForCausalLM"
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["rope_theta"] == 500000.0 and config["streamback"] == {"block": "baseline", "stream": "fp32"}  # fp32 compute
+    assert config["rope_theta"] == 500000.0 and config["streamback"] == {
+        "block": "baseline",
+        "stream": "fp32",
+    }  # fp32 compute
 
 
 def test_hf_parity_head_dim_94(tmp_path):
@@ -102,12 +105,17 @@ def test_checkpoint_shape_mismatch_is_named(tmp_path):
 def test_model_file_round_trip_and_honest_stream(tmp_path):
     """A bf16-compute baseline records its bf16 stream (not ModelArgs' unused default), in the file
     and in the export; load_model rebuilds the same model, or the same weights with another stream."""
-    model = Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=211, multiple_of=32, max_seq_len=128))
+    model = Transformer(
+        ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=211, multiple_of=32, max_seq_len=128)
+    )
     model.init_weights(seed=3)
     save_model(tmp_path / "model.pt", model.args, model.state_dict())
     assert read_model(tmp_path / "model.pt").stream == "bf16"
     export(tmp_path / "model.pt", tmp_path / "hf")
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["streamback"] == {"block": "baseline", "stream": "bf16"}
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["streamback"] == {
+        "block": "baseline",
+        "stream": "bf16",
+    }
     tokens = torch.randint(0, 211, (2, 16), generator=torch.Generator().manual_seed(0))
     loaded = load_model(tmp_path / "model.pt")
     assert not loaded.training and loaded.compute_dtype == torch.bfloat16

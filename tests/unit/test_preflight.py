@@ -15,11 +15,18 @@ from streamback.model.model import ModelArgs, Transformer, count_params
 from streamback.preflight import probe, stage, table
 from streamback.train.trainer import Trainer
 
-MODEL = {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64}
+MODEL = {
+    "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
+    "max_seq_len": 64,
+}
 TRAIN = {
     "runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "streams": ["bf16_sr"], "seeds": [0, 1]},
-    "tokens": 30 * 8 * 32, "seq_len": 32, "batch_size": 8, "micro_batch_size": 4,
-    "optimizer": {"lr": 3e-3}, "schedule": {"warmup_steps": 1, "decay_steps": 8},
+    "tokens": 30 * 8 * 32,
+    "seq_len": 32,
+    "batch_size": 8,
+    "micro_batch_size": 4,
+    "optimizer": {"lr": 3e-3},
+    "schedule": {"warmup_steps": 1, "decay_steps": 8},
     "checkpoint": {"every": 5, "keep": 2},
     "log": {"every": 10, "stream_every": 4, "val_every": 10, "val_sequences": 16, "tensorboard": False},
     "preflight": {"steps": 5},
@@ -44,7 +51,11 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     assert record["software"]["torch"] == torch.__version__ and record["device"] and record["processes"] == 1
     dtype = by_name["stream_dtype"]["values"]
     assert dtype["forward"] == dtype["gradients"] == ["torch.float32"] * 3  # the embedding and both blocks' outputs
-    assert by_name["resume"]["values"] == {"loss_diff": 0.0, "max_weight_diff": 0.0, "mean_weight_diff": 0.0}  # bitwise on the CPU
+    assert by_name["resume"]["values"] == {
+        "loss_diff": 0.0,
+        "max_weight_diff": 0.0,
+        "mean_weight_diff": 0.0,
+    }  # bitwise on the CPU
     losses = by_name["losses"]["values"]["losses"]
     assert len(losses) == 4 and losses[-1] < losses[0]
     speed = by_name["speed"]["values"]
@@ -52,7 +63,11 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     assert speed["projected_hours"] == pytest.approx(30 * 8 * 32 / speed["tokens_per_s"] / 3600)
     disk = by_name["disk"]["values"]
     with torch.device("meta"):
-        params = count_params(Transformer(ModelArgs.from_config(validate_config({"model": MODEL})["model"], "micro", 300, block="streamback")))
+        params = count_params(
+            Transformer(
+                ModelArgs.from_config(validate_config({"model": MODEL})["model"], "micro", 300, block="streamback")
+            )
+        )
     # the measured checkpoint (DCP's files and meta.json) is at least the 12 bytes a parameter estimated
     assert disk["checkpoint_bytes"] >= 12 * params and disk["needed_bytes"] == 3 * disk["checkpoint_bytes"] + 4 * params
     gaps = by_name["shadow"]["values"]["gaps"]
@@ -88,7 +103,10 @@ def test_a_budget_below_the_projection_fails_naming_both(tokens, tmp_path, capsy
     record = json.loads(layout.preflight_failed_file(out).read_text())
     budget = next(c for c in record["checks"] if c["name"] == "budget")["values"]
     assert budget["projected_hours"] > budget["budget_hours"] == 1e-7
-    assert f"projected {budget['projected_hours']:,.2f} CPU process-hours" in line and "train.budget_gpu_hours 0.00" in line
+    assert (
+        f"projected {budget['projected_hours']:,.2f} CPU process-hours" in line
+        and "train.budget_gpu_hours 0.00" in line
+    )
 
 
 def test_a_resume_that_differs_fails(tokens, tmp_path, monkeypatch, capsys):
@@ -111,7 +129,10 @@ def test_a_full_disk_fails_before_training_starts(tokens, tmp_path, monkeypatch,
     monkeypatch.setattr(Trainer, "_step", lambda *args: pytest.fail("a training step ran"))
     status, out = run_preflight(tokens, tmp_path)
     line = assert_refused(status, out, failed_lines(capsys), "disk")
-    assert line.startswith("preflight micro-streamback: FAILED disk: FAIL: 0.00 GiB free under ") and str(tmp_path / "ckpt") in line
+    assert (
+        line.startswith("preflight micro-streamback: FAILED disk: FAIL: 0.00 GiB free under ")
+        and str(tmp_path / "ckpt") in line
+    )
     assert [c["name"] for c in json.loads(layout.preflight_failed_file(out).read_text())["checks"]] == ["disk"]
 
 
@@ -119,10 +140,24 @@ def test_a_full_disk_fails_before_training_starts(tokens, tmp_path, monkeypatch,
 
 
 def hand_record(arm, tokens_per_s, hours):
-    checks = [{"name": name, "status": "PASS", "values": {"tokens_per_s": tokens_per_s, "projected_hours": hours} if name == "speed" else {}}
-              for name in table.CHECKS]
-    return {"arm": arm, "run": arm, "passed": True, "checks": checks, "device": "NVIDIA H200", "processes": 1, "unit": "GPU-hours",
-            "created": "2026-12-02T00:00:00+00:00"}
+    checks = [
+        {
+            "name": name,
+            "status": "PASS",
+            "values": {"tokens_per_s": tokens_per_s, "projected_hours": hours} if name == "speed" else {},
+        }
+        for name in table.CHECKS
+    ]
+    return {
+        "arm": arm,
+        "run": arm,
+        "passed": True,
+        "checks": checks,
+        "device": "NVIDIA H200",
+        "processes": 1,
+        "unit": "GPU-hours",
+        "created": "2026-12-02T00:00:00+00:00",
+    }
 
 
 def write_records(root):
@@ -135,21 +170,38 @@ def write_records(root):
     return paths
 
 
-@pytest.mark.parametrize("extra, problem", [({}, None), ({"budget_gpu_hours": 21.9}, "budget: projected 22.00 GPU-hours for the matrix (bound: train.budget_gpu_hours 21.90)"),
-                                            ({"stated_gpu_hours": 14.0}, "stated cost: projected 22.00 GPU-hours for the matrix (bound: 1.5 x the tiers table's 14.00, train.stated_gpu_hours)"),
-                                            ({"budget_gpu_hours": 22.0, "stated_gpu_hours": 14.7}, None)])
+@pytest.mark.parametrize(
+    "extra, problem",
+    [
+        ({}, None),
+        (
+            {"budget_gpu_hours": 21.9},
+            "budget: projected 22.00 GPU-hours for the matrix (bound: train.budget_gpu_hours 21.90)",
+        ),
+        (
+            {"stated_gpu_hours": 14.0},
+            "stated cost: projected 22.00 GPU-hours for the matrix (bound: 1.5 x the tiers table's 14.00, "
+            "train.stated_gpu_hours)",
+        ),
+        ({"budget_gpu_hours": 22.0, "stated_gpu_hours": 14.7}, None),
+    ],
+)
 def test_the_matrix_table_sums_the_arms_seeds_against_budget_and_stated_cost(tmp_path, capsys, extra, problem):
     from streamback.cli import main
 
     matrix = {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "seeds": [0, 1]}, "seed": 0, **extra}
     out = tmp_path / "preflights.csv"
-    status = main(["preflight-table", "--params", json.dumps(matrix), "--records", *write_records(tmp_path), "--out", str(out)])
+    status = main(
+        ["preflight-table", "--params", json.dumps(matrix), "--records", *write_records(tmp_path), "--out", str(out)]
+    )
     err = capsys.readouterr()
     if problem is None:
         assert status == 0 and "projected 22.00 GPU-hours" in err.out  # (5 + 6) x 2 seeds
         rows = pd.read_csv(out).to_dict("records")
         assert [(r["arm"], r["runs"], r["run_hours"], r["arm_hours"], r["stream_dtype"]) for r in rows] == [
-            ("micro-baseline", 2, 5.0, 10.0, "PASS"), ("micro-streamback", 2, 6.0, 12.0, "PASS")]
+            ("micro-baseline", 2, 5.0, 10.0, "PASS"),
+            ("micro-streamback", 2, 6.0, 12.0, "PASS"),
+        ]
     else:
         assert status == table.EXIT_FAILED and not out.exists()
         assert err.err.splitlines() == [f"preflight matrix: FAILED {problem}"]
@@ -161,7 +213,12 @@ def test_the_page_shows_every_preflight(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert "rule preflight" in str(preflights()[0])  # not run yet: named, with its rule
     records = {p: json.loads(open(p).read()) for p in write_records(tmp_path)}
-    matrix = validate_config({"model": MODEL, "train": {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "seeds": [0, 1]}}})["train"]
+    matrix = validate_config(
+        {
+            "model": MODEL,
+            "train": {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "seeds": [0, 1]}},
+        }
+    )["train"]
     layout.table(layout.PREFLIGHT_TABLE).parent.mkdir(parents=True)
     table.preflight_table(records, matrix).to_csv(layout.table(layout.PREFLIGHT_TABLE), index=False)
     shown, _, total = preflights()
@@ -185,14 +242,41 @@ def test_the_preflight_of_a_compiled_shape_on_a_gpu(tokens, tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(validate_config({"model": MODEL, "train": {**TRAIN, "compile": True}})))
     out = tmp_path / "micro-baseline.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "streamback", "preflight",
-           "--config", str(config), "--arm", "micro-baseline", "--data", str(tokens), "--checkpoints", str(tmp_path / "ckpt"),
-           "--resources", json.dumps({"gpus": 1, "mem_mb": 64000}), "--out", str(out), "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "-m",
+        "streamback",
+        "preflight",
+        "--config",
+        str(config),
+        "--arm",
+        "micro-baseline",
+        "--data",
+        str(tokens),
+        "--checkpoints",
+        str(tmp_path / "ckpt"),
+        "--resources",
+        json.dumps({"gpus": 1, "mem_mb": 64000}),
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+    ]
     proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
     by_name = {c["name"]: c for c in record["checks"]}
-    assert record["passed"] and record["unit"] == "GPU-hours" and "cuda" in record["software"] and record["device"] != "cpu"
+    assert (
+        record["passed"]
+        and record["unit"] == "GPU-hours"
+        and "cuda" in record["software"]
+        and record["device"] != "cpu"
+    )
     assert by_name["stream_dtype"]["values"]["forward"] == ["torch.bfloat16"] * 3
     assert by_name["shadow"]["values"]["gaps"] is not None and by_name["memory"]["values"]["peak_bytes"] > 0
     print(json.dumps({name: c["figure"] for name, c in by_name.items()}, indent=1))  # the figures, for the device's log
@@ -213,10 +297,38 @@ def test_two_processes_under_torchrun_shard_the_model_and_pass(tokens, tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(validate_config({"model": MODEL, "train": TRAIN})))
     out = tmp_path / "micro-streamback.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "streamback", "preflight",
-           "--config", str(config), "--arm", "micro-streamback", "--data", str(tokens), "--checkpoints", str(tmp_path / "ckpt"),
-           "--resources", json.dumps({"gpus": 0, "processes": 2, "mem_mb": 4000}), "--out", str(out), "--threads", "1"]
-    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "streamback",
+        "preflight",
+        "--config",
+        str(config),
+        "--arm",
+        "micro-streamback",
+        "--data",
+        str(tokens),
+        "--checkpoints",
+        str(tmp_path / "ckpt"),
+        "--resources",
+        json.dumps({"gpus": 0, "processes": 2, "mem_mb": 4000}),
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+    ]
+    proc = subprocess.run(
+        cmd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
     by_name = {c["name"]: c for c in record["checks"]}

@@ -47,7 +47,13 @@ def test_a_terminal_gets_a_bar(monkeypatch, clock):
     meter.write("a message above the bar")
     meter.close()
     out = terminal.getvalue()
-    assert "\r" in out and "tokenize:" in out and "250/1.00k" in out and "12 documents" in out and "a message above the bar\n" in out
+    assert (
+        "\r" in out
+        and "tokenize:" in out
+        and "250/1.00k" in out
+        and "12 documents" in out
+        and "a message above the bar\n" in out
+    )
 
 
 def test_plain_logs_turns_off_the_libraries_bars_in_a_log_only(monkeypatch):

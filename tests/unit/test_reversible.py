@@ -26,7 +26,9 @@ N = B * T * DIM  # elements of one residual
 
 def pair(compute=torch.float32, layers=LAYERS, device="cpu"):
     """A plain StreamBack model and its reversible twin with the same weights."""
-    args = ModelArgs(dim=DIM, n_layers=layers, n_heads=4, n_kv_heads=1, vocab_size=101, multiple_of=32, block="streamback")
+    args = ModelArgs(
+        dim=DIM, n_layers=layers, n_heads=4, n_kv_heads=1, vocab_size=101, multiple_of=32, block="streamback"
+    )
     plain = Transformer(args, compute)
     plain.init_weights(0)
     with torch.no_grad():  # larger stream values than the init's, so rebuilding has rounding to do

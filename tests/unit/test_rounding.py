@@ -6,7 +6,19 @@ import math
 import pytest
 import torch
 
-from streamback.model.rounding import BF16, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, SPECS, round_fp32, round_to, stochastic_noise, ulp
+from streamback.model.rounding import (
+    BF16,
+    FP4_E2M1,
+    FP8_E4M3,
+    FP8_E5M2,
+    FP16,
+    FP32,
+    SPECS,
+    round_fp32,
+    round_to,
+    stochastic_noise,
+    ulp,
+)
 
 NATIVE = [BF16, FP16, FP8_E4M3, FP8_E5M2]
 
@@ -57,7 +69,9 @@ def test_hand_values_bf16():
     x = torch.tensor([600.0 + 2.0, 600.0 + 2.1, 604.0 + 2.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 1024.0 + 3.9, 1024 + 4.0])
     expected = torch.tensor([600.0, 604.0, 608.0, 1.0, 1.0 + 2**-6, 1024.0, 1024.0])
     assert torch.equal(round_to(x, BF16), expected)
-    assert torch.equal(ulp(torch.tensor([600.0, 1024.0, 1.0]), BF16), torch.tensor([4.0, 8.0, 2**-7], dtype=torch.float64))
+    assert torch.equal(
+        ulp(torch.tensor([600.0, 1024.0, 1.0]), BF16), torch.tensor([4.0, 8.0, 2**-7], dtype=torch.float64)
+    )
 
 
 def test_hand_values_e2m1_grid():
@@ -152,20 +166,29 @@ def test_ulp_against_nextafter(spec, device):
     at |x| times 2^(23 - m) (the format's binades are fp32's), or the subnormal spacing below the
     smallest normal. At every power of two in range (where a float64 log2 is inexact on CUDA), just
     below each, and at random values; and for bf16/fp16 also nextafter in that dtype itself."""
-    powers = torch.exp2(torch.arange(spec.min_exponent - spec.mantissa_bits, math.floor(math.log2(spec.max_value)) + 1).double()).float()
+    powers = torch.exp2(
+        torch.arange(spec.min_exponent - spec.mantissa_bits, math.floor(math.log2(spec.max_value)) + 1).double()
+    ).float()
     below = torch.nextafter(powers, torch.zeros(()))
     x = torch.cat([powers, below, _values(spec, n=20_000, seed=5)])
     x = torch.cat([x, -x]).to(device)
     ax = x.abs()
     fp32_gap = (torch.nextafter(ax, torch.full((), math.inf, device=device)) - ax).double()
-    expected = torch.where(ax >= 2.0**spec.min_exponent, fp32_gap * 2.0 ** (23 - spec.mantissa_bits), 2.0 ** (spec.min_exponent - spec.mantissa_bits))
+    expected = torch.where(
+        ax >= 2.0**spec.min_exponent,
+        fp32_gap * 2.0 ** (23 - spec.mantissa_bits),
+        2.0 ** (spec.min_exponent - spec.mantissa_bits),
+    )
     got = ulp(x, spec)
     assert got.device == x.device and got.dtype == torch.float64
     assert torch.equal(got, expected), (x[got != expected][:5], got[got != expected][:5], expected[got != expected][:5])
     if spec in (BF16, FP16):  # directly in the dtype: the gap above each value on its grid
         grid = x.to(spec.dtype)
         grid = grid[grid.abs() < spec.max_value]
-        step = (torch.nextafter(grid.abs(), torch.full((), math.inf, dtype=spec.dtype, device=device)).double() - grid.abs().double())
+        step = (
+            torch.nextafter(grid.abs(), torch.full((), math.inf, dtype=spec.dtype, device=device)).double()
+            - grid.abs().double()
+        )
         assert torch.equal(ulp(grid.float(), spec), step)
     assert torch.isnan(ulp(torch.tensor([math.inf, -math.inf, math.nan], device=device), spec)).all()
 

@@ -22,20 +22,42 @@ def matrix(**runs):
 
 
 def test_one_seed_keeps_the_names_and_more_seeds_add_a_suffix_to_the_others():
-    assert list(matrix()) == list(matrix(seeds=[TRAIN["seed"]])) == ["micro-baseline", "micro-streamback", "micro-streamback-bf16_sr"]
+    assert (
+        list(matrix())
+        == list(matrix(seeds=[TRAIN["seed"]]))
+        == ["micro-baseline", "micro-streamback", "micro-streamback-bf16_sr"]
+    )
     runs = matrix(seeds=[TRAIN["seed"], 1, 2], stream_seeds=[1])
-    assert list(runs) == ["micro-baseline", "micro-baseline-seed1", "micro-baseline-seed2", "micro-streamback", "micro-streamback-seed1",
-                          "micro-streamback-seed2", "micro-streamback-bf16_sr-seed1"]
-    assert [(s.seed, s.init_seed, s.data_seed) for s in runs.values()] == [(7, 7, 7), (1, 1, 1), (2, 2, 2)] * 2 + [(1, 1, 1)]
+    assert list(runs) == [
+        "micro-baseline",
+        "micro-baseline-seed1",
+        "micro-baseline-seed2",
+        "micro-streamback",
+        "micro-streamback-seed1",
+        "micro-streamback-seed2",
+        "micro-streamback-bf16_sr-seed1",
+    ]
+    assert [(s.seed, s.init_seed, s.data_seed) for s in runs.values()] == [(7, 7, 7), (1, 1, 1), (2, 2, 2)] * 2 + [
+        (1, 1, 1)
+    ]
     assert {s.arm for s in runs.values()} == {"micro-baseline", "micro-streamback", "micro-streamback-bf16_sr"}
     # each comparison pairs a run with the baseline of its own seed
-    assert comparisons(runs) == [("micro", "micro-baseline", "micro-streamback"), ("micro", "micro-baseline-seed1", "micro-streamback-seed1"),
-                                 ("micro", "micro-baseline-seed2", "micro-streamback-seed2"),
-                                 ("micro", "micro-baseline-seed1", "micro-streamback-bf16_sr-seed1")]
+    assert comparisons(runs) == [
+        ("micro", "micro-baseline", "micro-streamback"),
+        ("micro", "micro-baseline-seed1", "micro-streamback-seed1"),
+        ("micro", "micro-baseline-seed2", "micro-streamback-seed2"),
+        ("micro", "micro-baseline-seed1", "micro-streamback-bf16_sr-seed1"),
+    ]
     assert {comparison_name(runs[b]) for _, _, b in comparisons(runs)} == {"streamback", "streamback-bf16_sr"}
     # PolyPythias' two kinds of seed: one varies, the other stays train.seed's
-    assert [(s.init_seed, s.data_seed) for s in matrix(seeds=[7, 3], seeds_vary="init").values()][:2] == [(7, 7), (3, 7)]
-    assert [(s.init_seed, s.data_seed) for s in matrix(seeds=[7, 3], seeds_vary="data").values()][:2] == [(7, 7), (7, 3)]
+    assert [(s.init_seed, s.data_seed) for s in matrix(seeds=[7, 3], seeds_vary="init").values()][:2] == [
+        (7, 7),
+        (3, 7),
+    ]
+    assert [(s.init_seed, s.data_seed) for s in matrix(seeds=[7, 3], seeds_vary="data").values()][:2] == [
+        (7, 7),
+        (7, 3),
+    ]
     with pytest.raises(StreambackError, match="train.runs.seeds"):
         validate_config({"train": {"runs": {"seeds": [1, 1]}}})
 
@@ -60,31 +82,61 @@ def trainer_of(tokens, tmp_path, run, **runs):
 
     cfg = validate_config({"model": MODEL, "train": {**TRAIN, "runs": {**TRAIN["runs"], **runs}}})
     spec = run_matrix(cfg["train"])[run]
-    return Trainer(spec, cfg["train"], cfg["model"], tokens, tmp_path / "out" / run, tmp_path / "ckpt" / run, Distributed(0, 1, torch.device("cpu")))
+    return Trainer(
+        spec,
+        cfg["train"],
+        cfg["model"],
+        tokens,
+        tmp_path / "out" / run,
+        tmp_path / "ckpt" / run,
+        Distributed(0, 1, torch.device("cpu")),
+    )
 
 
 def test_within_a_seed_both_blocks_start_alike_and_see_the_same_batches(tokens, tmp_path):
     seeds = {"seeds": [TRAIN["seed"], 1, 2], "stream_seeds": [TRAIN["seed"], 1, 2]}
-    trainers = {run: trainer_of(tokens, tmp_path, run, **seeds) for run in
-                ("micro-baseline", "micro-streamback", "micro-streamback-bf16_sr", "micro-baseline-seed1", "micro-streamback-seed1",
-                 "micro-baseline-seed2")}
+    trainers = {
+        run: trainer_of(tokens, tmp_path, run, **seeds)
+        for run in (
+            "micro-baseline",
+            "micro-streamback",
+            "micro-streamback-bf16_sr",
+            "micro-baseline-seed1",
+            "micro-streamback-seed1",
+            "micro-baseline-seed2",
+        )
+    }
 
     def weights(run):
         return {k: v.detach().clone() for k, v in trainers[run].model.state_dict().items()}
 
     def batches(run, steps=5):
         t = trainers[run]
-        return np.stack([train_windows(t.seed, step, t.batch_size, num_windows(t.train_data.num_tokens, t.seq_len)) for step in range(steps)])
+        return np.stack(
+            [
+                train_windows(t.seed, step, t.batch_size, num_windows(t.train_data.num_tokens, t.seq_len))
+                for step in range(steps)
+            ]
+        )
 
-    for a, b in (("micro-baseline", "micro-streamback"), ("micro-baseline", "micro-streamback-bf16_sr"), ("micro-baseline-seed1", "micro-streamback-seed1")):
+    for a, b in (
+        ("micro-baseline", "micro-streamback"),
+        ("micro-baseline", "micro-streamback-bf16_sr"),
+        ("micro-baseline-seed1", "micro-streamback-seed1"),
+    ):
         wa, wb = weights(a), weights(b)
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), (a, b)
         assert np.array_equal(batches(a), batches(b)), (a, b)
     for a, b in (("micro-baseline", "micro-baseline-seed1"), ("micro-baseline-seed1", "micro-baseline-seed2")):
         wa, wb = weights(a), weights(b)
-        assert not any(torch.equal(wa[k], wb[k]) for k in wa if "norm" not in k), (a, b)  # norm gains start at 1 in every seed
+        assert not any(torch.equal(wa[k], wb[k]) for k in wa if "norm" not in k), (
+            a,
+            b,
+        )  # norm gains start at 1 in every seed
         assert not np.array_equal(batches(a), batches(b)), (a, b)
-    assert trainers["micro-baseline"].identity == trainer_of(tokens, tmp_path, "micro-baseline").identity  # the same recipe directory
+    assert (
+        trainers["micro-baseline"].identity == trainer_of(tokens, tmp_path, "micro-baseline").identity
+    )  # the same recipe directory
     assert trainers["micro-baseline-seed1"].recipe_dir != trainers["micro-baseline"].recipe_dir
 
 
@@ -105,9 +157,15 @@ def test_a_micro_matrix_trains_two_seeds_paired(tokens, tmp_path):
         summary = json.loads((tmp_path / run / "out" / layout.SUMMARY_FILE).read_text())
         assert summary["run"] == run and summary["seed"] == (1 if run.endswith("seed1") else TRAIN["seed"])
         first[run] = read_metrics(tmp_path / run / "out" / layout.METRICS_FILE)[0]["loss"]
-    within = max(abs(first["micro-baseline"] - first["micro-streamback"]), abs(first["micro-baseline-seed1"] - first["micro-streamback-seed1"]))
+    within = max(
+        abs(first["micro-baseline"] - first["micro-streamback"]),
+        abs(first["micro-baseline-seed1"] - first["micro-streamback-seed1"]),
+    )
     assert within < 1e-2, first
-    across = [read_model(tmp_path / run / "out" / layout.MODEL_FILE).state for run in ("micro-baseline", "micro-baseline-seed1")]
+    across = [
+        read_model(tmp_path / run / "out" / layout.MODEL_FILE).state
+        for run in ("micro-baseline", "micro-baseline-seed1")
+    ]
     assert not torch.equal(across[0]["output.weight"], across[1]["output.weight"])
 
 
@@ -118,21 +176,55 @@ def test_seed_variance_is_each_arm_s_spread_over_its_seeds():
 
     from streamback.report.seeds import seed_variance
 
-    cfg = validate_config({"model": MODEL, "train": {**TRAIN, "runs": {**TRAIN["runs"], "seeds": [TRAIN["seed"], 1, 2], "stream_seeds": [1]}}})
+    cfg = validate_config(
+        {
+            "model": MODEL,
+            "train": {**TRAIN, "runs": {**TRAIN["runs"], "seeds": [TRAIN["seed"], 1, 2], "stream_seeds": [1]}},
+        }
+    )
     runs = run_matrix(cfg["train"])
     accuracy = {name: 0.5 + 0.01 * i for i, name in enumerate(runs)}
-    benchmarks = pd.DataFrame([{"run": r, "task": "t", "filter": "none", "metric": "acc", "value": v} for r, v in accuracy.items()])
-    loss = pd.DataFrame([{"shape": "micro", "comparison": "streamback", "seed": s, "split": "val", "baseline_loss": 3.0 + s / 10,
-                          "compared_loss": 2.9 + s / 10} for s in (TRAIN["seed"], 1, 2)]
-                        + [{"shape": "micro", "comparison": "streamback-bf16_sr", "seed": 1, "split": "val", "baseline_loss": 3.1,
-                            "compared_loss": 3.3}]
-                        + [{"shape": "micro", "comparison": "streamback", "seed": "all", "split": "val", "baseline_loss": 9.0}])
+    benchmarks = pd.DataFrame(
+        [{"run": r, "task": "t", "filter": "none", "metric": "acc", "value": v} for r, v in accuracy.items()]
+    )
+    loss = pd.DataFrame(
+        [
+            {
+                "shape": "micro",
+                "comparison": "streamback",
+                "seed": s,
+                "split": "val",
+                "baseline_loss": 3.0 + s / 10,
+                "compared_loss": 2.9 + s / 10,
+            }
+            for s in (TRAIN["seed"], 1, 2)
+        ]
+        + [
+            {
+                "shape": "micro",
+                "comparison": "streamback-bf16_sr",
+                "seed": 1,
+                "split": "val",
+                "baseline_loss": 3.1,
+                "compared_loss": 3.3,
+            }
+        ]
+        + [{"shape": "micro", "comparison": "streamback", "seed": "all", "split": "val", "baseline_loss": 9.0}]
+    )
     table = seed_variance(cfg["train"], benchmarks, loss).set_index(["arm", "task"])
     base = table.loc[("micro-baseline", "loss")]
-    assert base.seeds == 3 and base["mean"] == pytest.approx(np.mean([3.7, 3.1, 3.2])) and base.sd == pytest.approx(np.std([3.7, 3.1, 3.2], ddof=1))
+    assert (
+        base.seeds == 3
+        and base["mean"] == pytest.approx(np.mean([3.7, 3.1, 3.2]))
+        and base.sd == pytest.approx(np.std([3.7, 3.1, 3.2], ddof=1))
+    )
     assert table.loc[("micro-streamback", "loss")]["mean"] == pytest.approx(np.mean([3.6, 3.0, 3.1]))
     single = table.loc[("micro-streamback-bf16_sr", "loss")]
     assert single.seeds == 1 and single["mean"] == 3.3 and np.isnan(single.sd)
     scores = [accuracy[r] for r in ("micro-baseline", "micro-baseline-seed1", "micro-baseline-seed2")]
     assert table.loc[("micro-baseline", "t")].sd == pytest.approx(np.std(scores, ddof=1))
-    assert set(table.index.get_level_values("arm")) == {"micro-baseline", "micro-streamback", "micro-streamback-bf16_sr"}
+    assert set(table.index.get_level_values("arm")) == {
+        "micro-baseline",
+        "micro-streamback",
+        "micro-streamback-bf16_sr",
+    }

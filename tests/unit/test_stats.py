@@ -60,8 +60,15 @@ def test_paired_bootstrap_interval_against_scipy():
     a = (rng.random(300) < 0.6).astype(int)
     b = np.where(rng.random(300) < 0.15, 1 - a, a)  # 15% of the items flip
     diff, low, high = stats.paired_bootstrap_ci(a, b, resamples=20000, seed=2)
-    ref = sps.bootstrap((a, b), lambda x, y: np.mean(y - x), paired=True, vectorized=False, n_resamples=20000,
-                        method="percentile", random_state=np.random.default_rng(5)).confidence_interval
+    ref = sps.bootstrap(
+        (a, b),
+        lambda x, y: np.mean(y - x),
+        paired=True,
+        vectorized=False,
+        n_resamples=20000,
+        method="percentile",
+        random_state=np.random.default_rng(5),
+    ).confidence_interval
     assert diff == pytest.approx(np.mean(b - a))
     assert low == pytest.approx(ref.low, abs=0.006) and high == pytest.approx(ref.high, abs=0.006)
     half = 1.96 * np.std(b - a) / np.sqrt(len(a))  # the normal approximation, which the percentile interval nears
@@ -83,17 +90,29 @@ def _power_by_enumeration(n: int, p_disc: float, delta: float, alpha: float) -> 
 
 @pytest.mark.parametrize("n, p_disc, delta", [(12, 0.5, 0.2), (20, 0.3, 0.3), (25, 0.2, 0.1), (30, 0.6, 0.0)])
 def test_mcnemar_power_equals_enumeration(n, p_disc, delta):
-    assert stats.mcnemar_power(n, p_disc, delta) == pytest.approx(_power_by_enumeration(n, p_disc, delta, 0.05), abs=1e-12)
+    assert stats.mcnemar_power(n, p_disc, delta) == pytest.approx(
+        _power_by_enumeration(n, p_disc, delta, 0.05), abs=1e-12
+    )
 
 
 def test_min_detectable_difference():
     for n, p_disc in ((200, 0.1), (1000, 0.2), (2000, 0.05)):
         mdd = stats.min_detectable_difference(n, p_disc, tol=1e-5)
-        assert stats.mcnemar_power(n, max(p_disc, mdd), mdd) >= 0.8 > stats.mcnemar_power(n, max(p_disc, mdd - 2e-5), mdd - 2e-5)
+        assert (
+            stats.mcnemar_power(n, max(p_disc, mdd), mdd)
+            >= 0.8
+            > stats.mcnemar_power(n, max(p_disc, mdd - 2e-5), mdd - 2e-5)
+        )
         # Connor (1987)'s normal approximation for paired proportions, solved for the difference
         z_a, z_b = sps.norm.ppf(0.975), sps.norm.ppf(0.8)
-        connor = next(d for d in np.arange(1e-5, p_disc, 1e-5) if z_a * math.sqrt(p_disc) + z_b * math.sqrt(p_disc - d * d) <= d * math.sqrt(n))
-        assert mdd == pytest.approx(connor, rel=0.06) and mdd >= connor * 0.98  # the exact test is a little more conservative
+        connor = next(
+            d
+            for d in np.arange(1e-5, p_disc, 1e-5)
+            if z_a * math.sqrt(p_disc) + z_b * math.sqrt(p_disc - d * d) <= d * math.sqrt(n)
+        )
+        assert (
+            mdd == pytest.approx(connor, rel=0.06) and mdd >= connor * 0.98
+        )  # the exact test is a little more conservative
     # runs that never disagree: a difference d needs d of the items discordant, all one way, and at
     # least six discordant items to reject; with 100 items that takes d ~ 0.08 for 80% of the time
     mdd = stats.min_detectable_difference(100, 0.0)
@@ -114,11 +133,18 @@ def test_t_interval_and_across_seeds_against_scipy():
     # exact sign-flip p: of the 16 sign patterns only the observed one (sum 0.035), the one with -0.004
     # turned (0.043) and their mirrors reach |sum| 0.035
     assert summary["p"] == pytest.approx(4 / 16) and summary["p_floor"] == 2 / 16
-    assert (summary["n"], summary["sd"], summary["min"], summary["max"]) == (4, pytest.approx(np.std(x, ddof=1)), -0.004, 0.02)
+    assert (summary["n"], summary["sd"], summary["min"], summary["max"]) == (
+        4,
+        pytest.approx(np.std(x, ddof=1)),
+        -0.004,
+        0.02,
+    )
     one = stats.across_seeds([0.5], 0.95)
     assert one["n"] == 1 and one["mean"] == 0.5 and all(math.isnan(one[k]) for k in ("sd", "low", "high", "p"))
     # two seeds: one degree of freedom, t = 12.706
-    assert stats.t_interval([1.0, 3.0], 0.95)[2] == pytest.approx(2.0 + 12.7062047 * math.sqrt(2) / math.sqrt(2), rel=1e-6)
+    assert stats.t_interval([1.0, 3.0], 0.95)[2] == pytest.approx(
+        2.0 + 12.7062047 * math.sqrt(2) / math.sqrt(2), rel=1e-6
+    )
 
 
 def test_hierarchical_bootstrap_against_exact_enumeration_and_the_variance_formula():
@@ -126,8 +152,12 @@ def test_hierarchical_bootstrap_against_exact_enumeration_and_the_variance_formu
     groups = [[0.0] * 5, [1.0] * 5, [2.0] * 5]
     estimate, low, high = stats.hierarchical_bootstrap(groups, 0.9, resamples=40000, seed=1)
     triples = np.array([np.mean(t) for t in itertools.product([0.0, 1.0, 2.0], repeat=3)])
-    assert estimate == 1.0 and (low, high) == (np.quantile(np.repeat(triples, 1000), 0.05), np.quantile(np.repeat(triples, 1000), 0.95))
-    # spread both between and within seeds: the resampled mean's variance is (var_between (k-1)/k + mean var_within (n-1)/n / n) / k
+    assert estimate == 1.0 and (low, high) == (
+        np.quantile(np.repeat(triples, 1000), 0.05),
+        np.quantile(np.repeat(triples, 1000), 0.95),
+    )
+    # spread both between and within seeds: the resampled mean's variance is (var_between (k-1)/k + mean
+    # var_within (n-1)/n / n) / k
     rng = np.random.default_rng(0)
     groups = [rng.normal(mu, 1.0, 200) for mu in (0.1, 0.3, 0.2, 0.5, 0.4, 0.3)]
     k, n = len(groups), 200
@@ -159,5 +189,7 @@ def test_a_difference_significant_in_every_seed_but_flipping_sign_is_within_seed
     assert "per-seed differences -3.0 to +3.0" in text and "sd 1.0 from seed to seed" in text
     assert verdict_of([0.03, 0.031, 0.029], [True, True, True]).startswith("consistent across seeds: better by 3.0 (")
     assert verdict_of([-0.03, -0.031, -0.029], [False] * 3).startswith("consistent across seeds: worse by 3.0")
-    assert verdict_of([0.01, -0.002, 0.004], [False] * 3).startswith("within seed noise: +0.4 on average, the interval over seeds includes 0")
+    assert verdict_of([0.01, -0.002, 0.004], [False] * 3).startswith(
+        "within seed noise: +0.4 on average, the interval over seeds includes 0"
+    )
     assert verdict_of([0.03], [True]).startswith("one training seed: training randomness is not covered")

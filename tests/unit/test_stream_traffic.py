@@ -1,4 +1,5 @@
-"""The byte counter of benchmarks/stream_traffic.py (`streamback.measure.traffic`) on hand-computed cases, and the script's table."""
+"""The byte counter of benchmarks/stream_traffic.py (`streamback.measure.traffic`) on hand-computed cases, and the
+script's table."""
 
 import subprocess
 import sys
@@ -31,8 +32,20 @@ def test_bytes_counted_by_hand():
 
 
 def test_table_for_a_tiny_shape():
-    cmd = [sys.executable, str(SCRIPT), "--shapes", "tiny-fat-short", "--variants", "baseline,streamback,streamback-reversible",
-           "--batch", "2", "--seq-len", "64", "--vocab-size", "512"]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--shapes",
+        "tiny-fat-short",
+        "--variants",
+        "baseline,streamback,streamback-reversible",
+        "--batch",
+        "2",
+        "--seq-len",
+        "64",
+        "--vocab-size",
+        "512",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {line.split()[1]: line.split() for line in proc.stdout.splitlines()[1:]}

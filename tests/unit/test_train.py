@@ -37,7 +37,10 @@ from streamback.train.schedule import wsd_lr
 from conftest import ROOT
 
 STEPS = 30
-MODEL = {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64}
+MODEL = {
+    "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
+    "max_seq_len": 64,
+}
 TRAIN = {
     "runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "streams": ["bf16_sr"]},
     "seed": 7,
@@ -81,8 +84,26 @@ def cli(data_dir, root, run="micro-streamback", launcher=(sys.executable,), env=
     """Start `streamback train` in a subprocess (the way the rule does)."""
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config(**overrides)))
-    cmd = [*launcher, "-m", "streamback", "train", "--config", str(path), "--run-name", run, "--data", str(data_dir),
-           "--outdir", str(root / "out"), "--checkpoints", str(root / "ckpt"), "--tensorboard", str(root / "tb"), "--threads", "1"]
+    cmd = [
+        *launcher,
+        "-m",
+        "streamback",
+        "train",
+        "--config",
+        str(path),
+        "--run-name",
+        run,
+        "--data",
+        str(data_dir),
+        "--outdir",
+        str(root / "out"),
+        "--checkpoints",
+        str(root / "ckpt"),
+        "--tensorboard",
+        str(root / "tb"),
+        "--threads",
+        "1",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -92,7 +113,11 @@ def reference(tokens, tmp_path_factory):
     """An uninterrupted run of micro-streamback: its metrics and final parameters."""
     root = tmp_path_factory.mktemp("reference")
     assert run_inprocess(tokens, root) == 0
-    return {"root": root, "metrics": read_metrics(root / "out" / layout.METRICS_FILE), "model": final_weights(root / "out" / layout.MODEL_FILE)}
+    return {
+        "root": root,
+        "metrics": read_metrics(root / "out" / layout.METRICS_FILE),
+        "model": final_weights(root / "out" / layout.MODEL_FILE),
+    }
 
 
 # ---- pieces ---------------------------------------------------------------------------------
@@ -103,7 +128,9 @@ def test_wsd_values_at_the_phase_boundaries():
     values = {s: wsd_lr(s, lr, total, warmup, decay) for s in (0, 4, 9, 10, 79, 80, 90, 99, 100, 150)}
     assert values[0] == pytest.approx(lr / 10)  # first update: lr / warmup, not zero
     assert values[4] == pytest.approx(lr * 5 / 10)
-    assert values[9] == values[10] == values[79] == values[80] == lr  # peak from the last warmup step to the decay's start
+    assert (
+        values[9] == values[10] == values[79] == values[80] == lr
+    )  # peak from the last warmup step to the decay's start
     assert values[90] == pytest.approx(lr / 2)  # half way through the cosine
     assert values[99] == pytest.approx(lr * (1 + math.cos(math.pi * 19 / 20)) / 2)
     assert values[100] == values[150] == 0.0
@@ -120,8 +147,8 @@ def test_batches_are_a_shuffle_of_every_window_per_epoch():
     assert num_windows(32 * n + 1, 32) == n and num_windows(32 * n, 32) == n - 1
     seen = np.concatenate([train_windows(3, s, batch, n) for s in range(25)])  # 200 = 4 epochs
     for epoch in range(4):
-        assert sorted(seen[epoch * n:(epoch + 1) * n]) == list(range(n))
-    assert not np.array_equal(seen[:n], seen[n:2 * n])  # each epoch has its own order
+        assert sorted(seen[epoch * n : (epoch + 1) * n]) == list(range(n))
+    assert not np.array_equal(seen[:n], seen[n : 2 * n])  # each epoch has its own order
     assert np.array_equal(train_windows(3, 7, batch, n), train_windows(3, 7, batch, n))
     assert not np.array_equal(train_windows(3, 7, batch, n), train_windows(4, 7, batch, n))
 
@@ -130,7 +157,11 @@ def test_ranks_split_the_global_batch_in_order():
     windows = np.arange(16)
     one = rank_micro_batches(windows, 0, 1, 4)
     two = rank_micro_batches(windows, 0, 2, 4) + rank_micro_batches(windows, 1, 2, 4)
-    assert [m.tolist() for m in one] == [m.tolist() for m in two] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert (
+        [m.tolist() for m in one]
+        == [m.tolist() for m in two]
+        == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    )
     assert val_windows(10, 7, 0, 2).tolist() == [0, 1, 2] and val_windows(10, 7, 1, 2).tolist() == [3, 4, 5]
     assert val_windows(4, 100, 0, 1).tolist() == [0, 1, 2, 3]
 
@@ -138,12 +169,22 @@ def test_ranks_split_the_global_batch_in_order():
 def test_run_matrix_names():
     runs = run_matrix(config()["train"])
     assert list(runs) == ["micro-baseline", "micro-streamback", "micro-streamback-bf16_sr"]
-    assert (runs["micro-streamback-bf16_sr"].block, runs["micro-streamback-bf16_sr"].stream) == ("streamback", "bf16_sr")
+    assert (runs["micro-streamback-bf16_sr"].block, runs["micro-streamback-bf16_sr"].stream) == (
+        "streamback",
+        "bf16_sr",
+    )
     with pytest.raises(StreambackError, match="not in the matrix: nope"):
         run_matrix(config(per_run={"nope": {"micro_batch_size": 2}})["train"])
     two = {"shapes": ["a", "b"], "blocks": ["baseline", "streamback"], "streams": ["mxfp8", "nvfp4"]}
     only_b = run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": ["b"]}}})["train"])
-    assert list(only_b) == ["a-baseline", "a-streamback", "b-baseline", "b-streamback", "b-streamback-mxfp8", "b-streamback-nvfp4"]
+    assert list(only_b) == [
+        "a-baseline",
+        "a-streamback",
+        "b-baseline",
+        "b-streamback",
+        "b-streamback-mxfp8",
+        "b-streamback-nvfp4",
+    ]
     assert len(run_matrix(validate_config({"train": {"runs": two}})["train"])) == 8  # null: every shape
     with pytest.raises(StreambackError, match="stream_shapes names shapes that are not in train.runs.shapes: c"):
         run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": ["c"]}}})["train"])
@@ -186,7 +227,9 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         ckpt.save_checkpoint(tmp_path, 20, state, {}, keep=2)
     monkeypatch.undo()
-    assert not (tmp_path / ".tmp_step_000000020").exists()  # a save that fails removes its partial directory (a killed one: remove_partial)
+    assert not (
+        tmp_path / ".tmp_step_000000020"
+    ).exists()  # a save that fails removes its partial directory (a killed one: remove_partial)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [10, 15]
 
     fresh_model, fresh_opt, fresh_state = _linear_state(1)
@@ -207,7 +250,9 @@ def test_a_wrapper_that_casts_the_stream_is_caught():
     from streamback.model.model import ModelArgs, Transformer
 
     model = Transformer(ModelArgs.from_config(config()["model"], "micro", 50, block="streamback"))
-    model.layers[1].register_forward_pre_hook(lambda module, args: (args[0].bfloat16(), *args[1:]))  # what FSDP2's input cast does
+    model.layers[1].register_forward_pre_hook(
+        lambda module, args: (args[0].bfloat16(), *args[1:])
+    )  # what FSDP2's input cast does
     watch = StreamDtypeWatch(model)
     model(torch.zeros(1, 4, dtype=torch.long))
     with pytest.raises(RuntimeError, match=r"blocks \[1\] as torch.bfloat16, not torch.float32"):
@@ -226,14 +271,25 @@ def test_run_outputs_and_same_seed_same_metrics(reference, tokens, tmp_path):
     envelope = [records[3][k] for k in ("stream_absmax", "stream_max", "stream_min")]
     assert all(len(v) == 3 for v in envelope) and all(a == max(hi, -lo) and lo < 0 < hi for a, hi, lo in zip(*envelope))
     assert set(records[3]["norm_gain_absmax"]) == {
-        "layers.0.attention_norm", "layers.0.ffn_norm", "layers.1.attention_norm", "layers.1.ffn_norm", "norm"}
+        "layers.0.attention_norm",
+        "layers.0.ffn_norm",
+        "layers.1.attention_norm",
+        "layers.1.ffn_norm",
+        "norm",
+    }
     assert records[0]["lr"] == pytest.approx(3e-3 / 4)
-    assert records[-1]["lr"] == pytest.approx(3e-3 * (1 + math.cos(math.pi * 7 / 8)) / 2)  # step 29 of 30, 7/8 into the decay
+    assert records[-1]["lr"] == pytest.approx(
+        3e-3 * (1 + math.cos(math.pi * 7 / 8)) / 2
+    )  # step 29 of 30, 7/8 into the decay
     assert records[-1]["val_loss"] < records[0]["loss"] - 1.0
     summary = json.loads((reference["root"] / "out" / layout.SUMMARY_FILE).read_text())
     assert (summary["steps"], summary["stream"], summary["final_val_loss"]) == (STEPS, "fp32", records[-1]["val_loss"])
     saved = read_model(reference["root"] / "out" / layout.MODEL_FILE)
-    assert saved.args.block == "streamback" and saved.stream == "fp32" and all(v.dtype == torch.float32 for v in saved.state.values())
+    assert (
+        saved.args.block == "streamback"
+        and saved.stream == "fp32"
+        and all(v.dtype == torch.float32 for v in saved.state.values())
+    )
     assert [s for s, _ in ckpt.list_checkpoints(recipe_of(reference["root"]))] == [25, 30]
 
     assert run_inprocess(tokens, tmp_path) == 0
@@ -345,21 +401,34 @@ def _edit_meta(path):
     path.write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (lambda d: flip_bit(d / "__0_0.distcp", 5000), "the sha256 of __0_0.distcp differs from the one meta.json recorded"),
-    (lambda d: (d / "__0_0.distcp").write_bytes((d / "__0_0.distcp").read_bytes()[:-100]), r"__0_0.distcp is [\d,]+ bytes, meta.json records"),
-    (lambda d: (d / ".metadata").unlink(), ".metadata is missing"),
-    (lambda d: _edit_meta(d / "meta.json"), "meta.json does not match its own sha256"),
-    (lambda d: (d / "meta.json").write_text('{"step": 3'), "meta.json is not valid JSON"),
-])
-def test_a_corrupt_checkpoint_is_named_and_the_previous_one_resumes_exactly(reference, tokens, tmp_path, capsys, damage, problem):
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (
+            lambda d: flip_bit(d / "__0_0.distcp", 5000),
+            "the sha256 of __0_0.distcp differs from the one meta.json recorded",
+        ),
+        (
+            lambda d: (d / "__0_0.distcp").write_bytes((d / "__0_0.distcp").read_bytes()[:-100]),
+            r"__0_0.distcp is [\d,]+ bytes, meta.json records",
+        ),
+        (lambda d: (d / ".metadata").unlink(), ".metadata is missing"),
+        (lambda d: _edit_meta(d / "meta.json"), "meta.json does not match its own sha256"),
+        (lambda d: (d / "meta.json").write_text('{"step": 3'), "meta.json is not valid JSON"),
+    ],
+)
+def test_a_corrupt_checkpoint_is_named_and_the_previous_one_resumes_exactly(
+    reference, tokens, tmp_path, capsys, damage, problem
+):
     shutil.copytree(reference["root"] / "ckpt", tmp_path / "ckpt")
     newest = ckpt.checkpoint_dir(recipe_of(tmp_path), 30)
     damage(newest)
     assert run_inprocess(tokens, tmp_path) == 0
     err = capsys.readouterr().err
     aside = recipe_of(tmp_path) / "corrupt-step_000000030"
-    assert re.search(rf"checkpoint {newest}: {problem}.*; moved aside to {aside}, resuming from .*step_000000025 instead", err), err
+    assert re.search(
+        rf"checkpoint {newest}: {problem}.*; moved aside to {aside}, resuming from .*step_000000025 instead", err
+    ), err
     assert "resuming from step 25" in err and aside.is_dir()
     model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     assert all(torch.equal(model[k], reference["model"][k]) for k in model)  # steps 26-30 redone: the same bits
@@ -374,7 +443,9 @@ def test_when_no_checkpoint_passes_the_run_stops_and_moves_nothing(reference, to
     with pytest.raises(StreambackError) as err:
         run_inprocess(tokens, tmp_path)
     assert "no checkpoint in" in str(err.value) and "delete" in str(err.value)
-    assert "step_000000030: the sha256 of __0_0.distcp" in str(err.value) and "step_000000025: the sha256 of __0_0.distcp" in str(err.value)
+    assert "step_000000030: the sha256 of __0_0.distcp" in str(
+        err.value
+    ) and "step_000000025: the sha256 of __0_0.distcp" in str(err.value)
     assert [s for s, _ in ckpt.list_checkpoints(recipe_of(tmp_path))] == [25, 30] and not (tmp_path / "out").exists()
 
 
@@ -382,7 +453,9 @@ def test_a_corrupt_shard_stops_the_run_before_training(tokens, tmp_path):
     data = tmp_path / "tokens"
     shutil.copytree(tokens, data)
     flip_bit(data / "train-00001.bin", 1024 + 20)
-    with pytest.raises(StreambackError, match=r"shard .*train-00001\.bin: the sha256 of its tokens is .*manifest\.json records"):
+    with pytest.raises(
+        StreambackError, match=r"shard .*train-00001\.bin: the sha256 of its tokens is .*manifest\.json records"
+    ):
         run_inprocess(data, tmp_path)
     assert not layout.recipe_dirs(tmp_path / "ckpt") and not (tmp_path / "ckpt" / layout.VERIFIED_SHARDS).exists()
 
@@ -423,8 +496,11 @@ def test_a_second_trainer_on_the_run_is_refused_naming_the_first(tokens, tmp_pat
             os._exit(0)
     try:
         assert os.read(ready, 6) == b"locked"
-        with pytest.raises(StreambackError, match=rf"another trainer is training this run: .*trainer.lock is locked by PID {holder} "
-                                                  rf"on host {socket.gethostname()}"):
+        with pytest.raises(
+            StreambackError,
+            match=rf"another trainer is training this run: .*trainer.lock is locked by PID {holder} "
+            rf"on host {socket.gethostname()}",
+        ):
             run_inprocess(tokens, tmp_path)
         assert not layout.recipe_dirs(tmp_path / "ckpt")
     finally:
@@ -459,21 +535,40 @@ def test_threads_and_the_status_file_on_the_command_line(tmp_path, capsys):
 def test_a_token_budget_larger_than_the_data_is_refused_or_repeated_on_purpose(tokens, tmp_path, capsys):
     from streamback.data.tokenize import tokenize
 
-    data = validate_config({"data": {"tokenizer": {"kind": "file", "file": str(tokens / "tokenizer.json")}, "val_fraction": 0.1,
-                                     "train_tokens": 3000, "val_tokens": 1000, "processes": 1}})["data"]
+    data = validate_config(
+        {
+            "data": {
+                "tokenizer": {"kind": "file", "file": str(tokens / "tokenizer.json")},
+                "val_fraction": 0.1,
+                "train_tokens": 3000,
+                "val_tokens": 1000,
+                "processes": 1,
+            }
+        }
+    )["data"]
     small = tokenize(data, tmp_path / "small", inputs=[tokens.parent / "part.parquet"], progress=False)
     tokens = tmp_path / "small"
     windows = (small["splits"]["train"]["tokens"] - 1) // 32
     steps, batch = 4, 32
-    big = {"tokens": steps * batch * 32, "batch_size": batch, "micro_batch_size": 16, "schedule": {"warmup_steps": 1, "decay_steps": 1}}
+    big = {
+        "tokens": steps * batch * 32,
+        "batch_size": batch,
+        "micro_batch_size": 16,
+        "schedule": {"warmup_steps": 1, "decay_steps": 1},
+    }
     assert steps * batch > windows  # the run reads more windows than the split holds
-    with pytest.raises(StreambackError, match=rf"{steps * batch:,} windows, but the train split of .* holds .* = {windows:,} windows: "
-                                              rf"the run would read its data {steps * batch / windows:.2f} times"):
+    with pytest.raises(
+        StreambackError,
+        match=rf"{steps * batch:,} windows, but the train split of .* holds .* = {windows:,} windows: "
+        rf"the run would read its data {steps * batch / windows:.2f} times",
+    ):
         run_inprocess(tokens, tmp_path, **big)
     assert not layout.recipe_dirs(tmp_path / "ckpt")
     assert run_inprocess(tokens, tmp_path, repeat_data=True, **big) == 0
-    assert f"train.repeat_data is on: the run reads its train split {steps * batch / windows:.2f} times" in capsys.readouterr().err
-
+    assert (
+        f"train.repeat_data is on: the run reads its train split {steps * batch / windows:.2f} times"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.gpu
@@ -503,11 +598,18 @@ def test_the_shadow_of_a_compiled_baseline_on_a_gpu(tokens, tmp_path):
     """The full-precision shadow where the paper would run it: compiled blocks on CUDA, whose
     shadow (an fp32 stream through the same compiled blocks, recompiled once for it) must leave the
     run's own steps alone and show the bf16 stream's gap to it."""
-    assert run_inprocess(tokens, tmp_path / "off", run="micro-baseline", compile=True, log={**TRAIN["log"], "shadow_every": 0}) == 0
+    assert (
+        run_inprocess(
+            tokens, tmp_path / "off", run="micro-baseline", compile=True, log={**TRAIN["log"], "shadow_every": 0}
+        )
+        == 0
+    )
     assert run_inprocess(tokens, tmp_path / "on", run="micro-baseline", compile=True) == 0
     off, on = (read_metrics(tmp_path / side / "out" / layout.METRICS_FILE) for side in ("off", "on"))
     # CUDA's kernels need not repeat a run bit for bit (the CPU test, test_watch's, asks for the same bits)
     assert np.allclose([r["loss"] for r in off], [r["loss"] for r in on], rtol=0, atol=2e-3)
     shadows = [r for r in on if "shadow_gap" in r]
-    assert shadows and all(r["shadow_stream"] == "fp32" and r["shadow_gap"][0] == 0 and 0 < max(r["shadow_gap"]) < 0.05 for r in shadows)
+    assert shadows and all(
+        r["shadow_stream"] == "fp32" and r["shadow_gap"][0] == 0 and 0 < max(r["shadow_gap"]) < 0.05 for r in shadows
+    )
     assert all(abs(r["shadow_loss"] - r["loss"]) < 0.05 for r in shadows)

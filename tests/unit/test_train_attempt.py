@@ -38,9 +38,22 @@ sys.exit(1 if args[args.index("--status") + 1] != "0" else 0)
 def _attempt(tmp_path, *trainer, wait=False):
     fake = tmp_path / "fake_launcher.py"
     fake.write_text(FAKE)
-    cmd = [sys.executable, "-m", "streamback", "train-attempt", "--launch", f"{shlex.quote(sys.executable)} {fake}",
-           "--checkpoints", str(tmp_path / "ckpt"), "--history", str(tmp_path / "ckpt" / "train.log"),
-           "--log", str(tmp_path / "logs" / "run.log"), "--", *trainer]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamback",
+        "train-attempt",
+        "--launch",
+        f"{shlex.quote(sys.executable)} {fake}",
+        "--checkpoints",
+        str(tmp_path / "ckpt"),
+        "--history",
+        str(tmp_path / "ckpt" / "train.log"),
+        "--log",
+        str(tmp_path / "logs" / "run.log"),
+        "--",
+        *trainer,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if not wait:
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
@@ -74,7 +87,9 @@ def test_the_attempt_outlives_sigterm_and_returns_75(tmp_path):
         time.sleep(0.05)
     # as Slurm does: the signal to every process of the job (the attempt, the launcher's shell, the trainer)
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    grandchildren = [c for p in children for c in subprocess.run(["pgrep", "-P", p], capture_output=True, text=True).stdout.split()]
+    grandchildren = [
+        c for p in children for c in subprocess.run(["pgrep", "-P", p], capture_output=True, text=True).stdout.split()
+    ]
     for pid in [proc.pid, *map(int, children), *map(int, grandchildren)]:
         os.kill(pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=30)

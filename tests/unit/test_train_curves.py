@@ -22,8 +22,19 @@ def write_metrics(run, records):
 
 
 def records(offset):
-    return [{"step": s, "tokens": 2048 * s, "loss": 5.0 - s / 10 + offset, "lr": 1e-3, "grad_norm": 0.5 + s / 100,
-             "tokens_per_s": 1000.0, "elapsed_s": float(s), **({"val_loss": 4.5 - s / 10} if s % 2 == 0 else {})} for s in range(1, 5)]
+    return [
+        {
+            "step": s,
+            "tokens": 2048 * s,
+            "loss": 5.0 - s / 10 + offset,
+            "lr": 1e-3,
+            "grad_norm": 0.5 + s / 100,
+            "tokens_per_s": 1000.0,
+            "elapsed_s": float(s),
+            **({"val_loss": 4.5 - s / 10} if s % 2 == 0 else {}),
+        }
+        for s in range(1, 5)
+    ]
 
 
 def test_training_curves_table_and_figures(tmp_path, monkeypatch):
@@ -31,10 +42,24 @@ def test_training_curves_table_and_figures(tmp_path, monkeypatch):
     write_metrics(RUNS[0], records(0.0))
     write_metrics(RUNS[1], records(0.25))
     table = curves_table(validate_config({"train": TRAIN})["train"], RUNS)
-    assert list(table.columns) == ["run", "shape", "block", "stream", "seed", "step", "tokens", "loss", "val_loss", "grad_norm", "lr"]
+    assert list(table.columns) == [
+        "run",
+        "shape",
+        "block",
+        "stream",
+        "seed",
+        "step",
+        "tokens",
+        "loss",
+        "val_loss",
+        "grad_norm",
+        "lr",
+    ]
     assert table.groupby("run").stream.first().to_dict() == {RUNS[0]: "bf16", RUNS[1]: "fp32"}
     streamback = table[table.run == RUNS[1]]
-    assert streamback.loss.tolist() == pytest.approx([5.15, 5.05, 4.95, 4.85]) and streamback.val_loss.isna().tolist() == [True, False, True, False]
+    assert streamback.loss.tolist() == pytest.approx(
+        [5.15, 5.05, 4.95, 4.85]
+    ) and streamback.val_loss.isna().tolist() == [True, False, True, False]
     spec = loss_chart(table).to_dict()
     assert spec["facet"]["column"]["field"] == "shape" and len(spec["datasets"][spec["data"]["name"]]) == 8
 

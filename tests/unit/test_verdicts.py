@@ -27,7 +27,9 @@ def test_one_item_of_a_hundred_in_each_of_three_seeds_is_not_consistent():
     groups = [np.array([-1.0] + [0.0] * 99)] * 3
     summary, text = verdict(groups)
     assert summary["sd"] == 0 and summary["low"] == summary["high"] == pytest.approx(-0.01)  # a t interval of no width
-    assert (summary["boot_low"], summary["boot_high"]) == pytest.approx((-0.07 / 3, 0.0))  # the issue's -2.3 to 0.0 points: it reaches 0
+    assert (summary["boot_low"], summary["boot_high"]) == pytest.approx(
+        (-0.07 / 3, 0.0)
+    )  # the issue's -2.3 to 0.0 points: it reaches 0
     assert summary["p"] == 0.25 == summary["p_floor"]  # 2 of the 8 sign patterns reach |sum| 0.03: never p = 0
     assert text.startswith("within seed noise: -1.0 on average, the 3 seeds' differences are identical")
     assert "exact sign-flip p = 0.25, the smallest 3 seeds can give being 0.25" in text
@@ -54,8 +56,9 @@ def test_sign_flip_p_against_enumeration_and_scipy():
     d = [0.3, -0.1, 0.5, 0.2, 0.4, -0.05]
     sums = [abs(sum(s * x for s, x in zip(signs, d))) for signs in itertools.product([1, -1], repeat=len(d))]
     assert stats.sign_flip_p(d) == pytest.approx(np.mean(np.array(sums) >= abs(sum(d)) - 1e-12))
-    want = sps.permutation_test((np.array(d),), np.mean, permutation_type="samples", n_resamples=np.inf,
-                                alternative="two-sided").pvalue
+    want = sps.permutation_test(
+        (np.array(d),), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
+    ).pvalue
     assert stats.sign_flip_p(d) == pytest.approx(want)
     assert stats.sign_flip_p([0.0, 0.0, 0.0]) == 1.0 and stats.sign_flip_p([0.2, 0.2]) == 0.5  # two seeds: 2 of 4
     many = np.full(24, 0.1)
@@ -72,12 +75,16 @@ def test_seed_mde_against_statsmodels_and_a_simulation_of_the_design():
     # differences (sd 0.03 each); the tables measure the per-seed differences' sd and the window noise
     rng = np.random.default_rng(3)
     n, windows, seed_sd, window_sd = 5, 200, 0.004, 0.03
-    total = math.sqrt(seed_sd ** 2 + window_sd ** 2 / windows)
+    total = math.sqrt(seed_sd**2 + window_sd**2 / windows)
     mde = stats.seed_mde(total, n, within_se=window_sd / math.sqrt(windows))
     critical = sps.t.ppf(0.975, n - 1)
 
     def power(effect, trials=6000):
-        d = effect + seed_sd * rng.standard_normal((trials, n)) + window_sd * rng.standard_normal((trials, n, windows)).mean(axis=2)
+        d = (
+            effect
+            + seed_sd * rng.standard_normal((trials, n))
+            + window_sd * rng.standard_normal((trials, n, windows)).mean(axis=2)
+        )
         t = d.mean(axis=1) / (d.std(axis=1, ddof=1) / math.sqrt(n))
         return np.mean(np.abs(t) > critical)
 
@@ -115,7 +122,7 @@ def test_task_snr_on_constructed_checkpoint_scores_matches_the_reference():
     # three models' last three checkpoints, each wobbling by the same +-0.02 around its mean
     scores = {"a": [0.50, 0.52, 0.48], "b": [0.60, 0.62, 0.58], "c": [0.55, 0.57, 0.53]}
     out = stats.task_snr(scores)
-    sd = math.sqrt(2 * 0.02 ** 2 / 3)
+    sd = math.sqrt(2 * 0.02**2 / 3)
     assert out["signal"] == pytest.approx(0.10 / 0.55) and out["noise"] == pytest.approx(sd / 0.55)
     assert out["snr"] == pytest.approx(0.10 / sd)  # 6.1
     # the reference with one model's checkpoints as its noise (each model's are alike here, about the same mean)
@@ -129,4 +136,6 @@ def test_task_snr_on_constructed_checkpoint_scores_matches_the_reference():
     out = stats.task_snr(loud)
     assert out["snr"] == pytest.approx(0.10 / (5 * sd)) and out["snr"] < stats.RANK_Z and not out["can_rank"]
     assert 0.5 < out["decision_accuracy"] < 0.8
-    assert math.isnan(stats.task_snr({"a": [0.5, 0.6]})["snr"]) and math.isnan(stats.task_snr({"a": [0.5], "b": [0.6]})["snr"])
+    assert math.isnan(stats.task_snr({"a": [0.5, 0.6]})["snr"]) and math.isnan(
+        stats.task_snr({"a": [0.5], "b": [0.6]})["snr"]
+    )

@@ -25,13 +25,32 @@ BLOCK, FULL, LAST = 32768, 1, 4
 
 
 def config(wandb):
-    return validate_config({
-        "model": {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64},
-        "train": {"runs": {"shapes": ["micro"], "blocks": ["baseline"], "streams": []}, "seed": 3, "tokens": 10 * 4 * 32, "seq_len": 32,
-                  "batch_size": 4, "micro_batch_size": 4, "schedule": {"warmup_steps": 2, "decay_steps": 4},
-                  "checkpoint": {"every": 5, "keep": 2},
-                  "log": {"every": 5, "val_every": 5, "stream_every": 2, "val_sequences": 4, "tensorboard": False, "wandb": wandb}},
-    })
+    return validate_config(
+        {
+            "model": {
+                "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
+                "max_seq_len": 64,
+            },
+            "train": {
+                "runs": {"shapes": ["micro"], "blocks": ["baseline"], "streams": []},
+                "seed": 3,
+                "tokens": 10 * 4 * 32,
+                "seq_len": 32,
+                "batch_size": 4,
+                "micro_batch_size": 4,
+                "schedule": {"warmup_steps": 2, "decay_steps": 4},
+                "checkpoint": {"every": 5, "keep": 2},
+                "log": {
+                    "every": 5,
+                    "val_every": 5,
+                    "stream_every": 2,
+                    "val_sequences": 4,
+                    "tensorboard": False,
+                    "wandb": wandb,
+                },
+            },
+        }
+    )
 
 
 def train(tokens, root, wandb):
@@ -49,11 +68,11 @@ def wandb_records(path):
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
         left = BLOCK - pos % BLOCK
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
         if length == 0 and kind == 0:  # a block's zero padding
             pos += left
             continue
-        part += data[pos + 7:pos + 7 + length]
+        part += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (FULL, LAST):
             record = wandb_internal_pb2.Record()
@@ -81,7 +100,9 @@ def test_the_wandb_run_holds_the_metrics_and_a_resume_appends_to_it(tokens, tmp_
             if kind == "run":
                 ids.add((record.run.run_id, record.run.project))
             elif kind == "history":
-                items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                items = {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
+                }
                 logged[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
     assert ids == {(f"{RUN}-{recipe.name.removeprefix('recipe-')}", "streamback-test")}
     metrics = read_metrics(tmp_path / "out" / layout.METRICS_FILE)
@@ -95,6 +116,9 @@ def test_the_wandb_run_holds_the_metrics_and_a_resume_appends_to_it(tokens, tmp_
 
 def test_without_wandb_the_run_stops_in_one_line(tokens, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
-    with pytest.raises(StreambackError, match=r"^train.log.wandb.project is set but the wandb package is not installed: pip install wandb") as err:
+    with pytest.raises(
+        StreambackError,
+        match=r"^train.log.wandb.project is set but the wandb package is not installed: pip install wandb",
+    ) as err:
         train(tokens, tmp_path, {"project": "p", "mode": "offline"})
     assert "\n" not in str(err.value)

@@ -49,7 +49,15 @@ def train_micro(data_dir, root, run, tensorboard=True, embedding_scale=None, mon
         monkeypatch.setattr(train_module.Trainer, "_build_model", scaled)
     cfg = micro_config(**overrides)
     torch.set_num_threads(1)
-    status = train_module.train(cfg["train"], cfg["model"], run, data_dir, root / "out", root / "ckpt", tensorboard=root / "tb" if tensorboard else None)
+    status = train_module.train(
+        cfg["train"],
+        cfg["model"],
+        run,
+        data_dir,
+        root / "out",
+        root / "ckpt",
+        tensorboard=root / "tb" if tensorboard else None,
+    )
     assert status == 0
     return read_metrics(root / "out" / layout.METRICS_FILE)
 
@@ -68,7 +76,8 @@ def event_scalars(root, tag):
 
 
 def test_swallow_counts_add_up_over_adds():
-    """Counts of two adds summed give the shares of the two together (what the trainer pools over layers, micro-batches, ranks)."""
+    """Counts of two adds summed give the shares of the two together (what the trainer pools over layers, micro-batches,
+    ranks)."""
     bf16 = StreamFormat.parse("bf16")
     h = torch.tensor([600.0, 600.0, 1.0, 8.0]).bfloat16()
     d = torch.tensor([1.9, 2.1, 0.001, 0.0]).bfloat16()
@@ -83,7 +92,9 @@ def test_the_capture_s_add_fn_sees_every_add_and_changes_nothing():
     """swallow_counts through `add_fn` on a training forward equal the analysis's on the captured
     tensors, one entry per sublayer add, and the loss and gradients are bit-identical to an uncaptured step."""
     torch.manual_seed(0)
-    model = Transformer(ModelArgs(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=50, multiple_of=16, max_seq_len=16))
+    model = Transformer(
+        ModelArgs(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=50, multiple_of=16, max_seq_len=16)
+    )
     tokens = torch.randint(0, 50, (2, 9))
     loss = model(tokens[:, :-1], targets=tokens[:, 1:])
     loss.backward()
@@ -96,8 +107,14 @@ def test_the_capture_s_add_fn_sees_every_add_and_changes_nothing():
     with torch.no_grad(), model.capture() as cap:
         model(tokens[:, :-1])
     res, mid = cap["residual"], cap["mid"]
-    expected = [swallow_counts(*adds) for layer in range(2)
-                for adds in ((res[layer], cap["attention"][layer], mid[layer]), (mid[layer], cap["feed_forward"][layer], res[layer + 1]))]
+    expected = [
+        swallow_counts(*adds)
+        for layer in range(2)
+        for adds in (
+            (res[layer], cap["attention"][layer], mid[layer]),
+            (mid[layer], cap["feed_forward"][layer], res[layer + 1]),
+        )
+    ]
     assert len(live["adds"]) == 4 and all(torch.equal(a, b) for a, b in zip(live["adds"], expected))
     assert all(c[1] > 0 for c in live["adds"])  # a bf16 stream swallows some updates even at init
 
@@ -109,7 +126,11 @@ def test_spacing_is_the_grid_step_at_the_stream_s_max():
         gap = torch.nextafter(x, torch.tensor(math.inf, dtype=dtype)).double() - x.double()
         assert StreamFormat.parse(name).spacing(-x).tolist() == gap.tolist(), name
     assert StreamFormat.parse("bf16").spacing(torch.tensor(600.0)).item() == 4.0  # the drift note's step at 600
-    assert StreamFormat.parse("fp8_e4m3").spacing(torch.tensor([300.0, 1.0, 2.0**-9])).tolist() == [32.0, 0.125, 2.0**-9]
+    assert StreamFormat.parse("fp8_e4m3").spacing(torch.tensor([300.0, 1.0, 2.0**-9])).tolist() == [
+        32.0,
+        0.125,
+        2.0**-9,
+    ]
     block = torch.zeros(32)
     block[:2] = torch.tensor([300.0, 5.0])
     assert quantize_mx(block)[0] == 288.0 and StreamFormat.parse("mxfp8").spacing(torch.tensor(288.0)).item() == 32.0
@@ -119,7 +140,9 @@ def test_spacing_is_the_grid_step_at_the_stream_s_max():
     block = torch.zeros(16)
     block[:2] = torch.tensor([5.0, 3.4])
     top, below = quantize_nvfp4(block)[:2]  # element 6 of the block's scale, and the next value down, element 4
-    assert below == pytest.approx(float(top) * 4 / 6) and StreamFormat.parse("nvfp4").spacing(top).item() == pytest.approx(float(top - below))
+    assert below == pytest.approx(float(top) * 4 / 6) and StreamFormat.parse("nvfp4").spacing(
+        top
+    ).item() == pytest.approx(float(top - below))
 
 
 # ---- warnings on constructed metric streams -------------------------------------------------
@@ -131,17 +154,32 @@ def watched(records, warmup=0, **thresholds):
     return [event for record in records for event in watch.observe(record)]
 
 
-def stream_record(step, swallowed, spacing=(0.01, 0.01, 0.01), update=(0.1, 0.1), absmax=(4.0, 300.0, 300.0), loss=3.0, grad_norm=1.0):
-    return {"step": step, "loss": loss, "grad_norm": grad_norm, "swallowed_fraction": list(swallowed), "lost_mass_fraction": [0.0, 0.0],
-            "update_mean_abs": list(update), "stream_spacing": list(spacing), "stream_absmax": list(absmax)}
+def stream_record(
+    step, swallowed, spacing=(0.01, 0.01, 0.01), update=(0.1, 0.1), absmax=(4.0, 300.0, 300.0), loss=3.0, grad_norm=1.0
+):
+    return {
+        "step": step,
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "swallowed_fraction": list(swallowed),
+        "lost_mass_fraction": [0.0, 0.0],
+        "update_mean_abs": list(update),
+        "stream_spacing": list(spacing),
+        "stream_absmax": list(absmax),
+    }
 
 
 def test_the_swallowed_warning_fires_when_a_layer_passes_the_threshold():
     shares = {10: (0.1, 0.6), 20: (0.1, 0.7), 30: (0.1, 0.2), 40: (0.55, 0.9)}
     events = watched([stream_record(s, v) for s, v in shares.items()])
     assert [(e["warning"], e["step"], e["layer"], e["value"]) for e in events] == [
-        ("swallowed", 10, 1, 0.6), ("swallowed", 40, 0, 0.55), ("swallowed", 40, 1, 0.9)]  # once per crossing, per layer
-    assert events[0]["threshold"] == 0.5 and "step 10, layer 1" in events[0]["message"] and "60.0%" in events[0]["message"]
+        ("swallowed", 10, 1, 0.6),
+        ("swallowed", 40, 0, 0.55),
+        ("swallowed", 40, 1, 0.9),
+    ]  # once per crossing, per layer
+    assert (
+        events[0]["threshold"] == 0.5 and "step 10, layer 1" in events[0]["message"] and "60.0%" in events[0]["message"]
+    )
     assert watched([stream_record(s, (0.4, 0.49)) for s in (10, 20, 30)]) == []
     assert watched([stream_record(10, (0.9, 0.9))], swallowed_fraction=None) == []  # null: off
 
@@ -191,7 +229,11 @@ def test_a_slow_grad_norm_rise_fires_only_while_the_loss_is_flat():
     flat = 3.0 + rng.normal(0, 0.01, n)
     events = watched(steps(flat, norms), trend_window=400)
     assert [(e["warning"], e["layer"]) for e in events] == [("grad_norm_rise", None)]
-    assert events[0]["step"] >= 400 and events[0]["value"] > 0.25 and "while the loss stayed within 1.0%" in events[0]["message"]
+    assert (
+        events[0]["step"] >= 400
+        and events[0]["value"] > 0.25
+        and "while the loss stayed within 1.0%" in events[0]["message"]
+    )
     falling = np.linspace(4.0, 3.0, n)
     assert watched(steps(falling, norms), trend_window=400) == []  # the loss moves with it: not the drift note's sign
     assert watched(steps(flat, 0.5 * np.exp(rng.normal(0, 0.1, n))), trend_window=400) == []  # noise alone
@@ -206,7 +248,9 @@ def test_a_loss_spike_fires_and_noise_does_not():
     assert watched(steps(losses, np.ones(300))) == []
     losses[250] = 4.0
     (event,) = watched(steps(losses, np.ones(300)))
-    assert (event["warning"], event["step"], event["layer"]) == ("loss_spike", 251, None) and event["value"] == pytest.approx(1 / 3, abs=0.03)
+    assert (event["warning"], event["step"], event["layer"]) == ("loss_spike", 251, None) and event[
+        "value"
+    ] == pytest.approx(1 / 3, abs=0.03)
     losses[50] = 9.0  # before a full window of 100 steps: not tested
     assert [e["step"] for e in watched(steps(losses, np.ones(300)))] == [251]
 
@@ -221,13 +265,18 @@ def test_a_watch_replayed_to_a_checkpoint_continues_as_the_uninterrupted_one():
     assert [e["warning"] for e in whole] == ["loss_spike", "grad_norm_rise", "loss_spike"]
     resumed = Watch({**WARNINGS, "trend_window": 200}, 0, "bf16")
     resumed.replay(records[:300])
-    assert [e for e in whole if e["step"] > 300] == [event for record in records[300:] for event in resumed.observe(record)]
+    assert [e for e in whole if e["step"] > 300] == [
+        event for record in records[300:] for event in resumed.observe(record)
+    ]
 
 
 # ---- real runs ---------------------------------------------------------------------------------
 
 
-DRIFT = {"tokens": 8 * 8 * 32, "schedule": {"warmup_steps": 2, "decay_steps": 2}}  # 8 steps, the stream recorded at steps 4 and 8
+DRIFT = {
+    "tokens": 8 * 8 * 32,
+    "schedule": {"warmup_steps": 2, "decay_steps": 2},
+}  # 8 steps, the stream recorded at steps 4 and 8
 
 
 def test_a_bf16_stream_pushed_large_fires_the_swallowed_warning(tokens, tmp_path, monkeypatch, capsys):
@@ -236,23 +285,39 @@ def test_a_bf16_stream_pushed_large_fires_the_swallowed_warning(tokens, tmp_path
     fired = [e for r in records for e in r.get("warnings", [])]
     swallowed = [e for e in fired if e["warning"] == "swallowed"]
     assert swallowed and all(e["step"] == 4 and e["value"] > 0.5 for e in swallowed)
-    assert {e["layer"] for e in swallowed} <= {0, 1} and records[3]["swallowed_fraction"][swallowed[0]["layer"]] == swallowed[0]["value"]
+    assert {e["layer"] for e in swallowed} <= {0, 1} and records[3]["swallowed_fraction"][
+        swallowed[0]["layer"]
+    ] == swallowed[0]["value"]
     assert any(e["warning"] == "spacing" for e in fired)
     log = capsys.readouterr().err
     assert all(f"[micro-baseline] {e['message']}" in log for e in fired)
     # TensorBoard has the warnings as text and the live signals as scalars
     board, shares = event_scalars(tmp_path, "swallowed_fraction/0")
-    assert shares == [(r["step"], pytest.approx(r["swallowed_fraction"][0], rel=1e-6)) for r in records if "swallowed_fraction" in r]
+    assert shares == [
+        (r["step"], pytest.approx(r["swallowed_fraction"][0], rel=1e-6)) for r in records if "swallowed_fraction" in r
+    ]
     (text,) = [e for e in board.Tensors("warnings/text_summary")]
     assert text.step == 4 and swallowed[0]["message"] in text.tensor_proto.string_val[0].decode()
 
 
 def test_the_same_run_with_an_fp32_stream_stays_quiet(tokens, tmp_path, monkeypatch, capsys):
-    records = train_micro(tokens, tmp_path, "micro-streamback", embedding_scale=64.0, monkeypatch=monkeypatch, log={**TRAIN["log"], "tensorboard": False}, **DRIFT)
+    records = train_micro(
+        tokens,
+        tmp_path,
+        "micro-streamback",
+        embedding_scale=64.0,
+        monkeypatch=monkeypatch,
+        log={**TRAIN["log"], "tensorboard": False},
+        **DRIFT,
+    )
     stream = [r for r in records if "swallowed_fraction" in r]
     assert len(stream) == 2 and all(set(SIGNAL_KEYS) <= set(r) for r in stream)
-    assert all(v < 0.01 for r in stream for v in r["swallowed_fraction"]) and all(v < 1e-3 for r in stream for v in r["lost_mass_fraction"])
-    assert all(s < 1e-3 for r in stream for s in r["stream_spacing"]) and max(stream[0]["stream_absmax"]) > 100  # pushed large all the same
+    assert all(v < 0.01 for r in stream for v in r["swallowed_fraction"]) and all(
+        v < 1e-3 for r in stream for v in r["lost_mass_fraction"]
+    )
+    assert (
+        all(s < 1e-3 for r in stream for s in r["stream_spacing"]) and max(stream[0]["stream_absmax"]) > 100
+    )  # pushed large all the same
     assert not any("warnings" in r for r in records) and "warning (" not in capsys.readouterr().err
     assert not (tmp_path / "tb").exists()  # train.log.tensorboard: false writes no event file
 
@@ -260,13 +325,21 @@ def test_the_same_run_with_an_fp32_stream_stays_quiet(tokens, tmp_path, monkeypa
 def test_tensorboard_shows_every_step_once_across_a_resume(tokens, tmp_path):
     records = train_micro(tokens, tmp_path, "micro-streamback")
     (recipe,) = layout.recipe_dirs(tmp_path / "ckpt")
-    shutil.rmtree(ckpt.checkpoint_dir(recipe, 30))  # as if killed after the checkpoint of step 25, with steps 26-30 in the event file
+    shutil.rmtree(
+        ckpt.checkpoint_dir(recipe, 30)
+    )  # as if killed after the checkpoint of step 25, with steps 26-30 in the event file
     shutil.rmtree(tmp_path / "out")
     assert deterministic(train_micro(tokens, tmp_path, "micro-streamback")) == deterministic(records)
     assert len(list((tmp_path / "tb" / recipe.name).iterdir())) == 2  # one event file per attempt
-    for tag, key in (("train/loss", "loss"), ("train/val_loss", "val_loss"), ("train/lr", "lr"), ("train/grad_norm", "grad_norm"),
-                     ("stream_absmax/2", "stream_absmax"), ("lost_mass_fraction/1", "lost_mass_fraction"),
-                     ("norm_gain_absmax/layers.1.ffn_norm", "norm_gain_absmax")):
+    for tag, key in (
+        ("train/loss", "loss"),
+        ("train/val_loss", "val_loss"),
+        ("train/lr", "lr"),
+        ("train/grad_norm", "grad_norm"),
+        ("stream_absmax/2", "stream_absmax"),
+        ("lost_mass_fraction/1", "lost_mass_fraction"),
+        ("norm_gain_absmax/layers.1.ffn_norm", "norm_gain_absmax"),
+    ):
         _, seen = event_scalars(tmp_path, tag)
         index = {"stream_absmax": 2, "lost_mass_fraction": 1, "norm_gain_absmax": "layers.1.ffn_norm"}.get(key)
         expected = [(r["step"], r[key] if index is None else r[key][index]) for r in records if key in r]
@@ -281,10 +354,15 @@ def test_without_the_tensorboard_package_the_run_says_so_and_writes_none(tmp_pat
 
     from streamback.train.tensorboard import open_writer
 
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as where tensorboard is not installed: the import fails
+    monkeypatch.setitem(
+        sys.modules, "torch.utils.tensorboard", None
+    )  # as where tensorboard is not installed: the import fails
     said = []
     assert open_writer(tmp_path / "tb", 1, said.append) is None
-    assert said == ["tensorboard is not installed: no event files (pip install tensorboard, or train.log.tensorboard: false to stop this line)"]
+    assert said == [
+        "tensorboard is not installed: no event files (pip install tensorboard, or train.log.tensorboard: false to "
+        "stop this line)"
+    ]
     assert not (tmp_path / "tb").exists()
 
 
@@ -297,18 +375,40 @@ def test_the_page_shows_the_live_swallowed_share_and_every_warning(tmp_path, mon
     config = validate_config({})
     monkeypatch.chdir(tmp_path)
     runs = list(Study(config, []).runs)[:2]
-    warning = {"warning": "swallowed", "step": 20, "layer": 1, "value": 0.7, "threshold": 0.5, "message": "warning (step 20, layer 1): ..."}
+    warning = {
+        "warning": "swallowed",
+        "step": 20,
+        "layer": 1,
+        "value": 0.7,
+        "threshold": 0.5,
+        "message": "warning (step 20, layer 1): ...",
+    }
     for run, extra in zip(runs, ({20: {"warnings": [warning]}}, {})):
         layout.run_dir(run).mkdir(parents=True)
-        lines = [{"step": s, "tokens": 100 * s, "loss": 1.0, "swallowed_fraction": [0.1, 0.2], "lost_mass_fraction": [0.01, 0.02]} | extra.get(s, {})
-                 for s in (10, 20)]
+        lines = [
+            {
+                "step": s,
+                "tokens": 100 * s,
+                "loss": 1.0,
+                "swallowed_fraction": [0.1, 0.2],
+                "lost_mass_fraction": [0.01, 0.02],
+            }
+            | extra.get(s, {})
+            for s in (10, 20)
+        ]
         layout.metrics_file(run).write_text("".join(json.dumps(r) + "\n" for r in lines))
     blocks = live_signals(Study(config, []))
     assert blocks[0] == "Live precision signals"
     chart = blocks[1].to_dict()
     assert len(chart["datasets"][next(iter(chart["datasets"]))]) == 2 * 2 * 2  # runs x steps x layers
     table = next(b for b in blocks if isinstance(b, pd.DataFrame))
-    assert table.to_dict("records") == [{"run": runs[0], **{k: warning[k] for k in ("step", "warning", "layer", "threshold", "message")}, "value": "0.7"}]
+    assert table.to_dict("records") == [
+        {
+            "run": runs[0],
+            **{k: warning[k] for k in ("step", "warning", "layer", "threshold", "message")},
+            "value": "0.7",
+        }
+    ]
     assert blocks[-1] == f"No warning fired in {runs[1]}."
 
 
@@ -328,13 +428,20 @@ def test_the_shadow_is_the_step_s_batch_through_its_weights_with_an_fp64_stream(
     from streamback.train.validation import next_token_loss
 
     records = train_micro(tokens, tmp_path, "micro-baseline", tensorboard=False, **SHADOWED)
-    assert all(set(SHADOW_KEYS) <= set(r) and r["shadow_stream"] == "fp64" and len(r["shadow_absmax"]) == len(r["shadow_gap"]) == 3 for r in records)
+    assert all(
+        set(SHADOW_KEYS) <= set(r)
+        and r["shadow_stream"] == "fp64"
+        and len(r["shadow_absmax"]) == len(r["shadow_gap"]) == 3
+        for r in records
+    )
     cfg = micro_config(**SHADOWED)
     data = TokenDataset(tokens, "train")
     args = ModelArgs.from_config(cfg["model"], "micro", data.vocab_size, block="baseline")
     model = Transformer(replace(args, block="streamback", stream="fp64"))  # bf16 compute, fp64 stream
     model.init_weights(cfg["train"]["seed"])
-    windows = train_windows(cfg["train"]["seed"], 0, cfg["train"]["batch_size"], num_windows(data.num_tokens, cfg["train"]["seq_len"]))
+    windows = train_windows(
+        cfg["train"]["seed"], 0, cfg["train"]["batch_size"], num_windows(data.num_tokens, cfg["train"]["seq_len"])
+    )
     absmax, losses = torch.zeros(3, dtype=torch.float64), []
     with torch.no_grad():
         for micro in rank_micro_batches(windows, 0, 1, cfg["train"]["micro_batch_size"]):
@@ -346,7 +453,9 @@ def test_the_shadow_is_the_step_s_batch_through_its_weights_with_an_fp64_stream(
     first = records[0]
     assert first["shadow_absmax"] == pytest.approx(absmax.tolist(), rel=1e-6)
     assert first["shadow_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
-    assert first["shadow_gap"] == pytest.approx([abs(a - s) / s for a, s in zip(first["stream_absmax"], first["shadow_absmax"])])
+    assert first["shadow_gap"] == pytest.approx(
+        [abs(a - s) / s for a, s in zip(first["stream_absmax"], first["shadow_absmax"])]
+    )
     assert first["shadow_gap"][0] == 0  # the embedding: bf16 rows, entered exactly into either stream
 
 
@@ -354,7 +463,9 @@ def test_the_shadow_sees_a_bf16_stream_pushed_large_drift_and_an_fp32_one_not(to
     runs = {}
     for run in ("micro-baseline", "micro-streamback"):
         root = tmp_path / run
-        runs[run] = train_micro(tokens, root, run, tensorboard=False, embedding_scale=64.0, monkeypatch=monkeypatch, **SHADOWED)
+        runs[run] = train_micro(
+            tokens, root, run, tensorboard=False, embedding_scale=64.0, monkeypatch=monkeypatch, **SHADOWED
+        )
         monkeypatch.undo()
     bf16 = max(g for r in runs["micro-baseline"] for g in r["shadow_gap"])
     fp32 = max(g for r in runs["micro-streamback"] for g in r["shadow_gap"])
@@ -367,7 +478,9 @@ def test_the_shadow_changes_no_bit_of_training(tokens, tmp_path):
     """A stochastically rounded stream draws from the global generator every step: the shadow,
     between the backward and the optimizer step, must draw nothing and touch no gradient."""
     run = "micro-streamback-bf16_sr"
-    off = train_micro(tokens, tmp_path / "off", run, tensorboard=False, **{**SHADOWED, "log": {**SHADOWED["log"], "shadow_every": 0}})
+    off = train_micro(
+        tokens, tmp_path / "off", run, tensorboard=False, **{**SHADOWED, "log": {**SHADOWED["log"], "shadow_every": 0}}
+    )
     on = train_micro(tokens, tmp_path / "on", run, tensorboard=False, **SHADOWED)
     assert all("shadow_gap" not in r for r in off) and all(r["shadow_stream"] == "fp64" for r in on)
     assert deterministic(off) == deterministic(on)
@@ -378,11 +491,24 @@ def test_the_shadow_changes_no_bit_of_training(tokens, tmp_path):
 def test_a_shadow_step_records_the_stream_and_shadow_every_off_changes_no_rule_params(tokens, tmp_path):
     from streamback import jobs
 
-    records = train_micro(tokens, tmp_path, "micro-baseline", tensorboard=False, **{**DRIFT, "log": {**TRAIN["log"], "stream_every": 4, "shadow_every": 3}})
-    assert [r["step"] for r in records if "stream_absmax" in r] == [3, 4, 6, 8] and [r["step"] for r in records if "shadow_gap" in r] == [3, 6]
+    records = train_micro(
+        tokens,
+        tmp_path,
+        "micro-baseline",
+        tensorboard=False,
+        **{**DRIFT, "log": {**TRAIN["log"], "stream_every": 4, "shadow_every": 3}},
+    )
+    assert [r["step"] for r in records if "stream_absmax" in r] == [3, 4, 6, 8] and [
+        r["step"] for r in records if "shadow_gap" in r
+    ] == [3, 6]
     off = jobs.train(micro_config(log={**TRAIN["log"], "shadow_every": 0}), "micro-baseline")["train"]["log"]
     assert "shadow_every" not in off  # the schema's 0: the params of every run trained before the key are unchanged
-    assert jobs.train(micro_config(log={**TRAIN["log"], "shadow_every": 8}), "micro-baseline")["train"]["log"]["shadow_every"] == 8
+    assert (
+        jobs.train(micro_config(log={**TRAIN["log"], "shadow_every": 8}), "micro-baseline")["train"]["log"][
+            "shadow_every"
+        ]
+        == 8
+    )
 
 
 def test_the_page_sums_up_each_run_s_shadow(tmp_path, monkeypatch):
@@ -393,10 +519,30 @@ def test_the_page_sums_up_each_run_s_shadow(tmp_path, monkeypatch):
     shadowed, plain = list(Study(config, []).runs)[:2]
     for run, gaps in ((shadowed, [[0.0, 1e-3, 2e-3], [0.0, 4e-3, 3e-3]]), (plain, [])):
         layout.run_dir(run).mkdir(parents=True)
-        lines = [{"step": 50 * (i + 1), "tokens": 100, "loss": 2.0, "shadow_stream": "fp64", "shadow_absmax": [1.0, 2.0, 3.0], "shadow_gap": g,
-                  "shadow_loss": 2.0 - 1e-3 * (i + 1)} for i, g in enumerate(gaps)] or [{"step": 1, "tokens": 100, "loss": 2.0}]
+        lines = [
+            {
+                "step": 50 * (i + 1),
+                "tokens": 100,
+                "loss": 2.0,
+                "shadow_stream": "fp64",
+                "shadow_absmax": [1.0, 2.0, 3.0],
+                "shadow_gap": g,
+                "shadow_loss": 2.0 - 1e-3 * (i + 1),
+            }
+            for i, g in enumerate(gaps)
+        ] or [{"step": 1, "tokens": 100, "loss": 2.0}]
         layout.metrics_file(run).write_text("".join(json.dumps(r) + "\n" for r in lines))
     blocks = live_signals(Study(config, []))
     at = blocks.index("Full-precision shadow")
-    assert blocks[at + 1].to_dict("records") == [{"run": shadowed, "shadow_stream": "fp64", "shadowed_steps": 2, "max_gap": "4.00e-03", "max_gap_step": 100,
-                                                  "max_gap_boundary": 1, "last_max_gap": "4.00e-03", "loss_minus_shadow": "+1.50e-03"}]
+    assert blocks[at + 1].to_dict("records") == [
+        {
+            "run": shadowed,
+            "shadow_stream": "fp64",
+            "shadowed_steps": 2,
+            "max_gap": "4.00e-03",
+            "max_gap_step": 100,
+            "max_gap_boundary": 1,
+            "last_max_gap": "4.00e-03",
+            "loss_minus_shadow": "+1.50e-03",
+        }
+    ]

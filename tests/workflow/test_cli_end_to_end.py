@@ -1,16 +1,19 @@
-"""The end-to-end half of test_cli.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
+"""The end-to-end half of test_cli.py (commands run as processes, compiled or multi-process runs, Snakemake): the same
+subjects, at the pace of whole runs."""
 
 import subprocess
 import sys
 
 
 def test_bad_params_name_the_problem():
-    result = subprocess.run([sys.executable, "-m", "streamback", "drift", "--params", "{not json"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamback", "drift", "--params", "{not json"], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert "--params is not valid JSON" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "streamback", "drift", "--params", '{"stepz": 1}'],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamback", "drift", "--params", '{"stepz": 1}'], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert "stepz" in result.stderr
 

@@ -1,4 +1,5 @@
-"""The end-to-end half of test_compute.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
+"""The end-to-end half of test_compute.py (commands run as processes, compiled or multi-process runs, Snakemake): the
+same subjects, at the pace of whole runs."""
 
 import os
 import subprocess
@@ -16,15 +17,26 @@ from conftest import ROOT
 def test_auto_takes_fp32_kernels_exactly_where_torch_has_no_native_bf16_matmul():
     """auto follows torch's own test (oneDNN's bf16 kernels, which ONEDNN_MAX_CPU_ISA caps); the
     environment variable chooses; a bad value names the variable; no device but the CPU is emulated."""
-    code = "from streamback.model import compute; print(compute.mode(), compute.emulated(), compute.path('cpu'), compute.path('meta'))"
+    code = (
+        "from streamback.model import compute; print(compute.mode(), compute.emulated(), compute.path('cpu'), "
+        "compute.path('meta'))"
+    )
 
     def child(**env):
-        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True
+        )
         return out.returncode, (out.stdout + out.stderr).strip().splitlines()[-1]
 
     native = compute.cpu_has_native_bf16()
-    assert child(STREAMBACK_CPU_BF16="auto") == (0, f"auto {not native} {'bf16 on fp32 kernels' if not native else 'native bf16'} native bf16")
-    assert child(STREAMBACK_CPU_BF16="auto", ONEDNN_MAX_CPU_ISA="AVX2") == (0, "auto True bf16 on fp32 kernels native bf16")
+    assert child(STREAMBACK_CPU_BF16="auto") == (
+        0,
+        f"auto {not native} {'bf16 on fp32 kernels' if not native else 'native bf16'} native bf16",
+    )
+    assert child(STREAMBACK_CPU_BF16="auto", ONEDNN_MAX_CPU_ISA="AVX2") == (
+        0,
+        "auto True bf16 on fp32 kernels native bf16",
+    )
     assert child(STREAMBACK_CPU_BF16="native", ONEDNN_MAX_CPU_ISA="AVX2") == (0, "native False native bf16 native bf16")
     assert child(STREAMBACK_CPU_BF16="emulated") == (0, "emulated True bf16 on fp32 kernels native bf16")
     status, line = child(STREAMBACK_CPU_BF16="fast")
@@ -60,7 +72,9 @@ def test_a_short_run_trains_alike_on_both_paths_and_the_findings_hold(tokens, tm
         with compute.use(mode):
             for run in runs:
                 assert run_inprocess(tokens, tmp_path / mode / run, run=run) == 0
-        curves[mode] = [r["loss"] for r in read_metrics(tmp_path / mode / runs[0] / "out" / "metrics.jsonl") if "loss" in r]
+        curves[mode] = [
+            r["loss"] for r in read_metrics(tmp_path / mode / runs[0] / "out" / "metrics.jsonl") if "loss" in r
+        ]
     gap = max(abs(a - b) for a, b in zip(curves["native"], curves["emulated"]))
     assert len(curves["native"]) >= 30 and gap < 5e-3, gap  # measured 3e-4 (AVX512-BF16), 5e-4 (as AVX2)
 
@@ -73,7 +87,13 @@ def test_a_short_run_trains_alike_on_both_paths_and_the_findings_hold(tokens, tm
             table = layer_error(read_model(models[runs[0]]), batch, "fp64", ["bf16", "fp32"])
             last = table[(table.kind == "activations") & (table.layer == table.layer.max())].set_index("variant")
             assert last.loc["fp32", "rel_error"] < last.loc["bf16", "rel_error"], mode
-            losses = [window_losses(load_model(models[run]), val, val_windows(64, 16, 0, 1), 32, 8, "cpu").numpy() for run in runs]
+            losses = [
+                window_losses(load_model(models[run]), val, val_windows(64, 16, 0, 1), 32, 8, "cpu").numpy()
+                for run in runs
+            ]
             findings[mode] = paired_difference(*losses, 0.95)
-    for (mean, _, _), (_, low, high) in ((findings["native"], findings["emulated"]), (findings["emulated"], findings["native"])):
+    for (mean, _, _), (_, low, high) in (
+        (findings["native"], findings["emulated"]),
+        (findings["emulated"], findings["native"]),
+    ):
         assert low <= mean <= high, findings

@@ -20,7 +20,10 @@ def test_drift_rule_end_to_end(run_snakemake, tmp_path):
     assert result.returncode == 0, result.stderr + result.stdout
 
     out = tmp_path / layout.DRIFT_DIR
-    assert "drift: 7 paths x 3 settings x 2 seeds x 256 coordinates x 4000 steps" in (tmp_path / "logs" / "drift.log").read_text()
+    assert (
+        "drift: 7 paths x 3 settings x 2 seeds x 256 coordinates x 4000 steps"
+        in (tmp_path / "logs" / "drift.log").read_text()
+    )
     summary = pd.read_csv(out / "summary.csv")
     assert len(summary) == 3 * 8 * 2
     assert {"mu", "sigma", "path", "seed", "steps", "coords", "start", "drift", "drift_ratio"} <= set(summary.columns)
@@ -30,7 +33,11 @@ def test_drift_rule_end_to_end(run_snakemake, tmp_path):
     assert list(trajectories.columns) == ["mu", "sigma", "path", "seed", "step", "mean", "std"]
     assert sorted(trajectories.step.unique()) == list(range(0, 4001, 10))
     keys = ["mu", "sigma", "path", "seed"]
-    ends = trajectories[trajectories.step == 0].merge(trajectories[trajectories.step == 4000], on=keys).merge(summary, on=keys)
+    ends = (
+        trajectories[trajectories.step == 0]
+        .merge(trajectories[trajectories.step == 4000], on=keys)
+        .merge(summary, on=keys)
+    )
     assert len(ends) == 3 * 7 * 2 and ((ends.mean_y - ends.mean_x - ends.drift).abs() < 1e-3).all()
 
     spacing = pd.read_csv(out / "spacing.csv")
@@ -42,12 +49,19 @@ def test_drift_rule_end_to_end(run_snakemake, tmp_path):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "report.html").read_text()
     assert "https://cdn" not in page and "<script src" not in page
-    assert page.count("vegaEmbed(\"#chart") == len(FIGURES) and "<table" in page
+    assert page.count('vegaEmbed("#chart') == len(FIGURES) and "<table" in page
     bf16 = summary[(summary.path == "bf16") & (summary.mu == 0.2) & (summary.sigma == 0.5)].drift_ratio.mean()
     assert f"{100 * bf16:.2f}%" in page  # the reading is computed from the table
 
     # the outputs marked report() and their captions make a Snakemake report
-    result = run_snakemake("drift", "--directory", tmp_path, "--configfile", tmp_path / "small.yaml",
-                           "--report", tmp_path / "snakemake.html")
+    result = run_snakemake(
+        "drift",
+        "--directory",
+        tmp_path,
+        "--configfile",
+        tmp_path / "small.yaml",
+        "--report",
+        tmp_path / "snakemake.html",
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     assert "drift_ratio.svg" in (tmp_path / "snakemake.html").read_text()

@@ -90,8 +90,15 @@ def run_with_only_the_env(env: str, commands: list[list[str]], imports: str = ""
     blocked -= {"pytest"}  # the test runner's own
     assert "snakemake" in blocked  # no job imports it: no env carries it
     code = _ONLY_THE_ENV.format(blocked=sorted(blocked), env=env, imports=imports, commands=commands)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, **(extra_env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, **(extra_env or {})},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return blocked
 
@@ -99,9 +106,30 @@ def run_with_only_the_env(env: str, commands: list[list[str]], imports: str = ""
 def test_train_env_suffices_for_the_gpu_commands(tmp_path):
     """train/bench/export-hf run with envs/train.yaml's packages alone (a bare GPU node: no
     Snakemake, pandas, altair or data stack); here the bench runs with the others blocked."""
-    bench = ["bench", "--shapes", "tiny-fat-short", "--modes", "eager", "--variants", "baseline", "--batch", "1", "--seq-len", "8",
-             "--vocab-size", "32", "--steps", "1", "--warmup", "0", "--out", str(tmp_path / "bench.json")]
-    blocked = run_with_only_the_env("train", [bench], imports="import streamback.model.export_hf, streamback.train.trainer")
+    bench = [
+        "bench",
+        "--shapes",
+        "tiny-fat-short",
+        "--modes",
+        "eager",
+        "--variants",
+        "baseline",
+        "--batch",
+        "1",
+        "--seq-len",
+        "8",
+        "--vocab-size",
+        "32",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(tmp_path / "bench.json"),
+    ]
+    blocked = run_with_only_the_env(
+        "train", [bench], imports="import streamback.model.export_hf, streamback.train.trainer"
+    )
     assert {"pandas", "datasets"} <= blocked
     assert (tmp_path / "bench.json").exists()
 
@@ -112,13 +140,50 @@ def test_data_and_drift_envs_suffice_for_their_jobs(tmp_path):
     Snakemake: no job imports it). Drift runs eagerly here (TORCHDYNAMO_DISABLE: the same numbers
     without the compile's seconds)."""
     corpus = tmp_path / "corpus" / "part-00000-of-00001.parquet"
-    run_with_only_the_env("data", [
-        ["corpus", "--params", json.dumps({"synthetic": {"documents": 300, "files": 1}}), "--out", str(corpus.parent), "--processes", "1"],
-        ["tokenize", "--params", json.dumps({"tokenizer": {"vocab_size": 300, "train_documents": 300}, "shard_tokens": 20000, "val_fraction": 0.1}),
-         "--out", str(tmp_path / "tokens"), "--processes", "1", "--inputs", str(corpus), "--quiet"],
-    ])
+    run_with_only_the_env(
+        "data",
+        [
+            [
+                "corpus",
+                "--params",
+                json.dumps({"synthetic": {"documents": 300, "files": 1}}),
+                "--out",
+                str(corpus.parent),
+                "--processes",
+                "1",
+            ],
+            [
+                "tokenize",
+                "--params",
+                json.dumps(
+                    {
+                        "tokenizer": {"vocab_size": 300, "train_documents": 300},
+                        "shard_tokens": 20000,
+                        "val_fraction": 0.1,
+                    }
+                ),
+                "--out",
+                str(tmp_path / "tokens"),
+                "--processes",
+                "1",
+                "--inputs",
+                str(corpus),
+                "--quiet",
+            ],
+        ],
+    )
     assert (tmp_path / "tokens" / "manifest.json").exists()
-    drift = {"coords": 16, "steps": 20, "seeds": [0], "trajectory_every": 5, "settings": [{"mu": 0.2, "sigma": 0.5}], "paths": ["fp32", "bf16"]}
-    run_with_only_the_env("drift", [["drift", "--params", json.dumps(drift), "--outdir", str(tmp_path / "drift")]],
-                          extra_env={"TORCHDYNAMO_DISABLE": "1"})
+    drift = {
+        "coords": 16,
+        "steps": 20,
+        "seeds": [0],
+        "trajectory_every": 5,
+        "settings": [{"mu": 0.2, "sigma": 0.5}],
+        "paths": ["fp32", "bf16"],
+    }
+    run_with_only_the_env(
+        "drift",
+        [["drift", "--params", json.dumps(drift), "--outdir", str(tmp_path / "drift")]],
+        extra_env={"TORCHDYNAMO_DISABLE": "1"},
+    )
     assert (tmp_path / "drift" / "report.html").exists()

@@ -1,4 +1,5 @@
-"""The end-to-end half of test_eval.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
+"""The end-to-end half of test_eval.py (commands run as processes, compiled or multi-process runs, Snakemake): the same
+subjects, at the pace of whole runs."""
 
 import json
 import os
@@ -16,18 +17,30 @@ from streamback.eval import taskload
 from streamback.model.export_hf import export
 
 from conftest import ROOT
-from test_eval import MODEL, RUNS, SMALL, TEXTS, TRAIN, evaluated, no_scoring, run_stage, runs, scorer  # noqa: F401  (fixtures and helpers shared with the unit tests)
+
+# noqa: F401  (fixtures and helpers shared with the unit tests)
+from test_eval import MODEL, RUNS, SMALL, TEXTS, TRAIN, evaluated, no_scoring, run_stage, runs, scorer
 
 
-@pytest.mark.parametrize("run, dtype", [("micro-baseline", torch.float32), ("micro-streamback", torch.float32), ("micro-baseline", torch.bfloat16),
-                                        ("micro-streamback", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "run, dtype",
+    [
+        ("micro-baseline", torch.float32),
+        ("micro-streamback", torch.float32),
+        ("micro-baseline", torch.bfloat16),
+        ("micro-streamback", torch.bfloat16),
+    ],
+)
 def test_cached_generation_equals_the_no_cache_loop(runs, tokens, run, dtype):
     """Generation with the key/value cache gives exactly the tokens of the plain greedy loop that
     runs the whole sequence through the model at every step (the path without a cache), in every
     batch size, as trained (bf16) and in fp32, with rows ending at different steps (end-of-text,
     a stop string, max_new_tokens)."""
     sc, opened = scorer(runs, tokens, run=run, dtype=dtype, batch_size=3)
-    prompts = [[opened.eos_id, *sc.encode(t)][-(64 - 30):] for t in ("Mia counts to five: one,", "The dog", "Ben says, \"The", "A", *TEXTS)]
+    prompts = [
+        [opened.eos_id, *sc.encode(t)][-(64 - 30) :]
+        for t in ("Mia counts to five: one,", "The dog", 'Ben says, "The', "A", *TEXTS)
+    ]
 
     def loop(prompt, steps, eos):
         ids = list(prompt)
@@ -37,7 +50,7 @@ def test_cached_generation_equals_the_no_cache_loop(runs, tokens, run, dtype):
                 if nxt == eos:
                     break
                 ids.append(nxt)
-        return ids[len(prompt):]
+        return ids[len(prompt) :]
 
     plain = [loop(p, 30, opened.eos_id) for p in prompts]
     for batch_size in (1, 3, 64):
@@ -58,8 +71,12 @@ def test_a_tasks_numbers_do_not_depend_on_the_other_tasks(evaluated, runs, token
     monkeypatch.chdir(evaluated["root"])
     for task in ("streamback_pairs_counting", "streamback_cloze"):
         run_stage({"tasks": [task]}, runs["micro-streamback"], tokens, tmp_path / task)
-        alone = [json.loads(line)["resps"] for line in (tmp_path / task / f"samples_{task}.jsonl").read_text().splitlines()]
-        beside = [json.loads(line)["resps"] for line in layout.eval_samples("micro-streamback", task).read_text().splitlines()]
+        alone = [
+            json.loads(line)["resps"] for line in (tmp_path / task / f"samples_{task}.jsonl").read_text().splitlines()
+        ]
+        beside = [
+            json.loads(line)["resps"] for line in layout.eval_samples("micro-streamback", task).read_text().splitlines()
+        ]
         assert alone == beside
 
 
@@ -86,10 +103,20 @@ def test_hf_backend_agrees_with_the_streamback_backend(runs, tokens, evaluated, 
     names = evaluated["cfg"]["tasks"]
     manager = taskload.task_manager(names, [])
     samples = {}
-    for backend, model in (("hf", HFLM(pretrained=str(tmp_path / "hf"), dtype="float32", batch_size=8, device="cpu")),
-                           ("streamback", StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), dtype="float32", batch_size=8))):
-        results = lm_eval.simple_evaluate(model=model, tasks=list(taskload.load_tasks(manager, names).values()), task_manager=manager,
-                                          log_samples=True, bootstrap_iters=0)
+    for backend, model in (
+        ("hf", HFLM(pretrained=str(tmp_path / "hf"), dtype="float32", batch_size=8, device="cpu")),
+        (
+            "streamback",
+            StreambackLM(pretrained=str(runs["micro-baseline"]), tokens=str(tokens), dtype="float32", batch_size=8),
+        ),
+    ):
+        results = lm_eval.simple_evaluate(
+            model=model,
+            tasks=list(taskload.load_tasks(manager, names).values()),
+            task_manager=manager,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
         samples[backend] = results["samples"]
     compared = 0
     for name in names:
@@ -111,7 +138,9 @@ def test_the_eval_command_line_lists_the_model_arguments_and_names_errors_in_one
     """`python -m streamback.eval --help` ends with the model's arguments; a truncated model file is
     the project's one-line error (status 2) under lm-eval's own command line, no traceback."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    shown = subprocess.run([sys.executable, "-m", "streamback.eval", "--help"], env=env, capture_output=True, text=True, timeout=120)
+    shown = subprocess.run(
+        [sys.executable, "-m", "streamback.eval", "--help"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert shown.returncode == 0 and "the streamback model's arguments" in shown.stdout
     from streamback.eval.lm import MODEL_ARGUMENTS
 
@@ -119,27 +148,59 @@ def test_the_eval_command_line_lists_the_model_arguments_and_names_errors_in_one
         assert f"\n  {name} " in shown.stdout
     truncated = tmp_path / "model.pt"
     truncated.write_bytes(b"PK\x03\x04" + b"\0" * 200)
-    proc = subprocess.run([sys.executable, "-m", "streamback.eval", "--model", "streamback", "--model_args", f"pretrained={truncated}",
-                           "--include_path", str(taskload.TASKS_DIR), "--tasks", "streamback_cloze"],
-                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamback.eval",
+            "--model",
+            "streamback",
+            "--model_args",
+            f"pretrained={truncated}",
+            "--include_path",
+            str(taskload.TASKS_DIR),
+            "--tasks",
+            "streamback_cloze",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"python -m streamback.eval: error: streamback model: model file {truncated} "
-                                                             "cannot be read by torch.load")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"python -m streamback.eval: error: streamback model: model file {truncated} cannot be read by torch.load"
+        )
+    )
 
 
-def test_unknown_tasks_groups_and_missing_or_empty_items_are_named(evaluated, runs, tokens, tmp_path, monkeypatch, no_scoring):
+def test_unknown_tasks_groups_and_missing_or_empty_items_are_named(
+    evaluated, runs, tokens, tmp_path, monkeypatch, no_scoring
+):
     monkeypatch.chdir(evaluated["root"])
-    with pytest.raises(StreambackError, match="knows no task 'streamback_pairs_agreemnt'.*close names: streamback_pairs_agreement"):
+    with pytest.raises(
+        StreambackError, match="knows no task 'streamback_pairs_agreemnt'.*close names: streamback_pairs_agreement"
+    ):
         run_stage({"tasks": ["streamback_pairs_agreemnt"]}, runs["micro-baseline"], tokens, tmp_path / "out")
     with pytest.raises(StreambackError, match="'streamback_local' is a group or tag"):
         run_stage({"tasks": ["streamback_local"]}, runs["micro-baseline"], tokens, tmp_path / "out")
     monkeypatch.chdir(tmp_path)  # no items written here
-    with pytest.raises(StreambackError, match=r"task streamback_cloze, split test: no data file matches results/eval/tasks/streamback_cloze.jsonl "
-                                              r"\(local tasks: run `streamback eval-tasks` \(rule eval_tasks\)\)"):
+    with pytest.raises(
+        StreambackError,
+        match=r"task streamback_cloze, split test: no data file matches results/eval/tasks/streamback_cloze.jsonl "
+        r"\(local tasks: run `streamback eval-tasks` \(rule eval_tasks\)\)",
+    ):
         run_stage({"tasks": ["streamback_cloze"]}, runs["micro-baseline"], tokens, tmp_path / "out")
     layout.eval_task_file("streamback_cloze").parent.mkdir(parents=True)
     layout.eval_task_file("streamback_cloze").write_text("")
-    with pytest.raises(StreambackError, match=r"task streamback_cloze has no items: results/eval/tasks/streamback_cloze.jsonl \(split test\) is empty"):
+    with pytest.raises(
+        StreambackError,
+        match=r"task streamback_cloze has no items: results/eval/tasks/streamback_cloze.jsonl \(split test\) is empty",
+    ):
         run_stage({"tasks": ["streamback_cloze"]}, runs["micro-baseline"], tokens, tmp_path / "out")
 
 
@@ -148,10 +209,36 @@ def test_a_hub_task_offline_stops_before_scoring_naming_task_and_dataset(runs, t
     """config/paper.yaml's tasks need the hub: offline, with an empty cache, `streamback evaluate`
     exits 2 naming the task and its dataset (the model was loaded and checked first)."""
     params = json.dumps({**SMALL, "tasks": ["arc_easy", "winogrande"]})
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(tmp_path / "hf-home"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "streamback", "evaluate", "--params", params, "--run-name", "micro-baseline",
-                           "--model", str(runs["micro-baseline"]), "--tokens", str(tokens), "--outdir", str(tmp_path / "out")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamback",
+            "evaluate",
+            "--params",
+            params,
+            "--run-name",
+            "micro-baseline",
+            "--model",
+            str(runs["micro-baseline"]),
+            "--tokens",
+            str(tokens),
+            "--outdir",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "task arc_easy: cannot load its dataset allenai/ai2_arc (ARC-Easy)" in proc.stderr, proc.stderr[-2000:]
     assert "Hugging Face Hub" in proc.stderr and not (tmp_path / "out" / "results.json").exists()
@@ -162,22 +249,61 @@ def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
     """eval_tasks, evaluate (one job per run) and benchmark_table through Snakemake on a small config:
     a 600-story corpus, the two micro runs (12 steps), the local tasks at a few items each."""
     small = tmp_path / "small.yaml"
-    small.write_text(yaml.safe_dump({
-        "data": {"synthetic": {"documents": 600, "files": 1}, "tokenizer": {"vocab_size": 300, "train_documents": 600},
-                 "shard_tokens": 20000, "processes": 1},
-        "model": MODEL,
-        "train": {**TRAIN, "tokens": 12 * 8 * 32, "schedule": {"warmup_steps": 4, "decay_steps": 4}, "checkpoint": {"every": 12, "keep": 1},
-                  "log": {**TRAIN["log"], "val_every": 12}},
-        "eval": SMALL,
-    }))
+    small.write_text(
+        yaml.safe_dump(
+            {
+                "data": {
+                    "synthetic": {"documents": 600, "files": 1},
+                    "tokenizer": {"vocab_size": 300, "train_documents": 600},
+                    "shard_tokens": 20000,
+                    "processes": 1,
+                },
+                "model": MODEL,
+                "train": {
+                    **TRAIN,
+                    "tokens": 12 * 8 * 32,
+                    "schedule": {"warmup_steps": 4, "decay_steps": 4},
+                    "checkpoint": {"every": 12, "keep": 1},
+                    "log": {**TRAIN["log"], "val_every": 12},
+                },
+                "eval": SMALL,
+            }
+        )
+    )
     targets = [layout.table(name) for name in layout.BENCHMARK_TABLES]
-    result = run_snakemake(*targets, "--cores", "2", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", small, timeout=900)
+    result = run_snakemake(
+        *targets,
+        "--cores",
+        "2",
+        "--directory",
+        tmp_path,
+        "--configfile",
+        ROOT / "config" / "config.yaml",
+        small,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     benchmarks = pd.read_csv(tmp_path / layout.table("benchmarks"))
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
+    assert list(benchmarks.columns) == [
+        "run",
+        "shape",
+        "block",
+        "stream",
+        "seed",
+        "task",
+        "filter",
+        "metric",
+        "value",
+        "stderr",
+        "n",
+        "chance",
+    ]
     assert sorted(set(benchmarks.run)) == sorted(RUNS) and len(benchmarks) == 2 * 8
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
-    assert list(pairs.run) == ["micro-streamback"] * 8 and pairs.verdict.str.contains("noise|no difference|one training seed").all()
+    assert (
+        list(pairs.run) == ["micro-streamback"] * 8
+        and pairs.verdict.str.contains("noise|no difference|one training seed").all()
+    )
     for run in RUNS:
         assert json.loads((tmp_path / layout.eval_results(run)).read_text())["config"]["streamback"]["run"] == run
         assert "wrote results/eval" in (tmp_path / "logs" / "evaluate" / f"{run}.log").read_text()

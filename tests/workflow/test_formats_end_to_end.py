@@ -1,8 +1,11 @@
-"""The end-to-end half of test_formats.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
+"""The end-to-end half of test_formats.py (commands run as processes, compiled or multi-process runs, Snakemake): the
+same subjects, at the pace of whole runs."""
 
 import pytest
 import torch
-from test_formats import ALL, _sr_inputs, _sr_verdict, _two_steps  # noqa: F401  (fixtures and helpers shared with the unit tests)
+
+# noqa: F401  (fixtures and helpers shared with the unit tests)
+from test_formats import ALL, _sr_inputs, _sr_verdict, _two_steps
 
 from streamback.model.formats import StreamFormat
 

@@ -31,7 +31,19 @@ def quick_run(tmp_path_factory):
     """The script with --device cpu --quick."""
     root = tmp_path_factory.mktemp("gpu-checks")
     out = root / "out"
-    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out), "--work", str(root / "work"), "--budget", "900"]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--device",
+        "cpu",
+        "--quick",
+        "--out",
+        str(out),
+        "--work",
+        str(root / "work"),
+        "--budget",
+        "900",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     return proc, out
@@ -46,8 +58,16 @@ def test_quick_mode_runs_every_phase_and_passes(quick_run):
     for check in summary["checks"]:
         status.setdefault(check["group"], []).append(check["status"])
     assert not [c for c in summary["checks"] if c["status"] in ("FAIL", "SKIP")]
-    # tests: the CPU cases of the ulp, E4M3-infinity and NVFP4-recipe tests and a preflight's, one item each, and pytest's own
-    assert {g: len(s) for g, s in status.items()} == {"env": 2, "tests": 10, "eval": 3, "analysis": 4, "profile": 3, "bench": 4}
+    # tests: the CPU cases of the ulp, E4M3-infinity and NVFP4-recipe tests and a preflight's, one item each, and
+    # pytest's own
+    assert {g: len(s) for g, s in status.items()} == {
+        "env": 2,
+        "tests": 10,
+        "eval": 3,
+        "analysis": 4,
+        "profile": 3,
+        "bench": 4,
+    }
     assert summary["env"]["matmul_bf16_tflops"] > 0 and summary["env"]["copy_tb_s"] > 0
     tests = {c["name"]: c for c in summary["checks"] if c["group"] == "tests"}
     assert "unit/test_rounding.py::test_ulp_against_nextafter[cpu-fp8_e4m3]" in tests
@@ -56,9 +76,17 @@ def test_quick_mode_runs_every_phase_and_passes(quick_run):
     assert summary["tests"]["counts"] == {"PASSED": 9}
     # profile: the two blocks compiled, their kernels counted and timed; the add rounding compared, same bits
     profile = {c["name"]: c for c in summary["checks"] if c["group"] == "profile"}
-    assert re.match(r"busy [\d.]+ -> [\d.]+ ms, wall [\d.]+ -> [\d.]+ ms per step; baseline block \d+ \+ \d+ kernels", profile["tiny-medium baseline vs streamback"]["value"])
-    assert profile["add_rounding"]["status"] == "PASS" and "same bits: True, as eager: True" in profile["add_rounding"]["value"]
-    assert re.search(r"; baseline eager [\d,]+ launches per step$", profile["tiny-medium baseline vs baseline eager"]["value"])
+    assert re.match(
+        r"busy [\d.]+ -> [\d.]+ ms, wall [\d.]+ -> [\d.]+ ms per step; baseline block \d+ \+ \d+ kernels",
+        profile["tiny-medium baseline vs streamback"]["value"],
+    )
+    assert (
+        profile["add_rounding"]["status"] == "PASS"
+        and "same bits: True, as eager: True" in profile["add_rounding"]["value"]
+    )
+    assert re.search(
+        r"; baseline eager [\d,]+ launches per step$", profile["tiny-medium baseline vs baseline eager"]["value"]
+    )
 
 
 @pytest.mark.slow
@@ -70,10 +98,16 @@ def test_quick_mode_outputs(quick_run):
     assert re.search(r"9 passed", (out / "tests.log").read_text())
     profile = (out / "profile.md").read_text()
     assert "| kind | ms baseline | ms streamback | diff ms | launches baseline | launches streamback |" in profile
-    assert re.search(r"- streamback, graph 1: \d+ kernels \(cpp \d+\); \d+ library calls", profile)  # the block's backward
+    assert re.search(
+        r"- streamback, graph 1: \d+ kernels \(cpp \d+\); \d+ library calls", profile
+    )  # the block's backward
     bench = json.loads((out / "bench.json").read_text())
     assert [(r["mode"], r["variant"]) for r in bench["rows"]] == [
-        ("eager", "baseline"), ("eager", "streamback"), ("eager", "streamback-reversible"), ("compiled", "streamback")]
+        ("eager", "baseline"),
+        ("eager", "streamback"),
+        ("eager", "streamback-reversible"),
+        ("compiled", "streamback"),
+    ]
     assert all(r["tokens_per_s"] > 0 and not r["error"] for r in bench["rows"])
     assert [g["goal"] for g in bench["goals"]] == ["streamback >= 0.99x baseline tok/s"]
     table = (out / "bench.md").read_text()
@@ -87,9 +121,29 @@ def test_quick_mode_outputs(quick_run):
 
 def test_bench_goals_on_hand_made_rows(gpu_checks):
     rows = [
-        {"shape": "fat-short", "mode": "compiled", "variant": "baseline", "tokens_per_s": 60_000.0, "mfu": 0.40, "peak_mem_gib": 28.0},
-        {"shape": "fat-short", "mode": "compiled", "variant": "streamback", "tokens_per_s": 59_000.0, "mfu": 0.39, "peak_mem_gib": 31.0},
-        {"shape": "fat-short", "mode": "compiled", "variant": "streamback-reversible", "tokens_per_s": 58_000.0, "peak_mem_gib": 27.5},
+        {
+            "shape": "fat-short",
+            "mode": "compiled",
+            "variant": "baseline",
+            "tokens_per_s": 60_000.0,
+            "mfu": 0.40,
+            "peak_mem_gib": 28.0,
+        },
+        {
+            "shape": "fat-short",
+            "mode": "compiled",
+            "variant": "streamback",
+            "tokens_per_s": 59_000.0,
+            "mfu": 0.39,
+            "peak_mem_gib": 31.0,
+        },
+        {
+            "shape": "fat-short",
+            "mode": "compiled",
+            "variant": "streamback-reversible",
+            "tokens_per_s": 58_000.0,
+            "peak_mem_gib": 27.5,
+        },
         {"shape": "medium", "mode": "eager", "variant": "baseline", "tokens_per_s": 30_000.0, "peak_mem_gib": None},
         {"shape": "medium", "mode": "eager", "variant": "streamback", "error": "OutOfMemoryError: CUDA out of memory"},
     ]
@@ -119,7 +173,8 @@ def test_pytest_outcomes_are_read_with_and_without_xdist(gpu_checks):
         "[gw1] [ 12%] FAILED tests/unit/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16] ",
         "[gw0] [100%] SKIPPED tests/unit/test_train.py::test_compiled_training_on_a_gpu ",
         "tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4] ERROR                [ 50%]",
-        "FAILED tests/unit/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16] - AssertionError: bf16: 2.1e-03 of the elements differ",
+        "FAILED tests/unit/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16] - AssertionError: bf16: "
+        "2.1e-03 of the elements differ",
         "ERROR tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]",
         "=== 1 failed, 1 passed in 3.2s ===",
     ]
@@ -130,8 +185,12 @@ def test_pytest_outcomes_are_read_with_and_without_xdist(gpu_checks):
         "tests/unit/test_train.py::test_compiled_training_on_a_gpu": "SKIPPED",
         "tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR",
     }
-    assert reasons == {"tests/unit/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16]": "AssertionError: bf16: 2.1e-03 of the elements differ",
-                       "tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR"}
+    assert reasons == {
+        "tests/unit/test_model.py::test_compiled_blocks_round_as_eager[cuda-bf16]": (
+            "AssertionError: bf16: 2.1e-03 of the elements differ"
+        ),
+        "tests/unit/test_formats.py::test_add_dtype_compiled_inductor[cuda-nvfp4]": "ERROR",
+    }
 
 
 def test_the_docstring_tells_a_gpu_user_the_command_and_what_it_prints(gpu_checks):
@@ -146,8 +205,13 @@ def test_the_docstring_tells_a_gpu_user_the_command_and_what_it_prints(gpu_check
 def test_gpu_test_files_are_every_module_with_cuda_cases(gpu_checks):
     """The tests phase runs `pytest -m gpu` over GPU_TEST_FILES only (the other modules import
     what the device lacks): they must be exactly the modules that have a test marked gpu."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     modules = {line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line}
     assert modules == set(gpu_checks.GPU_TEST_FILES)
@@ -168,11 +232,31 @@ def test_bad_arguments_are_named(gpu_checks, tmp_path, capsys):
 def test_eval_phase_scores_batches_as_single_requests(tmp_path):
     """The eval phase alone (quick, CPU): the scoring core's fp32 batches equal one request at a
     time, and items/s of both blocks are measured (lm-eval is not imported: the device has none)."""
-    code = ("import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = sys.argv[1:]; "
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
-    cmd = [sys.executable, "-c", code, str(SCRIPT), "--device", "cpu", "--quick", "--parts", "eval", "--out", str(tmp_path / "out")]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=300)
+    code = (
+        "import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = sys.argv[1:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        code,
+        str(SCRIPT),
+        "--device",
+        "cpu",
+        "--quick",
+        "--parts",
+        "eval",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checks = {c["name"]: c for c in json.loads((tmp_path / "out" / "summary.json").read_text())["checks"]}
     assert set(checks) == {"batched_eq_single_fp32", "items_per_s_baseline", "items_per_s_streamback"}
@@ -185,9 +269,25 @@ def test_eval_phase_scores_batches_as_single_requests(tmp_path):
 def test_analysis_phase_times_every_analysis_of_a_run(tmp_path):
     """The analysis phase alone (quick, CPU): layer-error's check (the fp32 stream ends closer to the
     ground truth than the bf16 stream) passes; swallowed, envelope and the loss-window rate are timed."""
-    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--parts", "analysis", "--out", str(tmp_path / "out")]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=300)
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--device",
+        "cpu",
+        "--quick",
+        "--parts",
+        "analysis",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checks = {c["name"]: c for c in json.loads((tmp_path / "out" / "summary.json").read_text())["checks"]}
     names = [f"check-medium_{kind}" for kind in ("layer_error", "swallowed", "envelope", "loss_windows")]

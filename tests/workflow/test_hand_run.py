@@ -18,12 +18,19 @@ from conftest import ROOT
 RUN = "tiny-fat-short-baseline"
 # the default config, tiny: one run of 10 steps on a small corpus
 TINY = {
-    "data": {"synthetic": {"documents": 600, "files": 1}, "tokenizer": {"vocab_size": 300, "train_documents": 600},
-             "val_fraction": 0.1, "processes": 1},
-    "train": {"runs": {"shapes": ["tiny-fat-short"], "blocks": ["baseline"], "streams": [], "seeds": [0]},
-              "tokens": 10 * 4 * 128, "schedule": {"warmup_steps": 2, "decay_steps": 4},
-              "log": {"every": 5, "stream_every": 5, "shadow_every": 0, "val_every": 5, "val_sequences": 8},
-              "checkpoint": {"every": 5}},
+    "data": {
+        "synthetic": {"documents": 600, "files": 1},
+        "tokenizer": {"vocab_size": 300, "train_documents": 600},
+        "val_fraction": 0.1,
+        "processes": 1,
+    },
+    "train": {
+        "runs": {"shapes": ["tiny-fat-short"], "blocks": ["baseline"], "streams": [], "seeds": [0]},
+        "tokens": 10 * 4 * 128,
+        "schedule": {"warmup_steps": 2, "decay_steps": 4},
+        "log": {"every": 5, "stream_every": 5, "shadow_every": 0, "val_every": 5, "val_sequences": 8},
+        "checkpoint": {"every": 5},
+    },
 }
 
 
@@ -32,18 +39,40 @@ TINY = {
 def test_a_hand_run_trains_the_rules_bits(run_snakemake, tmp_path, cpu_bf16):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(merge_config(read_config_file(DEFAULT_CONFIG), {**TINY, "cpu_bf16": cpu_bf16})))
-    result = run_snakemake(layout.summary_file(RUN), "--cores", "1", "--directory", tmp_path, "--configfile", config, timeout=600)
+    result = run_snakemake(
+        layout.summary_file(RUN), "--cores", "1", "--directory", tmp_path, "--configfile", config, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     kernels = "bf16 on fp32 kernels" if cpu_bf16 == "emulated" else "native bf16"
     assert f"parameters on cpu ({kernels})" in (tmp_path / "logs" / "train" / f"{RUN}.log").read_text()
 
     hand = tmp_path / "hand"
-    cmd = [sys.executable, "-m", "streamback", "train", "--config", str(config), "--run-name", RUN,
-           "--outdir", str(hand / "out"), "--checkpoints", str(hand / "ckpt"), "--tensorboard", str(hand / "tb")]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # no STREAMBACK_CPU_BF16, no OMP_NUM_THREADS: the config decides
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamback",
+        "train",
+        "--config",
+        str(config),
+        "--run-name",
+        RUN,
+        "--outdir",
+        str(hand / "out"),
+        "--checkpoints",
+        str(hand / "ckpt"),
+        "--tensorboard",
+        str(hand / "tb"),
+    ]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+    }  # no STREAMBACK_CPU_BF16, no OMP_NUM_THREADS: the config decides
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"parameters on cpu ({kernels})" in proc.stderr
-    rule, by_hand = read_model(tmp_path / layout.model_file(RUN)).state, read_model(hand / "out" / layout.MODEL_FILE).state
+    rule, by_hand = (
+        read_model(tmp_path / layout.model_file(RUN)).state,
+        read_model(hand / "out" / layout.MODEL_FILE).state,
+    )
     assert rule.keys() == by_hand.keys()
     assert all(torch.equal(rule[key], by_hand[key]) for key in rule)

@@ -1,4 +1,5 @@
-"""The end-to-end half of test_kernels.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
+"""The end-to-end half of test_kernels.py (commands run as processes, compiled or multi-process runs, Snakemake): the
+same subjects, at the pace of whole runs."""
 
 import torch
 

@@ -1,10 +1,13 @@
-"""The end-to-end half of test_model.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
+"""The end-to-end half of test_model.py (commands run as processes, compiled or multi-process runs, Snakemake): the same
+subjects, at the pace of whole runs."""
 
 import json
 
 import pytest
 import torch
-from test_model import COMPILED_STREAMS, STREAMS, assert_stream, process_group, tiny, tokens  # noqa: F401  (fixtures and helpers shared with the unit tests)
+
+# noqa: F401  (fixtures and helpers shared with the unit tests)
+from test_model import COMPILED_STREAMS, STREAMS, assert_stream, process_group, tiny, tokens
 
 from streamback.cli import main as cli_main
 from streamback.config import DEFAULT_CONFIG, load_config
@@ -47,9 +50,20 @@ def test_compiled_blocks_round_as_eager(stream, device):
     compounding through the layers (whole-model logits: CPU 21 vs 4,536 of 49,664; CUDA 134-249 vs
     4,336). Every output is on the stream's grid in its dtype, stochastic streams included."""
     if device.type == "cpu" and stream not in ("baseline", "fp32"):
-        pytest.skip("Inductor on the CPU: the paper's two blocks only (the dtype of every format: test_stream_dtype_compiled)")
-    args = ModelArgs(dim=106, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=97, multiple_of=32, max_seq_len=128,
-                     block="baseline" if stream == "baseline" else "streamback", stream="fp32" if stream == "baseline" else stream)
+        pytest.skip(
+            "Inductor on the CPU: the paper's two blocks only (the dtype of every format: test_stream_dtype_compiled)"
+        )
+    args = ModelArgs(
+        dim=106,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=1,
+        vocab_size=97,
+        multiple_of=32,
+        max_seq_len=128,
+        block="baseline" if stream == "baseline" else "streamback",
+        stream="fp32" if stream == "baseline" else stream,
+    )
     tok = torch.randint(0, 97, (4, 128), generator=torch.Generator().manual_seed(0)).to(device)
 
     def build():
@@ -82,7 +96,9 @@ def test_compiled_blocks_round_as_eager(stream, device):
         return  # draws differ by design; the grid and dtype were checked
     skipped = differing(lambda model: [layer.compile(backend="inductor") for layer in model.layers])
     torch._dynamo.reset()
-    assert emulated <= skipped / 10, f"{stream}: {emulated:.2e} of the elements differ, {skipped:.2e} with roundings skipped"
+    assert emulated <= skipped / 10, (
+        f"{stream}: {emulated:.2e} of the elements differ, {skipped:.2e} with roundings skipped"
+    )
 
 
 @pytest.mark.filterwarnings("error:FSDP2-wrapped module")
@@ -98,7 +114,9 @@ def test_fsdp_stream_dtype(process_group):
 
     from streamback.train.parallel import StreamDtypeWatch, apply_fsdp
 
-    backend = "inductor" if process_group.type == "cuda" else "aot_eager_decomp_partition"  # no codegen on the CPU: quick
+    backend = (
+        "inductor" if process_group.type == "cuda" else "aot_eager_decomp_partition"
+    )  # no codegen on the CPU: quick
     for stream in ("mxfp8", "nvfp4"):
         plain = Transformer(tiny(block="streamback", stream=stream))
         sharded = Transformer(plain.args)
@@ -109,7 +127,13 @@ def test_fsdp_stream_dtype(process_group):
             model(tok[:, :-1], targets=tok[:, 1:]).backward()
         for (name, p), q in zip(plain.named_parameters(), sharded.parameters(), strict=True):
             assert torch.equal(p.grad, q.grad.full_tensor()), (stream, name)
-    for stream, compiled in [("baseline", False), *((s, False) for s in STREAMS), ("baseline", True), ("fp32", True), ("mxfp8", True)]:
+    for stream, compiled in [
+        ("baseline", False),
+        *((s, False) for s in STREAMS),
+        ("baseline", True),
+        ("fp32", True),
+        ("mxfp8", True),
+    ]:
         args = tiny() if stream == "baseline" else tiny(block="streamback", stream=stream)
         model = Transformer(args)
         if compiled:
@@ -117,7 +141,9 @@ def test_fsdp_stream_dtype(process_group):
         apply_fsdp(model)
         watch = StreamDtypeWatch(model)
         tok = tokens(args, seq=17).to(process_group)
-        with model.capture(("residual",)) as seen:  # compiled: the training step's loss, its compiled head_loss under FSDP2
+        with model.capture(
+            ("residual",)
+        ) as seen:  # compiled: the training step's loss, its compiled head_loss under FSDP2
             (model(tok[:, :-1], targets=tok[:, 1:]) if compiled else model(tok[:, :-1]).sum()).backward()
         watch.check_and_remove()  # what the blocks receive, after FSDP2's hooks
         assert_stream(seen["residual"], model.stream_format, 2)
@@ -182,7 +208,9 @@ def test_bench_cpu(tmp_path, capsys):
 
     out = tmp_path / "bench.json"
     with compute.use("emulated"):
-        assert cli_main(["bench", "--shapes", "tiny-fat-short", "--steps", "2", "--warmup", "0", "--out", str(out)]) == 0
+        assert (
+            cli_main(["bench", "--shapes", "tiny-fat-short", "--steps", "2", "--warmup", "0", "--out", str(out)]) == 0
+        )
     printed = capsys.readouterr().out
     assert "bf16 compute on cpu: bf16 on fp32 kernels (cpu_bf16 emulated); its matmul" in printed
     assert "bf16 compute: bf16 on fp32 kernels)" in out.with_suffix(".md").read_text()
@@ -192,7 +220,11 @@ def test_bench_cpu(tmp_path, capsys):
     assert (result["batch"], result["seq_len"], result["vocab_size"], result["threads"]) == (2, 64, 2048, 1)
     assert "too few" in result["warnings"][0] and "Warning: 2 timed step(s)" in out.with_suffix(".md").read_text()
     rows = {r["variant"]: r for r in result["rows"]}
-    assert {r["mode"] for r in result["rows"]} == {"eager"} and set(rows) == {"baseline", "streamback", "streamback-reversible"}
+    assert {r["mode"] for r in result["rows"]} == {"eager"} and set(rows) == {
+        "baseline",
+        "streamback",
+        "streamback-reversible",
+    }
     assert all(r["median_noise"] is None for r in rows.values())  # no 95% interval of a median from 2 steps
     assert all(r["error"] is None and r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in rows.values())
     assert all(r["peak_mem_gib"] is None for r in rows.values())  # no GPU
@@ -204,6 +236,9 @@ def test_bench_cpu(tmp_path, capsys):
     saved = {k: r["saved_activation_bytes"] for k, r in rows.items()}
     assert saved["streamback"] - saved["streamback-reversible"] == 2 * 2 * 128 * 128 * (4 - 2) + 128 * 128 * 2
     assert "| tiny-fat-short | streamback-reversible | eager |" in out.with_suffix(".md").read_text()
-    # the live signals' cost at the config's stream_every: measured, and counted (bytes well above FLOPs: elementwise work)
-    assert result["stream_every"] == load_config(DEFAULT_CONFIG)["train"]["log"]["stream_every"] and all(r["signals_step_s"] > 0 for r in rows.values())
+    # the live signals' cost at the config's stream_every: measured, and counted (bytes well above FLOPs:
+    # elementwise work)
+    assert result["stream_every"] == load_config(DEFAULT_CONFIG)["train"]["log"]["stream_every"] and all(
+        r["signals_step_s"] > 0 for r in rows.values()
+    )
     assert all(0 < r["signals_flops_share"] < r["signals_bytes_share"] < 0.1 for r in rows.values())

@@ -36,8 +36,9 @@ def _h200():
     summary = (MEASURED / "gpu_checks_summary.md").read_text()
     (rate,) = re.findall(r"^bf16 matmul ([\d.]+) TFLOP/s", summary, re.MULTILINE)
     tokens, mfu = {}, {}
-    for shape, block, tps, share in re.findall(r"^\| ([\w-]+) \| compiled \| (baseline|streamback) \| ([\d,]+) \| [\d.]+ \| ([\d.]+) \|",
-                                               summary, re.MULTILINE):
+    for shape, block, tps, share in re.findall(
+        r"^\| ([\w-]+) \| compiled \| (baseline|streamback) \| ([\d,]+) \| [\d.]+ \| ([\d.]+) \|", summary, re.MULTILINE
+    ):
         tokens.setdefault(shape, [None, None])[BLOCKS.index(block)] = int(_number(tps))
         mfu.setdefault(shape, [None, None])[BLOCKS.index(block)] = _number(share)
     profile = (MEASURED / "kernel_profile.md").read_text()
@@ -50,9 +51,14 @@ def _h200():
         base, other = map(_number, row)
         matmul[head[1]] = (base, other if head[2] == "streamback" else base)
     assert set(tokens) == set(mfu) == set(matmul) == {"skinny-tall", "medium", "fat-short"}, (tokens, matmul)
-    return {"matmul_tflops": _number(rate), "micro_batch": 4, "seq_len": 2048,
-            "tokens_per_s": {k: tuple(v) for k, v in tokens.items()}, "mfu_percent": {k: tuple(v) for k, v in mfu.items()},
-            "matmul_ms": matmul}
+    return {
+        "matmul_tflops": _number(rate),
+        "micro_batch": 4,
+        "seq_len": 2048,
+        "tokens_per_s": {k: tuple(v) for k, v in tokens.items()},
+        "mfu_percent": {k: tuple(v) for k, v in mfu.items()},
+        "matmul_ms": matmul,
+    }
 
 
 H200 = _h200()
@@ -101,10 +107,19 @@ def cost(tier):
             # kernel profile: matmul time scales with the matmul FLOPs of a micro-batch, the rest stays
             step_s, matmul_s = measured_tokens / measured, H200["matmul_ms"][paper][i] / 1e3
             micro_tokens = train["micro_batch_size"] * seq_len
-            matmul_ratio = micro_tokens * count_params(mt, exclude_embeddings=True) / (measured_tokens * count_params(mp, exclude_embeddings=True))
+            matmul_ratio = (
+                micro_tokens
+                * count_params(mt, exclude_embeddings=True)
+                / (measured_tokens * count_params(mp, exclude_embeddings=True))
+            )
             kernel_speed = micro_tokens / (matmul_s * matmul_ratio + step_s - matmul_s)
-            row[block] = {"measured": measured, "mfu": mfu, "speed": speed,
-                          "hours": tokens / (TRAIN_SHARE * speed) / 3600, "kernel_hours": tokens / (TRAIN_SHARE * kernel_speed) / 3600}
+            row[block] = {
+                "measured": measured,
+                "mfu": mfu,
+                "speed": speed,
+                "hours": tokens / (TRAIN_SHARE * speed) / 3600,
+                "kernel_hours": tokens / (TRAIN_SHARE * kernel_speed) / 3600,
+            }
         out[shape] = row
     return out
 
@@ -113,8 +128,14 @@ def test_the_tier_keeps_the_paper_s_depths_and_parameter_ratios(tier):
     paper = load_config(ROOT / "config" / "paper.yaml")["model"]
     for shape in tier["train"]["runs"]["shapes"]:
         s, p = tier["model"]["shapes"][shape], paper["shapes"][_paper_shape(shape)]
-        assert s["n_layers"] == p["n_layers"] and 2 * s["dim"] == p["dim"] and s["dim"] // s["n_heads"] == p["dim"] // p["n_heads"]
-        blocks = lambda cfg, name: count_params(_model(cfg, name), exclude_embeddings=True) - VOCAB * cfg["shapes"][name]["dim"]
+        assert (
+            s["n_layers"] == p["n_layers"]
+            and 2 * s["dim"] == p["dim"]
+            and s["dim"] // s["n_heads"] == p["dim"] // p["n_heads"]
+        )
+        blocks = lambda cfg, name: (
+            count_params(_model(cfg, name), exclude_embeddings=True) - VOCAB * cfg["shapes"][name]["dim"]
+        )
         assert blocks(tier["model"], shape) / blocks(paper, _paper_shape(shape)) == pytest.approx(0.25, rel=0.01)
 
 
@@ -132,20 +153,35 @@ def test_the_measured_figures_are_read_whole():
     """The parse of the shipped summaries, against a few of their numbers read by eye."""
     assert H200["matmul_tflops"] == 787.2
     assert H200["tokens_per_s"]["medium"] == (48763, 47054) and H200["mfu_percent"]["fat-short"] == (68.7, 64.8)
-    assert H200["matmul_ms"] == {"medium": (117.95, 118.45), "skinny-tall": (104.32, 104.32), "fat-short": (90.63, 90.10)}
+    assert H200["matmul_ms"] == {
+        "medium": (117.95, 118.45),
+        "skinny-tall": (104.32, 104.32),
+        "fat-short": (90.63, 90.10),
+    }
 
 
 def test_the_cost_arithmetic_follows_from_the_measured_h200_figures(tier, cost):
     """docs/costs.md's table, number by number, its totals, and the README's tier cell."""
     text = " ".join(COSTS.split())
     train = tier["train"]
-    assert f"{train_steps(train):,} steps x {train['batch_size'] * train['seq_len']:,} tokens / (0.9 x tokens/s)" in text
+    assert (
+        f"{train_steps(train):,} steps x {train['batch_size'] * train['seq_len']:,} tokens / (0.9 x tokens/s)" in text
+    )
     per_seed = kernel_per_seed = 0.0
     for shape, row in cost.items():
         b, s = row["baseline"], row["streamback"]
-        expected = [f"{row['flops'][0] / 1e9:.3f}G", f"{row['flops'][1] / 1e9:.3f}G", f"{b['measured']:,}", f"{s['measured']:,}",
-                    f"{100 * b['mfu']:.1f}", f"{100 * s['mfu']:.1f}", f"{b['speed']:,.0f}", f"{s['speed']:,.0f}",
-                    f"{b['hours']:.2f}", f"{s['hours']:.2f}"]
+        expected = [
+            f"{row['flops'][0] / 1e9:.3f}G",
+            f"{row['flops'][1] / 1e9:.3f}G",
+            f"{b['measured']:,}",
+            f"{s['measured']:,}",
+            f"{100 * b['mfu']:.1f}",
+            f"{100 * s['mfu']:.1f}",
+            f"{b['speed']:,.0f}",
+            f"{s['speed']:,.0f}",
+            f"{b['hours']:.2f}",
+            f"{s['hours']:.2f}",
+        ]
         assert _costs_row(_paper_shape(shape)) == expected, shape
         for i, block in enumerate(BLOCKS):
             # the FLOP count is the one the measurement's MFU column used (each row divides by its own matmul rate)
@@ -156,7 +192,10 @@ def test_the_cost_arithmetic_follows_from_the_measured_h200_figures(tier, cost):
     seeds = len(train["runs"].get("seeds") or [train["seed"]])
     assert seeds == 3
     per_seed, kernel_per_seed = per_seed / seeds, kernel_per_seed / seeds
-    assert f"{per_seed:.1f} H200-hours a seed for the six runs; three seeds (18 runs): {3 * per_seed:.1f} H200-hours" in text
+    assert (
+        f"{per_seed:.1f} H200-hours a seed for the six runs; three seeds (18 runs): {3 * per_seed:.1f} H200-hours"
+        in text
+    )
     assert f"{kernel_per_seed:.1f} H200-hours a seed ({3 * kernel_per_seed:.1f} for three seeds)" in text
     (cell,) = [line for line in README.splitlines() if line.startswith("| one-gpu, ")]
     (about,) = re.findall(r"about ([\d,]+) H200-hours", cell)
@@ -168,8 +207,10 @@ def test_the_paper_tier_s_cost_follows_from_the_measured_h200_figures():
     total in the README's tiers table."""
     train = load_config(ROOT / "config" / "paper.yaml")["train"]
     text = " ".join(COSTS.split())
-    hours = {shape: [train["tokens"] / (TRAIN_SHARE * speed) / 3600 for speed in H200["tokens_per_s"][shape]]
-             for shape in train["runs"]["shapes"]}
+    hours = {
+        shape: [train["tokens"] / (TRAIN_SHARE * speed) / 3600 for speed in H200["tokens_per_s"][shape]]
+        for shape in train["runs"]["shapes"]
+    }
     for shape, (base, other) in hours.items():
         assert f"{shape} {base:.0f} / {other:.0f}" in text, shape
     total = sum(sum(pair) for pair in hours.values())
@@ -182,14 +223,20 @@ def test_the_recipe_follows_the_paper_s_rules(tier):
     """lr x width, batch in tokens and the warmup and decay shares of the run are the paper's."""
     paper, train = load_config(ROOT / "config" / "paper.yaml")["train"], tier["train"]
     paper_model = load_config(ROOT / "config" / "paper.yaml")["model"]
-    widths = [tier["model"]["shapes"][s]["dim"] / paper_model["shapes"][_paper_shape(s)]["dim"] for s in train["runs"]["shapes"]]
+    widths = [
+        tier["model"]["shapes"][s]["dim"] / paper_model["shapes"][_paper_shape(s)]["dim"]
+        for s in train["runs"]["shapes"]
+    ]
     assert set(widths) == {0.5} and train["optimizer"]["lr"] == paper["optimizer"]["lr"] / 0.5
     assert train["batch_size"] * train["seq_len"] == paper["batch_size"] * paper["seq_len"]
     for key in ("warmup_steps", "decay_steps"):
         share = paper["schedule"][key] / train_steps(paper)
         assert train["schedule"][key] == round(share * train_steps(train))
     assert train["schedule"]["warmup_steps"] >= 2 / (1 - train["optimizer"]["betas"][1])
-    assert tier["data"]["hub"]["dataset"] == "HuggingFaceFW/fineweb" and tier["data"]["tokenizer"]["name"] == "meta-llama/Meta-Llama-3-8B"
+    assert (
+        tier["data"]["hub"]["dataset"] == "HuggingFaceFW/fineweb"
+        and tier["data"]["tokenizer"]["name"] == "meta-llama/Meta-Llama-3-8B"
+    )
 
 
 @pytest.mark.parametrize("profile", [[], ["--profile", "slurm"]], ids=["local", "slurm"])
@@ -200,7 +247,9 @@ def test_the_tier_dry_runs(run_snakemake, tmp_path, profile):
     runs = len(run_matrix(load_config(CONFIG)["train"]))  # 6 a seed
     assert re.search(rf"^train\s+{runs}$", out, re.MULTILINE) and re.search(rf"^evaluate\s+{runs}$", out, re.MULTILINE)
     assert "--nproc-per-node 1 --standalone -m streamback train" in out
-    assert re.search(r"resources: .*runtime=600, nodes=1, gpu=1, cpus_per_gpu=8", out) and re.search(r"resources: .*mem_mb=64000", out)
+    assert re.search(r"resources: .*runtime=600, nodes=1, gpu=1, cpus_per_gpu=8", out) and re.search(
+        r"resources: .*mem_mb=64000", out
+    )
 
 
 @pytest.mark.slow

@@ -14,9 +14,13 @@ from conftest import ROOT
 
 TINY = {
     "data": {"synthetic": {"documents": 2000, "files": 1}},
-    "train": {"tokens": 15360, "runs": {"shapes": ["tiny-fat-short"], "streams": [], "seeds": [0, 1]},
-              "schedule": {"warmup_steps": 5, "decay_steps": 10}, "checkpoint": {"every": 10},
-              "log": {"every": 10, "stream_every": 10, "val_every": 10, "val_sequences": 16}},
+    "train": {
+        "tokens": 15360,
+        "runs": {"shapes": ["tiny-fat-short"], "streams": [], "seeds": [0, 1]},
+        "schedule": {"warmup_steps": 5, "decay_steps": 10},
+        "checkpoint": {"every": 10},
+        "log": {"every": 10, "stream_every": 10, "val_every": 10, "val_sequences": 16},
+    },
     "analysis": {"public_models": {"tiny-skinny-tall-baseline-hf": None}},  # its run is not in this matrix
 }
 
@@ -58,7 +62,9 @@ def test_snakemake_preflight_runs_the_preflights_alone_and_reruns_them_on_a_chan
     args = ("--cores", "2", "--directory", tmp_path, "--configfile", tmp_path / "tiny.yaml")
     result = run_snakemake("preflight", *args)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", result.stderr).count("preflight_run") == 2  # two arms, two seeds each
+    assert (
+        re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", result.stderr).count("preflight_run") == 2
+    )  # two arms, two seeds each
     assert not (tmp_path / "results" / "runs").exists()  # nothing trained
     table = (tmp_path / layout.table(layout.PREFLIGHT_TABLE)).read_text()
     assert "tiny-fat-short-baseline" in table and "FAIL" not in table

@@ -15,13 +15,24 @@ from conftest import ROOT, SMALL
 
 @pytest.mark.slow
 def test_the_default_study_analyses_its_own_exported_run(run_snakemake, tmp_path):
-    small = {**SMALL, "train": {**SMALL["train"], "runs": {"seeds": [0]}}, "analysis": {"public_sequences": 3, "public_seq_len": 64}}
+    small = {
+        **SMALL,
+        "train": {**SMALL["train"], "runs": {"seeds": [0]}},
+        "analysis": {"public_sequences": 3, "public_seq_len": 64},
+    }
     (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
     targets = [layout.table(name) for name in layout.ANALYSIS_TABLES["public"]]
     common = ("--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", tmp_path / "small.yaml")
     planned = run_snakemake(*targets, "-n", *common)
     assert planned.returncode == 0, planned.stderr[-3000:]
-    assert sorted(set(re.findall(r"^rule (\w+):", planned.stdout, flags=re.M))) == ["analyze_public", "corpus", "export_hf", "preflight_run", "tokenize", "train"]
+    assert sorted(set(re.findall(r"^rule (\w+):", planned.stdout, flags=re.M))) == [
+        "analyze_public",
+        "corpus",
+        "export_hf",
+        "preflight_run",
+        "tokenize",
+        "train",
+    ]
     result = run_snakemake(*targets, "--cores", "2", *common, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     hf = tmp_path / layout.hf_dir("tiny-skinny-tall-baseline")
@@ -38,8 +49,12 @@ def test_the_default_study_analyses_its_own_exported_run(run_snakemake, tmp_path
 
 def test_a_public_model_set_to_null_plans_no_public_job(run_snakemake, tmp_path):
     """A config merged over the default drops its model by naming it null (a merge never removes a key)."""
-    (tmp_path / "none.yaml").write_text(yaml.safe_dump({"analysis": {"public_models": {"tiny-skinny-tall-baseline-hf": None}}}))
-    planned = run_snakemake("-n", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", tmp_path / "none.yaml")
+    (tmp_path / "none.yaml").write_text(
+        yaml.safe_dump({"analysis": {"public_models": {"tiny-skinny-tall-baseline-hf": None}}})
+    )
+    planned = run_snakemake(
+        "-n", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", tmp_path / "none.yaml"
+    )
     assert planned.returncode == 0, planned.stderr[-3000:]
     jobs = set(re.findall(r"^rule (\w+):", planned.stdout, flags=re.M))
     assert "train" in jobs and not jobs & {"analyze_public", "export_hf"}

@@ -1,8 +1,11 @@
-"""The end-to-end half of test_reversible.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
+"""The end-to-end half of test_reversible.py (commands run as processes, compiled or multi-process runs, Snakemake): the
+same subjects, at the pace of whole runs."""
 
 import pytest
 import torch
-from test_reversible import LAYERS, N, assert_grads_close, batch, loss, pair  # noqa: F401  (fixtures and helpers shared with the unit tests)
+
+# noqa: F401  (fixtures and helpers shared with the unit tests)
+from test_reversible import LAYERS, N, assert_grads_close, batch, loss, pair
 
 from streamback.train.parallel import apply_compile
 

@@ -45,25 +45,58 @@ def test_requeued_training_job_resumes_bit_identical(run_snakemake, tmp_path):
     from streamback.model.weights import read_model
 
     run = "tiny-fat-short-streamback"
-    small = {"data": {"synthetic": {"documents": 3000, "files": 1}},
-             "train": {"runs": {"shapes": ["tiny-fat-short"], "blocks": ["streamback"], "streams": []},
-                       "tokens": 100 * 4 * 128, "checkpoint": {"every": 10, "keep": 2}, "schedule": {"warmup_steps": 10, "decay_steps": 50}}}
+    small = {
+        "data": {"synthetic": {"documents": 3000, "files": 1}},
+        "train": {
+            "runs": {"shapes": ["tiny-fat-short"], "blocks": ["streamback"], "streams": []},
+            "tokens": 100 * 4 * 128,
+            "checkpoint": {"every": 10, "keep": 2},
+            "schedule": {"warmup_steps": 10, "decay_steps": 50},
+        },
+    }
     (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
-    tokens = run_snakemake(layout.tokens_dir({"corpus": "synthetic"}) / "manifest.json", "--cores", "2",
-                           "--directory", tmp_path, "--configfile", tmp_path / "small.yaml")  # here: Slurm is for the train job
+    tokens = run_snakemake(
+        layout.tokens_dir({"corpus": "synthetic"}) / "manifest.json",
+        "--cores",
+        "2",
+        "--directory",
+        tmp_path,
+        "--configfile",
+        tmp_path / "small.yaml",
+    )  # here: Slurm is for the train job
     assert tokens.returncode == 0, tokens.stderr[-3000:]
     start_slurm()
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), str(layout.summary_file(run)), "--profile", "slurm", *SLURM_SITE,
-           "--directory", str(tmp_path), "--configfile", str(tmp_path / "small.yaml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(ROOT / "Snakefile"),
+        str(layout.summary_file(run)),
+        "--profile",
+        "slurm",
+        *SLURM_SITE,
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(tmp_path / "small.yaml"),
+    ]
     workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        checkpoints = tmp_path / layout.checkpoint_dir(run)  # the recipe's live metrics, once the trainer made its directory
+        checkpoints = tmp_path / layout.checkpoint_dir(
+            run
+        )  # the recipe's live metrics, once the trainer made its directory
         deadline = time.monotonic() + 400
-        while not any(len(p.read_text().splitlines()) >= 15 for d in layout.recipe_dirs(checkpoints)  # well into the run, past a checkpoint
-                      if (p := d / layout.METRICS_FILE).exists()):
+        while not any(
+            len(p.read_text().splitlines()) >= 15
+            for d in layout.recipe_dirs(checkpoints)  # well into the run, past a checkpoint
+            if (p := d / layout.METRICS_FILE).exists()
+        ):
             assert workflow.poll() is None and time.monotonic() < deadline, "the train job did not start"
             time.sleep(0.5)
-        (job,) = [jid for jid, workdir in _squeue("%i", "%Z") if workdir == str(tmp_path)]  # this workflow's only job now
+        (job,) = [
+            jid for jid, workdir in _squeue("%i", "%Z") if workdir == str(tmp_path)
+        ]  # this workflow's only job now
         subprocess.run(["scontrol", "requeue", job], check=True)
         while not any(state == "PENDING" for jid, state in _squeue("%i", "%T") if jid == job):
             time.sleep(0.5)
@@ -92,8 +125,21 @@ def test_requeued_training_job_resumes_bit_identical(run_snakemake, tmp_path):
 
     torch.set_num_threads(1)
     with compute.use(config["cpu_bf16"]):  # the kernels the workflow's jobs ran on (STREAMBACK_CPU_BF16)
-        assert train(config["train"], config["model"], run, tmp_path / layout.tokens_dir(config["data"]), tmp_path / "whole", tmp_path / "whole-ckpt") == 0
-    resumed, whole = read_model(tmp_path / layout.model_file(run)).state, read_model(tmp_path / "whole" / layout.MODEL_FILE).state
+        assert (
+            train(
+                config["train"],
+                config["model"],
+                run,
+                tmp_path / layout.tokens_dir(config["data"]),
+                tmp_path / "whole",
+                tmp_path / "whole-ckpt",
+            )
+            == 0
+        )
+    resumed, whole = (
+        read_model(tmp_path / layout.model_file(run)).state,
+        read_model(tmp_path / "whole" / layout.MODEL_FILE).state,
+    )
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
 
 
@@ -106,8 +152,18 @@ def test_the_whole_default_study_runs_through_slurm(study):
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", study.output)
     assert len(set(submitted)) == steps - 1, (len(submitted), steps)  # every job but `all`, which has nothing to run
     rules = set(re.findall(r"^(?:local)?rule (\w+):", study.output, re.MULTILINE))
-    assert {"corpus", "tokenize", "train", "evaluate", "benchmark_table", "analyze_layer_error", "analyze_loss_difference",
-            "drift", "training_curves", "study_report"} <= rules
+    assert {
+        "corpus",
+        "tokenize",
+        "train",
+        "evaluate",
+        "benchmark_table",
+        "analyze_layer_error",
+        "analyze_loss_difference",
+        "drift",
+        "training_curves",
+        "study_report",
+    } <= rules
     assert (study.root / layout.STUDY_PAGE).stat().st_size > 100_000
     assert len(list((study.root / "logs" / "slurm").rglob("*.log"))) == len(set(submitted))
 
@@ -126,13 +182,30 @@ def _micro_workdir(tokens, root, **resources):
     shutil.copy(tokens.parent / "part.parquet", root / "part.parquet")
     shutil.copytree(tokens, root / "tokens", copy_function=shutil.copy)
     config = {
-        "data": {"source": "local", "local": {"files": [str(root / "part.parquet")]}, "dir": str(root / "tokens"),
-                 "tokenizer": {"vocab_size": 300}, "val_fraction": 0.1, "shard_tokens": 20000, "processes": 1},  # as conftest's tokens
-        "model": {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64},
-        "train": {"runs": {"shapes": ["micro"], "blocks": ["streamback"], "streams": []}, "tokens": MICRO_STEPS * 8 * 32, "seq_len": 32,
-                  "batch_size": 8, "micro_batch_size": 4, "schedule": {"warmup_steps": 4, "decay_steps": 8},
-                  "checkpoint": {"every": 5, "keep": 10}, "log": {"every": 10, "stream_every": 10, "val_every": 20, "val_sequences": 16},
-                  "resources": {"threads": 1, "mem_mb": 1000, "runtime": 20, **resources}},
+        "data": {
+            "source": "local",
+            "local": {"files": [str(root / "part.parquet")]},
+            "dir": str(root / "tokens"),
+            "tokenizer": {"vocab_size": 300},
+            "val_fraction": 0.1,
+            "shard_tokens": 20000,
+            "processes": 1,
+        },  # as conftest's tokens
+        "model": {
+            "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
+            "max_seq_len": 64,
+        },
+        "train": {
+            "runs": {"shapes": ["micro"], "blocks": ["streamback"], "streams": []},
+            "tokens": MICRO_STEPS * 8 * 32,
+            "seq_len": 32,
+            "batch_size": 8,
+            "micro_batch_size": 4,
+            "schedule": {"warmup_steps": 4, "decay_steps": 8},
+            "checkpoint": {"every": 5, "keep": 10},
+            "log": {"every": 10, "stream_every": 10, "val_every": 20, "val_sequences": 16},
+            "resources": {"threads": 1, "mem_mb": 1000, "runtime": 20, **resources},
+        },
     }
     (root / "micro.yaml").write_text(yaml.safe_dump(config))
     return root
@@ -148,8 +221,19 @@ def _snakemake(root, partition=None):
     # the train job and its preflight, which runs on the same resources, in `partition`
     resources = [f"{rule}:slurm_partition={partition}" for rule in ("preflight_run", "train")]
     how = ["--profile", "slurm", *SLURM_SITE, "--set-resources", *resources] if partition else ["--cores", "2"]
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), str(layout.summary_file(MICRO_RUN)), *how,
-           "--directory", str(root), "--configfile", str(root / "micro.yaml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(ROOT / "Snakefile"),
+        str(layout.summary_file(MICRO_RUN)),
+        *how,
+        "--directory",
+        str(root),
+        "--configfile",
+        str(root / "micro.yaml"),
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -204,25 +288,36 @@ def test_a_run_on_two_nodes_matches_one_node_and_resumes_across_them_and_after_a
     try:
         checkpoints = two / layout.checkpoint_dir(MICRO_RUN)
         deadline = time.monotonic() + 600  # its preflight job on the two nodes runs first
-        while not any(len(p.read_text().splitlines()) >= 15 for d in layout.recipe_dirs(checkpoints)
-                      if (p := d / layout.METRICS_FILE).exists()):
+        while not any(
+            len(p.read_text().splitlines()) >= 15
+            for d in layout.recipe_dirs(checkpoints)
+            if (p := d / layout.METRICS_FILE).exists()
+        ):
             assert workflow.poll() is None, workflow.communicate()[0][-3000:]
             assert time.monotonic() < deadline, "the 2-node train job did not get going"
             time.sleep(0.5)
         (job,) = [jid for jid, workdir in _squeue("%i", "%Z") if workdir == str(two)]
-        steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i|%N"], capture_output=True, text=True, check=True).stdout
+        steps = subprocess.run(
+            ["squeue", "-h", "-s", "-j", job, "-o", "%i|%N"], capture_output=True, text=True, check=True
+        ).stdout
         assert f"{job}.0|node[1-2]" in steps.split(), steps  # the torchruns' step, one task on each node
         subprocess.run(["scontrol", "requeue", job], check=True)
         while not any(state == "PENDING" for jid, state in _squeue("%i", "%T") if jid == job):
             time.sleep(0.5)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)  # Slurm would hold it ~2 min
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True
+        )  # Slurm would hold it ~2 min
     except BaseException:
         workflow.kill()
         raise
     log = _finish(workflow, two)
     assert log.count(f"Slurm job {job}") == 2 and "SIGTERM received: saved the checkpoint of step" in log
     stopped = int(log.split("saved the checkpoint of step ")[1].split(";")[0])
-    assert 10 < stopped < MICRO_STEPS and f"resuming from step {stopped}:" in log and "2 process(es) x 1 micro-batches" in log
+    assert (
+        10 < stopped < MICRO_STEPS
+        and f"resuming from step {stopped}:" in log
+        and "2 process(es) x 1 micro-batches" in log
+    )
     assert _same_weights(_weights(two), reference)
 
     # a checkpoint the 2-node job wrote before it was requeued, resumed on one node (the default
@@ -233,11 +328,17 @@ def test_a_run_on_two_nodes_matches_one_node_and_resumes_across_them_and_after_a
     workflows = {across: _snakemake(across, "multinode"), back: _snakemake(back, "debug")}
     try:
         for root, nodes in ((back, "1"), (across, "2")):
-            attempt = _finish(workflows[root], root).split("=== attempt started")[-1]  # the log came with the checkpoints
+            attempt = _finish(workflows[root], root).split("=== attempt started")[
+                -1
+            ]  # the log came with the checkpoints
             assert "resuming from step 10:" in attempt and "2 process(es)" in attempt
             job = re.search(r"Slurm job (\d+)", attempt).group(1)
-            allocation = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, check=True).stdout
-            assert f" NumNodes={nodes} " in allocation and " NumCPUs=2 " in allocation, allocation  # threads x processes per node
+            allocation = subprocess.run(
+                ["scontrol", "-o", "show", "job", job], capture_output=True, text=True, check=True
+            ).stdout
+            assert f" NumNodes={nodes} " in allocation and " NumCPUs=2 " in allocation, (
+                allocation
+            )  # threads x processes per node
             assert _same_weights(_weights(root), reference), root.name
     finally:
         for workflow in workflows.values():

@@ -19,8 +19,21 @@ from streamback.train.metrics import read_metrics
 
 from conftest import ROOT
 
-SECTIONS = ["The answer", "What was run", "Before training: the preflights", "Benchmarks", "Loss difference", "Training seeds", "Residual envelope", "Precision error by layer",
-            "Swallowed updates", "Public models: the paper&#x27;s first evidence", "Training curves", "The drift of a long bf16 sum", "Speed and memory"]
+SECTIONS = [
+    "The answer",
+    "What was run",
+    "Before training: the preflights",
+    "Benchmarks",
+    "Loss difference",
+    "Training seeds",
+    "Residual envelope",
+    "Precision error by layer",
+    "Swallowed updates",
+    "Public models: the paper&#x27;s first evidence",
+    "Training curves",
+    "The drift of a long bf16 sum",
+    "Speed and memory",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,50 +50,91 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     assert "config/config.yaml" in page and "small.yaml" in page and "Code: commit" in page and "torch " in page
     assert page.count("<script") == 1 + page.count('vegaEmbed("#chart')  # the bundle, then one script per chart
     assert "https://" not in text  # no link out
-    assert text.count('class="missing"') == 1 and "No speed or memory figures yet" in text  # no GPU figures: named, not dropped
+    assert (
+        text.count('class="missing"') == 1 and "No speed or memory figures yet" in text
+    )  # no GPU figures: named, not dropped
     # the answer is the tables' numbers, over the seeds first
     loss = pd.read_csv(study / layout.table("loss_difference"))
     row = loss[(loss.split == "val") & (loss.comparison == "streamback") & (loss.seed == "all")].iloc[0]
     assert row.seeds == 2
-    assert (f"On {row['shape']}, over 2 training seeds, StreamBack&#x27;s final validation loss is {abs(row.final_difference):.4f} nats "
-            f"{'lower' if row.final_difference > 0 else 'higher'} than the baseline&#x27;s on average (95% t interval over seeds "
-            f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to {row.boot_high:+.4f}") in text
+    assert (
+        f"On {row['shape']}, over 2 training seeds, StreamBack&#x27;s final validation loss is "
+        f"{abs(row.final_difference):.4f} nats "
+        f"{'lower' if row.final_difference > 0 else 'higher'} than the baseline&#x27;s on average (95% t interval over "
+        f"seeds "
+        f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to "
+        f"{row.boot_high:+.4f}"
+    ) in text
     assert "each trained with 2 training seeds (0, 1" in text
     pairs = pd.read_csv(study / layout.table("benchmark_pairs"))
     over = pairs[pairs.seed == "all"]
-    assert "Over 2 training seeds, " in text and f"of {len(over)} benchmark comparisons of a run against its shape&#x27;s baseline" in text
+    assert (
+        "Over 2 training seeds, " in text
+        and f"of {len(over)} benchmark comparisons of a run against its shape&#x27;s baseline" in text
+    )
     assert f"Within single seeds, of {len(pairs) - len(over)} benchmark comparisons" in text
     assert text.index("Over 2 training seeds, ") < text.index("Within single seeds, of ")  # across seeds first
     # the answer drawn first: the forest plot, then the verdict table, then the sentences; the inventory below
-    assert text.index('id="chart') < text.index("<h3>Verdicts over the training seeds</h3>") < text.index("On ") < text.index("<h2>What was run</h2>")
-    assert (f"this tier resolves |Δ| ≥ {row.mde:.4f} nats; the paper&#x27;s band of ±0.001 nats would take "
-            + ("more than 100,000 seeds" if pd.isna(row.seeds_for_band) else f"{int(row.seeds_for_band):,} seeds") + " at this spread") in text
+    assert (
+        text.index('id="chart')
+        < text.index("<h3>Verdicts over the training seeds</h3>")
+        < text.index("On ")
+        < text.index("<h2>What was run</h2>")
+    )
+    assert (
+        f"this tier resolves |Δ| ≥ {row.mde:.4f} nats; the paper&#x27;s band of ±0.001 nats would take "
+        + ("more than 100,000 seeds" if pd.isna(row.seeds_for_band) else f"{int(row.seeds_for_band):,} seeds")
+        + " at this spread"
+    ) in text
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
         assert run in text
-    # every run logged its live signals (the stream every 10 of SMALL's 30 steps) and its TensorBoard events; the page shows
+    # every run logged its live signals (the stream every 10 of SMALL's 30 steps) and its TensorBoard events; the
+    # page shows
     # them and the warnings: the MXFP8 stream's grid step at the stream's max passes its typical update at once
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
-        assert [r["step"] for r in read_metrics(study / layout.metrics_file(run)) if "swallowed_fraction" in r] == [10, 20, 30], run
+        assert [r["step"] for r in read_metrics(study / layout.metrics_file(run)) if "swallowed_fraction" in r] == [
+            10,
+            20,
+            30,
+        ], run
         assert list((study / layout.tensorboard_dir(run)).glob("recipe-*/events.out.tfevents.*")), run
-    assert "<h3>Live precision signals</h3>" in text and "<h3>Warnings</h3>" in text and "<h3>Full-precision shadow</h3>" in text
+    assert (
+        "<h3>Live precision signals</h3>" in text
+        and "<h3>Warnings</h3>" in text
+        and "<h3>Full-precision shadow</h3>" in text
+    )
     assert re.search(r"tiny-medium-streamback-mxfp8</td>\s*<td>10</td>\s*<td>spacing", text)
     variance = pd.read_csv(study / layout.table(layout.SEED_TABLE))
-    assert (variance[variance.block == "baseline"].seeds == 2).all() and (variance[variance.stream == "nvfp4"].seeds == 1).all()
-    assert "Each run arm&#x27;s final losses and benchmark scores over its training seeds" in text  # the seeds section's caption
+    assert (variance[variance.block == "baseline"].seeds == 2).all() and (
+        variance[variance.stream == "nvfp4"].seeds == 1
+    ).all()
+    assert (
+        "Each run arm&#x27;s final losses and benchmark scores over its training seeds" in text
+    )  # the seeds section's caption
     snr = pd.read_csv(study / layout.table(layout.TASK_SNR_TABLE))
-    assert "<h3>Which tasks can rank these models</h3>" in text and set(snr.task) <= set(pairs.task) | {"streamback_perplexity"}
-    assert "Over the 6 run arms, with each arm&#x27;s noise from its training seeds" in text  # the benchmark answer leads with them
+    assert "<h3>Which tasks can rank these models</h3>" in text and set(snr.task) <= set(pairs.task) | {
+        "streamback_perplexity"
+    }
+    assert (
+        "Over the 6 run arms, with each arm&#x27;s noise from its training seeds" in text
+    )  # the benchmark answer leads with them
 
 
 @pytest.mark.slow
 def test_every_log_is_plain_lines_with_the_progress_of_long_stages(study):
     """In a log file no progress bar (no carriage return: lm-eval's and datasets' tqdm are off),
     and the long stages say how far they are, how fast and how long is left."""
-    logs = {path.relative_to(study / "logs").as_posix(): path.read_bytes().decode() for path in (study / "logs").rglob("*.log")}
+    logs = {
+        path.relative_to(study / "logs").as_posix(): path.read_bytes().decode()
+        for path in (study / "logs").rglob("*.log")
+    }
     assert not [name for name, text in logs.items() if "\r" in text]  # read as bytes: text mode turns \r into \n
     assert re.search(r"tokenize: done: .* tokens, [\d,.]+ tokens/s", logs["tokenize/synthetic.log"])
-    for name, unit in [("train/tiny-medium-streamback.log", "step"), ("analysis/layer-error.log", "pass"),
-                       ("analysis/loss-difference.log", "model")]:
+    for name, unit in [
+        ("train/tiny-medium-streamback.log", "step"),
+        ("analysis/layer-error.log", "pass"),
+        ("analysis/loss-difference.log", "model"),
+    ]:
         assert re.search(rf"\d+/\d+ {unit}, [\d,.]+ {unit}/s, \d+m\d\ds left", logs[name]), name
 
 
@@ -99,8 +153,14 @@ def test_a_stage_that_has_not_run_is_named(study, tmp_path):
     (copy / layout.table("swallowed")).unlink()
     shutil.rmtree(copy / layout.DRIFT_DIR)
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    proc = subprocess.run([sys.executable, "-m", "streamback", "study-report", "--config-json", json.dumps(config)], cwd=copy,
-                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamback", "study-report", "--config-json", json.dumps(config)],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     page = (copy / layout.STUDY_PAGE).read_text()
     assert "Analysis swallowed: not run yet (rule analyze_swallowed; missing results/tables/swallowed.csv)" in page
@@ -119,21 +179,34 @@ def test_the_page_renders_offline_in_chromium(study):
     page_file = study / layout.STUDY_PAGE
     errors, outside = [], []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=shutil.which("chromium"),
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"])
+        browser = p.chromium.launch(
+            executable_path=shutil.which("chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"],
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
-            page.route("**/*", lambda route: route.continue_() if route.request.url == page_file.as_uri()
-                       else (outside.append(route.request.url), route.abort()))
+            page.route(
+                "**/*",
+                lambda route: (
+                    route.continue_()
+                    if route.request.url == page_file.as_uri()
+                    else (outside.append(route.request.url), route.abort())
+                ),
+            )
             page.goto(page_file.as_uri(), wait_until="load")
             charts = page.locator("div.chart")
             count = charts.count()
-            page.wait_for_function(f"document.querySelectorAll('div.chart svg, div.chart canvas').length >= {count}", timeout=60000)
-            sizes = page.evaluate("Array.from(document.querySelectorAll('div.chart')).map(d => {"
-                                  " const s = d.querySelector('svg, canvas'); const r = s.getBoundingClientRect(); return [r.width, r.height]; })")
+            page.wait_for_function(
+                f"document.querySelectorAll('div.chart svg, div.chart canvas').length >= {count}", timeout=60000
+            )
+            sizes = page.evaluate(
+                "Array.from(document.querySelectorAll('div.chart')).map(d => {"
+                " const s = d.querySelector('svg, canvas'); const r = s.getBoundingClientRect(); return [r.width, "
+                "r.height]; })"
+            )
             shot = ROOT / layout.RESULTS / "study_screenshot.png"
             shot.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(shot), full_page=True)

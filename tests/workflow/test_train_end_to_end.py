@@ -1,4 +1,5 @@
-"""The end-to-end half of test_train.py (commands run as processes, compiled or multi-process runs, Snakemake): the same subjects, at the pace of whole runs."""
+"""The end-to-end half of test_train.py (commands run as processes, compiled or multi-process runs, Snakemake): the same
+subjects, at the pace of whole runs."""
 
 import random
 import shutil
@@ -14,7 +15,18 @@ from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import read_metrics
 
-from test_train import STEPS, _resume_matches, _wait_for_step, cli, deterministic, final_weights, live_recipe, recipe_of, reference, run_inprocess  # noqa: F401  (fixtures and helpers shared with the unit tests)
+from test_train import (
+    STEPS,
+    _resume_matches,
+    _wait_for_step,
+    cli,
+    deterministic,
+    final_weights,
+    live_recipe,
+    recipe_of,
+    reference,
+    run_inprocess,
+)  # noqa: F401  (fixtures and helpers shared with the unit tests)
 
 
 @pytest.mark.slow
@@ -25,7 +37,9 @@ def test_sigkill_at_a_random_step_then_rerun_equals_uninterrupted(reference, tok
     proc.kill()
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL, f"killed at step {kill_at}"
-    assert ckpt.list_checkpoints(live_recipe(reference, tmp_path)) and not (tmp_path / "out" / layout.MODEL_FILE).exists()
+    assert (
+        ckpt.list_checkpoints(live_recipe(reference, tmp_path)) and not (tmp_path / "out" / layout.MODEL_FILE).exists()
+    )
     _resume_matches(reference, tokens, tmp_path)
 
 
@@ -43,7 +57,9 @@ def test_sigterm_saves_and_exits_resumable(reference, tokens, tmp_path):
     _resume_matches(reference, tokens, tmp_path)
 
 
-def test_a_changed_recipe_trains_beside_the_old_one_which_resumes_at_its_end(reference, tokens, tmp_path, capsys, monkeypatch):
+def test_a_changed_recipe_trains_beside_the_old_one_which_resumes_at_its_end(
+    reference, tokens, tmp_path, capsys, monkeypatch
+):
     """A changed learning rate is another run: it trains from its first step in a directory of its
     own and leaves the reference recipe's checkpoints as they were. Asked for again (what
     `snakemake -R train` does), the reference recipe resumes at its end, says so, and writes the
@@ -57,14 +73,24 @@ def test_a_changed_recipe_trains_beside_the_old_one_which_resumes_at_its_end(ref
     assert run_inprocess(tokens, tmp_path, optimizer={"lr": 1e-3}) == 0
     new = next(p for p in layout.recipe_dirs(tmp_path / "ckpt") if p != old)
     err = capsys.readouterr().err
-    assert "starting:" in err and f"checkpoints in {new}" in err and f"this run's other recipes are kept ({old.name})" in err
+    assert (
+        "starting:" in err
+        and f"checkpoints in {new}" in err
+        and f"this run's other recipes are kept ({old.name})" in err
+    )
     assert {p: p.stat().st_mtime_ns for p in old.rglob("*")} == untouched
     assert [s for s, _ in ckpt.list_checkpoints(new)] == [25, 30]
-    assert not torch.equal(final_weights(tmp_path / "out" / layout.MODEL_FILE)["output.weight"], reference["model"]["output.weight"])
+    assert not torch.equal(
+        final_weights(tmp_path / "out" / layout.MODEL_FILE)["output.weight"], reference["model"]["output.weight"]
+    )
 
     assert run_inprocess(tokens, tmp_path) == 0
     err = capsys.readouterr().err
-    assert f"resuming from step {STEPS}:" in err and "this recipe was trained to its end" in err and f"delete {old} and rerun" in err
+    assert (
+        f"resuming from step {STEPS}:" in err
+        and "this recipe was trained to its end" in err
+        and f"delete {old} and rerun" in err
+    )
     model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     assert all(torch.equal(model[k], reference["model"][k]) for k in model)
     assert deterministic(read_metrics(tmp_path / "out" / layout.METRICS_FILE)) == deterministic(reference["metrics"])
@@ -96,7 +122,10 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     are stopped again; one process then resumes from theirs and finishes the run.
     """
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
-    forward = {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120"}  # as rule train
+    forward = {
+        "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
+    }  # as rule train
     live = live_recipe(reference, tmp_path)  # micro_batch_size and processes are not the recipe
     ref = reference["metrics"]
     for stop_at in (8, 16):
@@ -109,7 +138,7 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
         assert stop_at == 8 or "resuming from step" in err
         stopped = read_metrics(live / "metrics.jsonl")
         assert ckpt.list_checkpoints(live)[-1][0] == stopped[-1]["step"] < STEPS
-        assert np.allclose([r["loss"] for r in stopped], [r["loss"] for r in ref[:len(stopped)]], rtol=0, atol=1e-5)
+        assert np.allclose([r["loss"] for r in stopped], [r["loss"] for r in ref[: len(stopped)]], rtol=0, atol=1e-5)
 
     proc = cli(tokens, tmp_path)
     _, err = proc.communicate(timeout=300)
@@ -120,7 +149,11 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     assert records[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=1e-5)
     # the shadow (fp64 stream; the fp32 StreamBack run's is the shadow's to 1e-6) runs through FSDP2's forward alike
     shadows = [(r["shadow_absmax"], r["shadow_loss"]) for r in stopped if "shadow_loss" in r]
-    assert shadows and np.allclose(shadows[0][0], ref[3]["shadow_absmax"], rtol=1e-5) and abs(shadows[0][1] - ref[3]["shadow_loss"]) < 1e-5
+    assert (
+        shadows
+        and np.allclose(shadows[0][0], ref[3]["shadow_absmax"], rtol=1e-5)
+        and abs(shadows[0][1] - ref[3]["shadow_loss"]) < 1e-5
+    )
     assert max(g for r in stopped if "shadow_gap" in r for g in r["shadow_gap"]) < 1e-5
     model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     for key, value in reference["model"].items():

@@ -43,8 +43,17 @@ def test_default_config_trains_its_models(run_snakemake, tmp_path):
     small = tmp_path / "small.yaml"
     small.write_text(yaml.safe_dump({"data": {"synthetic": {"documents": 6000, "files": 1}}, "cpu_bf16": "emulated"}))
     targets = [layout.summary_file(run) for run in BASELINES]
-    result = run_snakemake(*targets, "--cores", "2", "--directory", tmp_path,
-                           "--configfile", ROOT / "config" / "config.yaml", small, timeout=1200)
+    result = run_snakemake(
+        *targets,
+        "--cores",
+        "2",
+        "--directory",
+        tmp_path,
+        "--configfile",
+        ROOT / "config" / "config.yaml",
+        small,
+        timeout=1200,
+    )
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     unigram = unigram_entropy(tmp_path / layout.tokens_dir({"corpus": "synthetic"}))
     for run in BASELINES:
@@ -60,24 +69,55 @@ def test_default_config_trains_its_models(run_snakemake, tmp_path):
         assert "parameters on cpu (bf16 on fp32 kernels)" in (tmp_path / "logs" / "train" / f"{run}.log").read_text()
 
 
-NODES = (r'nodes=\$\(squeue -h -o %N -j "\$\{SLURM_JOB_ID:\?[^}]*\}"\); head=\$\(scontrol show hostnames "\$nodes" \| sed -n 1p\); '
-         r'head=\$\(scontrol -o show node "\$head" \| sed -n "s/\.\* NodeAddr=\\\(\[\^ \]\*\\\)\.\*/\\1/p"\); ')
-TORCHRUN = r"PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300 \S+ -m torch.distributed.run "
+NODES = (
+    r'nodes=\$\(squeue -h -o %N -j "\$\{SLURM_JOB_ID:\?[^}]*\}"\); head=\$\(scontrol show hostnames "\$nodes" \| sed '
+    r"-n 1p\); "
+    r'head=\$\(scontrol -o show node "\$head" \| sed -n "s/\.\* NodeAddr=\\\(\[\^ \]\*\\\)\.\*/\\1/p"\); '
+)
+TORCHRUN = (
+    r"PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300 \S+ -m "
+    r"torch.distributed.run "
+)
 
 
 @pytest.mark.parametrize(
     "resources, expect",
     [
-        ({"nodes": 1}, [r"--launch '[^']*--nproc-per-node 8 --standalone -m streamback' ", r"resources: .*gpu=8, cpus_per_gpu=8"]),
-        ({"nodes": 2}, [NODES + r"srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 64 --gpus-per-task 8 --kill-on-bad-exit=1 env "
-                        + TORCHRUN + r'--nproc-per-node 8 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "\$head:29500" --rdzv-id "\$SLURM_JOB_ID" -m streamback\' ',
-                        r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, slurm_extra=--gpus-per-task=8"]),
+        (
+            {"nodes": 1},
+            [r"--launch '[^']*--nproc-per-node 8 --standalone -m streamback' ", r"resources: .*gpu=8, cpus_per_gpu=8"],
+        ),
+        (
+            {"nodes": 2},
+            [
+                NODES
+                + r"srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 64 --gpus-per-task 8 "
+                + r"--kill-on-bad-exit=1 env "
+                + TORCHRUN
+                + r'--nproc-per-node 8 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "\$head:29500" '
+                + r'--rdzv-id "\$SLURM_JOB_ID" -m streamback\' ',
+                r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, slurm_extra=--gpus-per-task=8",
+            ],
+        ),
         # on the CPU: `processes` gloo processes per node, threads x processes CPUs
-        ({"gpus": 0, "processes": 2, "threads": 3}, [r"--launch 'OMP_NUM_THREADS=3 " + TORCHRUN + r"--nproc-per-node 2 --standalone -m streamback' ",
-                                                      r"resources: .*nodes=1(?!.*gpu)(?!.*cpus_per_task)"]),
-        ({"gpus": 0, "processes": 2, "threads": 3, "nodes": 2},
-         [NODES + r"srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 6 --kill-on-bad-exit=1 env OMP_NUM_THREADS=3 " + TORCHRUN
-          + r"--nproc-per-node 2 --nnodes 2 --rdzv-backend c10d", r"resources: .*nodes=2, cpus_per_task=6, tasks=2, mpi=srun\n"]),
+        (
+            {"gpus": 0, "processes": 2, "threads": 3},
+            [
+                r"--launch 'OMP_NUM_THREADS=3 " + TORCHRUN + r"--nproc-per-node 2 --standalone -m streamback' ",
+                r"resources: .*nodes=1(?!.*gpu)(?!.*cpus_per_task)",
+            ],
+        ),
+        (
+            {"gpus": 0, "processes": 2, "threads": 3, "nodes": 2},
+            [
+                NODES
+                + r"srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 6 --kill-on-bad-exit=1 env "
+                + r"OMP_NUM_THREADS=3 "
+                + TORCHRUN
+                + r"--nproc-per-node 2 --nnodes 2 --rdzv-backend c10d",
+                r"resources: .*nodes=2, cpus_per_task=6, tasks=2, mpi=srun\n",
+            ],
+        ),
         ({"gpus": 0, "threads": 2}, [r"""--launch 'OMP_NUM_THREADS=2 "\$STREAMBACK_PYTHON" -m streamback' """]),
     ],
     ids=["gpu-1-node", "gpu-2-nodes", "cpu-1-node", "cpu-2-nodes", "cpu-1-process"],
@@ -85,11 +125,21 @@ TORCHRUN = r"PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 TORCH_E
 def test_paper_runs_launch_torchrun_across_their_allocation(run_snakemake, tmp_path, resources, expect):
     extra = tmp_path / "nodes.yaml"
     extra.write_text(yaml.safe_dump({"train": {"resources": resources}}))
-    result = run_snakemake(layout.summary_file("fat-short-streamback"), "-n", "-p", "--profile", "slurm",
-                           "--directory", tmp_path, "--configfile", ROOT / "config" / "paper.yaml", extra)
+    result = run_snakemake(
+        layout.summary_file("fat-short-streamback"),
+        "-n",
+        "-p",
+        "--profile",
+        "slurm",
+        "--directory",
+        tmp_path,
+        "--configfile",
+        ROOT / "config" / "paper.yaml",
+        extra,
+    )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
-    job = out[out.index("rule train:"):]
+    job = out[out.index("rule train:") :]
     for pattern in expect:
         assert re.search(pattern, job), pattern
     assert "streamback train-attempt --launch" in job and "--run-name fat-short-streamback" in job
@@ -117,21 +167,46 @@ def test_requeue_status_under_torchrun_and_the_log_of_every_attempt(run_snakemak
     shutil.copy(tokens.parent / "part.parquet", tmp_path / "part.parquet")
     shutil.copytree(tokens, tmp_path / "tokens")  # newer than its input: the tokenize rule has nothing to do
     config = {
-        "data": {"source": "local", "local": {"files": [str(tmp_path / "part.parquet")]}, "dir": str(tmp_path / "tokens")},
-        "model": {"shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}}, "max_seq_len": 64},
-        "train": {"runs": {"shapes": ["micro"], "blocks": ["streamback"], "streams": []}, "tokens": 40 * 8 * 32, "seq_len": 32,
-                  "batch_size": 8, "micro_batch_size": 4, "schedule": {"warmup_steps": 4, "decay_steps": 8},
-                  "checkpoint": {"every": 5, "keep": 2}, "log": {"every": 10, "stream_every": 10, "val_every": 20, "val_sequences": 16},
-                  "resources": {"processes": 2, "threads": 1}},
+        "data": {
+            "source": "local",
+            "local": {"files": [str(tmp_path / "part.parquet")]},
+            "dir": str(tmp_path / "tokens"),
+        },
+        "model": {
+            "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
+            "max_seq_len": 64,
+        },
+        "train": {
+            "runs": {"shapes": ["micro"], "blocks": ["streamback"], "streams": []},
+            "tokens": 40 * 8 * 32,
+            "seq_len": 32,
+            "batch_size": 8,
+            "micro_batch_size": 4,
+            "schedule": {"warmup_steps": 4, "decay_steps": 8},
+            "checkpoint": {"every": 5, "keep": 2},
+            "log": {"every": 10, "stream_every": 10, "val_every": 20, "val_sequences": 16},
+            "resources": {"processes": 2, "threads": 1},
+        },
     }
     (tmp_path / "micro.yaml").write_text(yaml.safe_dump(config))
     target = layout.summary_file("micro-streamback")
     args = (target, "--cores", "2", "--directory", tmp_path, "--configfile", tmp_path / "micro.yaml")
-    snakemake = subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *map(str, args)],
-                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    checkpoints = tmp_path / layout.checkpoint_dir("micro-streamback")  # the recipe's live metrics, once the trainer made its directory
+    snakemake = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *map(str, args)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    checkpoints = tmp_path / layout.checkpoint_dir(
+        "micro-streamback"
+    )  # the recipe's live metrics, once the trainer made its directory
     deadline = time.time() + 300
-    while not any(len(p.read_text().splitlines()) >= 8 for d in layout.recipe_dirs(checkpoints) if (p := d / layout.METRICS_FILE).exists()):
+    while not any(
+        len(p.read_text().splitlines()) >= 8
+        for d in layout.recipe_dirs(checkpoints)
+        if (p := d / layout.METRICS_FILE).exists()
+    ):
         assert snakemake.poll() is None and time.time() < deadline, snakemake.communicate()[0][-3000:]
         time.sleep(0.05)
     job = _job_processes(tmp_path, snakemake.pid)  # the rule's shell, torchrun and its two workers

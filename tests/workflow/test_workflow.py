@@ -26,8 +26,9 @@ def test_dry_run(run_snakemake, tmp_path, name):
 
 def test_slurm_profile_dry_run(run_snakemake, tmp_path):
     """`--profile slurm` resolves from the repository root and its keys are accepted."""
-    result = run_snakemake("-n", "--profile", "slurm", "--configfile", ROOT / "config" / "paper.yaml",
-                           "--directory", tmp_path, cwd=ROOT)
+    result = run_snakemake(
+        "-n", "--profile", "slurm", "--configfile", ROOT / "config" / "paper.yaml", "--directory", tmp_path, cwd=ROOT
+    )
     # The Slurm executor needs sbatch only when submitting; a dry run must parse the profile.
     assert result.returncode == 0, result.stderr + result.stdout
 
@@ -55,11 +56,13 @@ def test_runs_that_cannot_be_trained_stop_a_dry_run(run_snakemake, tmp_path):
     result = run_snakemake("-n", "--directory", tmp_path, "--configfile", tmp_path / "bad.yaml")
     out = result.stderr + result.stdout
     assert result.returncode != 0
-    for words in ["model.shapes.tiny-medium: n_heads (8) must be a multiple of n_kv_heads (3)",
-                  "model.shapes.tiny-medium: head_dim = dim // n_heads = 12 // 8 = 1 is too small",
-                  "train.seq_len (4096) exceeds model.max_seq_len (2048)",
-                  "warmup_steps (40) + decay_steps (40) exceed the run's",
-                  "train.batch_size (6) must be a multiple of micro_batch_size (4) x processes (1)"]:
+    for words in [
+        "model.shapes.tiny-medium: n_heads (8) must be a multiple of n_kv_heads (3)",
+        "model.shapes.tiny-medium: head_dim = dim // n_heads = 12 // 8 = 1 is too small",
+        "train.seq_len (4096) exceeds model.max_seq_len (2048)",
+        "warmup_steps (40) + decay_steps (40) exceed the run's",
+        "train.batch_size (6) must be a multiple of micro_batch_size (4) x processes (1)",
+    ]:
         assert words in out, words
     assert f"config/config.yaml merged with {tmp_path / 'bad.yaml'}" in out
     assert len(out.splitlines()) < 12 and "Traceback" not in out and "rule " not in out
@@ -112,12 +115,24 @@ def test_every_rule_declares_log_threads_resources_and_env():
 
 def test_a_failed_job_shows_the_end_of_its_log(run_snakemake, tmp_path):
     """Not only Snakemake's "check log file(s)": the job prints its log's last lines, the CLI's error last."""
-    (tmp_path / "held-in.yaml").write_text("eval: {local: {seed: 0}}\n")  # the corpus's own seed: refused when the job runs
-    result = run_snakemake("--cores", "1", layout.eval_task_file("streamback_cloze"), "--directory", tmp_path,
-                           "--configfile", tmp_path / "held-in.yaml")
+    (tmp_path / "held-in.yaml").write_text(
+        "eval: {local: {seed: 0}}\n"
+    )  # the corpus's own seed: refused when the job runs
+    result = run_snakemake(
+        "--cores",
+        "1",
+        layout.eval_task_file("streamback_cloze"),
+        "--directory",
+        tmp_path,
+        "--configfile",
+        tmp_path / "held-in.yaml",
+    )
     out = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "--- the end of logs/eval/tasks.log:\nstreamback eval-tasks: error: eval.local.seed 0 is the training corpus's seed" in out, out[-3000:]
+    assert (
+        "--- the end of logs/eval/tasks.log:\nstreamback eval-tasks: error: eval.local.seed 0 is the training corpus's "
+        "seed" in out
+    ), out[-3000:]
 
 
 def test_lint_finds_nothing(run_snakemake, tmp_path):
@@ -128,10 +143,24 @@ def test_lint_finds_nothing(run_snakemake, tmp_path):
 
 # ---- reruns: what a changed setting reruns -------------------------------------------------------
 
-MEDIUM_RUNS = [name for name, spec in run_matrix(load_config(ROOT / "config" / "config.yaml")["train"]).items() if spec.shape == "tiny-medium"]
-DOWNSTREAM_OF_TRAIN = {"training_curves", "analyze_layer_error", "analyze_envelope", "analyze_swallowed", "analyze_loss_difference",
-                       "benchmark_table", "seed_variance"}
-PUBLIC_OF_TRAIN = {"export_hf", "analyze_public"}  # downstream of the one run the default exports (tiny-skinny-tall-baseline)
+MEDIUM_RUNS = [
+    name
+    for name, spec in run_matrix(load_config(ROOT / "config" / "config.yaml")["train"]).items()
+    if spec.shape == "tiny-medium"
+]
+DOWNSTREAM_OF_TRAIN = {
+    "training_curves",
+    "analyze_layer_error",
+    "analyze_envelope",
+    "analyze_swallowed",
+    "analyze_loss_difference",
+    "benchmark_table",
+    "seed_variance",
+}
+PUBLIC_OF_TRAIN = {
+    "export_hf",
+    "analyze_public",
+}  # downstream of the one run the default exports (tiny-skinny-tall-baseline)
 
 
 def _touched_study(run_snakemake, directory, *config):
@@ -182,13 +211,23 @@ def test_editing_one_shape_reruns_only_its_runs_and_what_reads_them(run_snakemak
     follow because their inputs change; no other run, nothing of data or drift. The study page
     reruns on any change: it prints the merged config's hash, so its params are the whole config."""
     assert planned_jobs(run_snakemake, touched_default, None) == {}  # as recorded: nothing to do
-    shapes = {"tiny-medium": {"n_layers": 4, "dim": 96, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32},
-              "unused": {"n_layers": 1, "dim": 8, "n_heads": 2, "n_kv_heads": 1}}
+    shapes = {
+        "tiny-medium": {"n_layers": 4, "dim": 96, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32},
+        "unused": {"n_layers": 1, "dim": 8, "n_heads": 2, "n_kv_heads": 1},
+    }
     jobs = planned_jobs(run_snakemake, touched_default, {"model": {"shapes": shapes}})
     assert {run for rule, run in jobs if rule == "train"} == set(MEDIUM_RUNS)
     assert {run for rule, run in jobs if rule == "evaluate"} == set(MEDIUM_RUNS)
     # the tiny-medium arms' preflights too (their recipe is theirs), and so the preflights' table
-    assert rules_of(jobs) == {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
+    assert rules_of(jobs) == {
+        "preflight_run",
+        "preflight",
+        "train",
+        "evaluate",
+        *DOWNSTREAM_OF_TRAIN,
+        "study_report",
+        "all",
+    }
     for (rule, run), reason in jobs.items():
         expected = "Params have changed" if rule == "preflight_run" else "Input files updated by another job"
         assert reason.startswith(expected) or rule == "train" and "Params have changed" in reason, (rule, run, reason)
@@ -199,10 +238,15 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
     """One more training seed: its six runs train and are evaluated; no run of the seeds already
     trained reruns, only the tables and figures over every run."""
     jobs = planned_jobs(run_snakemake, touched_default, {"train": {"runs": {"seeds": [0, 1, 2, 3]}}})
-    new = {f"{shape}-{block}-seed3" for shape in ("tiny-skinny-tall", "tiny-medium", "tiny-fat-short") for block in ("baseline", "streamback")}
+    new = {
+        f"{shape}-{block}-seed3"
+        for shape in ("tiny-skinny-tall", "tiny-medium", "tiny-fat-short")
+        for block in ("baseline", "streamback")
+    }
     assert {run for rule, run in jobs if rule == "train"} == new
     assert {run for rule, run in jobs if rule == "evaluate"} == new
-    # no arm is new, so no preflight reruns; the preflights' table counts the new runs in the matrix's cost (no train reads it)
+    # no arm is new, so no preflight reruns; the preflights' table counts the new runs in the matrix's cost (no
+    # train reads it)
     assert rules_of(jobs) == {"preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
     for (rule, run), reason in jobs.items():
         if rule in ("train", "evaluate"):
@@ -210,19 +254,38 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("change, rules", [
-    ({"drift": {"seeds": [0, 1], "settings": [{"mu": 0.2, "sigma": 0.5}]}}, {"drift"}),
-    ({"eval": {"pairs": {"resamples": 500}}}, {"benchmark_table", "seed_variance"}),
-    ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed", "analyze_public"}),
-    ({"train": {"optimizer": {"lr": 2e-3}}}, {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN}),
-    # how jobs run, not what they compute: nothing but the preflights, which check the runs as they
-    # are run, what waits for them (a finished train job writes the same outputs again from its last
-    # checkpoint), and the study page (whose params are the whole config)
-    ({"train": {"compile": True, "micro_batch_size": 2, "checkpoint": {"every": 5, "resume_on_other_kernels": True}, "resources": {"threads": 2},
-                "log": {"tensorboard": False, "wandb": {"project": "p", "mode": "offline"}},
-                "per_run": {"tiny-medium-baseline": {"activation_checkpointing": True}}},
-      "data": {"processes": 1, "batch_documents": 64}, "eval": {"resources": {"mem_mb": 999}}, "cpu_bf16": "emulated"}, {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN}),
-], ids=["drift-grid", "eval-pairs", "analysis-variants", "recipe", "execution"])
+@pytest.mark.parametrize(
+    "change, rules",
+    [
+        ({"drift": {"seeds": [0, 1], "settings": [{"mu": 0.2, "sigma": 0.5}]}}, {"drift"}),
+        ({"eval": {"pairs": {"resamples": 500}}}, {"benchmark_table", "seed_variance"}),
+        ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed", "analyze_public"}),
+        (
+            {"train": {"optimizer": {"lr": 2e-3}}},
+            {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN},
+        ),
+        # how jobs run, not what they compute: nothing but the preflights, which check the runs as they
+        # are run, what waits for them (a finished train job writes the same outputs again from its last
+        # checkpoint), and the study page (whose params are the whole config)
+        (
+            {
+                "train": {
+                    "compile": True,
+                    "micro_batch_size": 2,
+                    "checkpoint": {"every": 5, "resume_on_other_kernels": True},
+                    "resources": {"threads": 2},
+                    "log": {"tensorboard": False, "wandb": {"project": "p", "mode": "offline"}},
+                    "per_run": {"tiny-medium-baseline": {"activation_checkpointing": True}},
+                },
+                "data": {"processes": 1, "batch_documents": 64},
+                "eval": {"resources": {"mem_mb": 999}},
+                "cpu_bf16": "emulated",
+            },
+            {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN},
+        ),
+    ],
+    ids=["drift-grid", "eval-pairs", "analysis-variants", "recipe", "execution"],
+)
 def test_a_changed_setting_reruns_the_jobs_that_read_it(run_snakemake, touched_default, change, rules):
     jobs = planned_jobs(run_snakemake, touched_default, change)
     assert rules_of(jobs) == rules | {"study_report", "all"}
