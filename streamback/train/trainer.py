@@ -18,6 +18,12 @@ its content hashes, if there is one (a corrupt one is named and set aside); it s
 `checkpoint.every` steps and at the end (`streamback.train.checkpoint`: atomic, hashed, the last K
 kept). A recipe trained to its end resumes at its end and writes the same outputs again.
 
+`--snapshot-steps` (the rule's, from eval.last_checkpoints: `streamback.runs.snapshot_steps`):
+the model at each of these earlier steps is written as the final one is (`weights.save_model`),
+kept in the recipe directory (`snapshots/`, so a failed or requeued job keeps it) and, at the end,
+put into the output directory as last/step_<N>.pt. A run resumed after such a step that lacks its
+snapshot (trained before it was asked for) is refused before its first step, naming what to delete.
+
 Before the first step, in this order: every run setting is checked (`streamback.runs.check_runs`),
 the output and checkpoint directories are checked for writing, the run's checkpoint directory is
 locked (a second trainer on the run is refused, naming the PID and host of the first), and every
@@ -99,6 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensorboard", type=Path, default=None, help="the run's TensorBoard directory, an event directory per recipe in it "
                         "(default: results/tensorboard/<run>; train.log.tensorboard: false writes none)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: with --params, torch's choice; else the run's train.resources.threads, as the rule passes)")
+    parser.add_argument("--snapshot-steps", type=int, nargs="*", default=[], metavar="STEP",
+                        help="also write the model at these earlier steps, as <outdir>/last/step_<N>.pt "
+                             "(eval.last_checkpoints)")
     parser.add_argument("--status-file", type=Path, default=None,
                         help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own")
 
@@ -137,13 +146,15 @@ def _run(args: argparse.Namespace) -> int:
         args.data or layout.tokens_dir(config["data"]),
         args.outdir or layout.run_dir(args.run_name),
         args.checkpoints or layout.checkpoint_dir(args.run_name),
-        tensorboard=args.tensorboard or layout.tensorboard_dir(args.run_name),
+        tensorboard=args.tensorboard or layout.tensorboard_dir(args.run_name), snapshot_steps=args.snapshot_steps,
     )
 
 
-def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints, tensorboard=None) -> int:
+def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints, tensorboard=None,
+          snapshot_steps=()) -> int:
     """Train `run_name` to its end or to a stop signal; returns the exit status (see the docstring).
-    `tensorboard`: the run's TensorBoard directory (None: no event files)."""
+    `tensorboard`: the run's TensorBoard directory (None: no event files); `snapshot_steps`: the
+    earlier steps whose models it also writes (eval.last_checkpoints)."""
     check_runs(train_cfg, model_cfg, processes=int(os.environ.get("WORLD_SIZE", "1")), only=run_name)
     env = Distributed.start()
     outdir, checkpoints, lock = Path(outdir), Path(checkpoints), None
@@ -159,8 +170,9 @@ def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, che
             except StreambackError as err:
                 error = str(err)
         env.agree(error, "locking the run")
+        board = Path(tensorboard) if tensorboard is not None and train_cfg["log"]["tensorboard"] else None
         trainer = Trainer(run_matrix(train_cfg)[run_name], train_cfg, model_cfg, Path(data_dir), outdir, checkpoints, env,
-                          tensorboard=Path(tensorboard) if tensorboard is not None and train_cfg["log"]["tensorboard"] else None)
+                          tensorboard=board, snapshot_steps=snapshot_steps)
         return trainer.fit()
     finally:
         if lock is not None:
@@ -197,7 +209,7 @@ class Trainer:
     """One run: the model, its optimizer, the data, checkpoints and metrics, and the loop."""
 
     def __init__(self, spec: RunSpec, cfg: dict, model_cfg: dict, data_dir: Path, outdir: Path, ckpt_dir: Path, env: Distributed,
-                 tensorboard: Path | None = None):
+                 tensorboard: Path | None = None, snapshot_steps=()):
         self.spec, self.cfg, self.env = spec, cfg, env
         self.outdir, self.ckpt_dir = outdir, ckpt_dir
         self.seq_len, self.batch_size, self.seed = cfg["seq_len"], cfg["batch_size"], spec.data_seed
@@ -205,6 +217,11 @@ class Trainer:
         self.accum = self.batch_size // (self.micro_batch_size * env.world_size)
         self.tokens_per_step = self.batch_size * self.seq_len
         self.steps = train_steps(cfg)
+        outside = [s for s in snapshot_steps if not 0 < s < self.steps]
+        if outside:
+            raise StreambackError(f"--snapshot-steps {' '.join(map(str, outside))}: a snapshot step lies between 0 "
+                                  f"and the run's {self.steps} steps (the final model is written anyway)")
+        self.snapshot_steps = sorted(set(snapshot_steps))
 
         self.train_data = TokenDataset(data_dir, "train")
         self.val_data = TokenDataset(data_dir, "val")
@@ -299,6 +316,7 @@ class Trainer:
         remove_partial(self.recipe_dir, say=self.say)
         start_step, elapsed = self._resume()
         self.elapsed = elapsed
+        self._check_snapshots(start_step)
         self.log, self.watch, self.board = None, None, None
         if self.env.rank == 0:
             self.board = open_writer(self.tensorboard_dir, start_step + 1, self.say) if self.tensorboard_dir is not None else None
@@ -320,6 +338,8 @@ class Trainer:
                     watch = None
                     step += 1
                     self._after_step(step, record)
+                    if step in self.snapshot_steps:
+                        self._snapshot(step)
                     stop_now = stop_now and step < self.steps
                     if step % self.cfg["checkpoint"]["every"] == 0 or step == self.steps or stop_now:
                         self._save(step)
@@ -469,17 +489,46 @@ class Trainer:
             keep=self.cfg["checkpoint"]["keep"],
         )
 
-    def _finish(self, step: int) -> None:
-        """Write the final model (fp32, unsharded), the metrics and the completion record."""
+    def _write_model(self, path: Path, step: int) -> None:
+        """The model as it is now (fp32, unsharded; a collective) to `path` (rank 0), with its corpus and step."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.env.rank == 0:
+            manifest = self.train_data.manifest
+            data = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
+            save_model(path, self.model_args, state, self.model.compute_dtype, step=step, data=data)
+
+    def _snapshot(self, step: int) -> None:
+        """Keep the model of snapshot step `step` in the recipe directory."""
+        stash = layout.snapshot_stash(self.recipe_dir, step)
+        self._write_model(stash, step)
+        self.say(f"step {step}: kept the model for eval.last_checkpoints in {stash}")
+
+    def _check_snapshots(self, start_step: int) -> None:
+        """Before the first step: a snapshot of the resumed step itself is written now; one of an
+        earlier step that the recipe directory lacks cannot be made again: StreambackError."""
+        missing = [s for s in self.snapshot_steps
+                   if s <= start_step and not layout.snapshot_stash(self.recipe_dir, s).is_file()]
+        if start_step in missing:
+            self._snapshot(start_step)
+            missing.remove(start_step)
+        if missing:
+            raise StreambackError(
+                f"run {self.spec.name} resumes at step {start_step}, after step(s) {', '.join(map(str, missing))} "
+                f"whose model eval.last_checkpoints asks for and {self.recipe_dir} does not hold (it was trained "
+                f"before they were asked for): delete {self.recipe_dir} to train the run again, or change "
+                "eval.last_checkpoints / checkpoint_spacing")
+
+    def _finish(self, step: int) -> None:
+        """Write the final model (fp32, unsharded), the snapshots, the metrics and the completion record."""
+        self._write_model(self.outdir / layout.MODEL_FILE, step)
         if self.env.rank != 0:
             return
-        self.outdir.mkdir(parents=True, exist_ok=True)
-        manifest = self.train_data.manifest
-        save_model(self.outdir / layout.MODEL_FILE, self.model_args, state, self.model.compute_dtype,
-                   data={"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]})
+        for snapshot in self.snapshot_steps:
+            target = self.outdir / layout.SNAPSHOTS_DIR / layout.SNAPSHOT_FILE.format(step=snapshot)
+            with atomic_path(target) as tmp:
+                _link_or_copy(layout.snapshot_stash(self.recipe_dir, snapshot), tmp)
         with atomic_path(self.outdir / layout.METRICS_FILE) as tmp:
             shutil.copyfile(self.recipe_dir / layout.METRICS_FILE, tmp)
         last = _last_record(self.recipe_dir / layout.METRICS_FILE)
@@ -521,6 +570,14 @@ def _error_of(check, *args, **kwargs) -> str | None:
     except StreambackError as err:
         return str(err)
     return None
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """`target` as a hard link to `source`, or a copy where they lie on different filesystems."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def _last_record(path: Path) -> dict:

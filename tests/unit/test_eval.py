@@ -527,7 +527,7 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
     monkeypatch.chdir(evaluated["root"])
     cfg = evaluated["cfg"]
     train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
-    benchmarks, pairs = tables.tables(cfg, train_cfg)
+    benchmarks, pairs, _ = tables.tables(cfg, train_cfg)
     assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
     assert set(benchmarks["filter"]) == {"none"} and set(benchmarks.seed) == {TRAIN.get("seed", 0)}
     guessed = benchmarks.set_index(["task", "metric"]).chance
@@ -581,7 +581,7 @@ def test_the_rows_over_seeds_have_the_values_the_statistics_give(evaluated, monk
                 s["acc"] = 1 - s["acc"]
         path.write_text("".join(json.dumps(s) + "\n" for s in samples))
     train_cfg = validate_config({"model": MODEL, "train": {**TRAIN, "runs": {**TRAIN["runs"], "seeds": [TRAIN["seed"], 1]}}})["train"]
-    _, pairs = tables.tables(evaluated["cfg"], train_cfg)
+    _, pairs, _ = tables.tables(evaluated["cfg"], train_cfg)
     pairs_cfg = evaluated["cfg"]["pairs"]
     for row in pairs[pairs.seed == "all"].itertuples():
         seeds = pairs[(pairs.seed != "all") & (pairs.task == row.task) & (pairs.metric == row.metric)]

@@ -2,7 +2,10 @@
 # `streamback train` on the tokenized corpus (rules.tokenize), once its arm's preflight passed
 # (rules.preflight_run).
 # Outputs (streamback/layout.py): results/runs/{run}/model.pt (the trained model,
-# streamback/model/weights.py), metrics.jsonl and summary.json (the completion record).
+# streamback/model/weights.py), metrics.jsonl and summary.json (the completion record); with
+# eval.last_checkpoints k > 1 also last/step_<N>.pt, the models at the k-1 earlier steps that the
+# evaluate job scores beside the final one (SNAPSHOT_STEPS, the Snakefile's; kept in the recipe
+# directory until the run ends, so a resumed run still ends with all of them).
 # Checkpoints and the live metrics.jsonl go to results/checkpoints/{run}/recipe-<fingerprint>/, one
 # directory per recipe, which is not an output: Snakemake never deletes it when a job fails, and
 # rerunning the rule (a retry, a requeue, a new `snakemake` call, `-R train`) resumes from the
@@ -43,6 +46,7 @@ rule train:
         model=str(layout.model_file("{run}")),
         metrics=str(layout.metrics_file("{run}")),
         summary=str(layout.summary_file("{run}")),
+        snapshots=[str(layout.snapshot_file("{run}", step)) for step in SNAPSHOT_STEPS],
     conda:
         "../../envs/train.yaml"
     log:
@@ -70,6 +74,7 @@ rule train:
         launch=untracked(train_launcher),
         threads=untracked(lambda wildcards: train_resources(wildcards.run)["threads"]),
         cpu_bf16=untracked(config["cpu_bf16"]),
+        snapshots=untracked(shell_words(["--snapshot-steps", *SNAPSHOT_STEPS] if SNAPSHOT_STEPS else [])),
         tokens=lambda wildcards, input: Path(input.manifest).parent,
         outdir=lambda wildcards, output: Path(output.model).parent,
         checkpoints=lambda wildcards: layout.checkpoint_dir(wildcards.run),
@@ -81,7 +86,7 @@ rule train:
         'status_file="$checkpoints/.exit-status.$$"; status=0; '
         "{params.launch} train --params {params.train} --model-params {params.model} --execution {params.execution} --run-name {wildcards.run:q} "
         '--data {params.tokens:q} --outdir {params.outdir:q} --checkpoints "$checkpoints" '
-        '--cpu-bf16 {params.cpu_bf16:q} --threads {params.threads:q} --status-file "$status_file" >> "$history" 2>&1 || status=$?; '
+        '--cpu-bf16 {params.cpu_bf16:q} --threads {params.threads:q} {params.snapshots} --status-file "$status_file" >> "$history" 2>&1 || status=$?; '
         'launcher=$status; if [ "$status" -ne 0 ] && [ -s "$status_file" ]; then status=$(cat "$status_file"); fi; rm -f "$status_file"; '
         'echo "=== attempt ended with status $status (the launcher returned $launcher)" >> "$history"; '
         '[ "$history" -ef "$log" ] || cp "$history" "$log"; '
