@@ -528,7 +528,9 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
     cfg = evaluated["cfg"]
     train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
     benchmarks, pairs, _ = tables.tables(cfg, train_cfg)
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance",
+                                        "checkpoints", "checkpoint_mean", "checkpoint_sd"]
+    assert (benchmarks.checkpoints == 1).all() and (benchmarks.checkpoint_mean == benchmarks.value).all()
     assert set(benchmarks["filter"]) == {"none"} and set(benchmarks.seed) == {TRAIN.get("seed", 0)}
     guessed = benchmarks.set_index(["task", "metric"]).chance
     assert (guessed.loc[[t for t in benchmarks.task.unique() if "pairs" in t]] == 0.5).all()  # two sentences a pair

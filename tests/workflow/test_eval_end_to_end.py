@@ -174,7 +174,8 @@ def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
     result = run_snakemake(*targets, "--cores", "2", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", small, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     benchmarks = pd.read_csv(tmp_path / layout.table("benchmarks"))
-    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance"]
+    assert list(benchmarks.columns) == ["run", "shape", "block", "stream", "seed", "task", "filter", "metric", "value", "stderr", "n", "chance",
+                                        "checkpoints", "checkpoint_mean", "checkpoint_sd"]
     assert sorted(set(benchmarks.run)) == sorted(RUNS) and len(benchmarks) == 2 * 8
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
     assert list(pairs.run) == ["micro-streamback"] * 8 and pairs.verdict.str.contains("noise|no difference|one training seed").all()
