@@ -21,8 +21,10 @@ kept). A recipe trained to its end resumes at its end and writes the same output
 `--snapshot-steps` (the rule's, from eval.last_checkpoints: `streamback.runs.snapshot_steps`):
 the model at each of these earlier steps is written as the final one is (`weights.save_model`),
 kept in the recipe directory (`snapshots/`, so a failed or requeued job keeps it) and, at the end,
-put into the output directory as last/step_<N>.pt. A run resumed after such a step that lacks its
-snapshot (trained before it was asked for) is refused before its first step, naming what to delete.
+put into the output directory as last/step_<N>.pt. A run whose newest checkpoint lies after such
+a step whose snapshot it lacks (trained before it was asked for) resumes from its newest
+checkpoint before that step, and so writes the snapshot and the same final model again; without
+one it is refused before its first step, naming what to delete.
 
 Before the first step, in this order: every run setting is checked (`streamback.runs.check_runs`),
 the output and checkpoint directories are checked for writing, the run's checkpoint directory is
@@ -75,7 +77,8 @@ from streamback.model.weights import save_model
 from streamback.progress import Progress
 from streamback.runs import RunSpec, check_runs, data_passes, is_reversible, run_matrix, run_setting, token_budget_problem, train_steps
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
-from streamback.train.checkpoint import TrainState, load_newest, lock_run, recipe_fingerprint, remove_partial, save_checkpoint
+from streamback.train.checkpoint import (TrainState, list_checkpoints, load_newest, lock_run, recipe_fingerprint, remove_partial,
+                                         save_checkpoint)
 from streamback.train.metrics import MetricsLog, read_metrics
 from streamback.train.parallel import StreamDtypeWatch, apply_activation_checkpointing, apply_compile, apply_fsdp
 from streamback.train.processes import Distributed, StopRequest
@@ -459,7 +462,19 @@ class Trainer:
             same_recipe(path, meta)
             self._accept_kernels(path, meta)
 
-        meta = load_newest(self.recipe_dir, self.state, accept=accept, say=self.say)
+        saved = list_checkpoints(self.recipe_dir)
+        newest = saved[-1][0] if saved else 0
+        missing = [s for s in self.snapshot_steps if s < newest and not layout.snapshot_stash(self.recipe_dir, s).is_file()]
+        meta = load_newest(self.recipe_dir, self.state, accept=accept, say=self.say, at_most=min(missing) if missing else None)
+        if missing and meta is None:
+            raise StreambackError(
+                f"run {self.spec.name} lacks the model of step(s) {', '.join(map(str, missing))} that eval.last_checkpoints "
+                f"asks for (it was trained before they were asked for), and {self.recipe_dir} keeps no checkpoint at or "
+                f"before step {min(missing)} to train them again from: delete {self.recipe_dir} to train the run "
+                "again, or change eval.last_checkpoints / checkpoint_spacing")
+        if missing:
+            self.say(f"resuming from step {meta['step']}, before step(s) {', '.join(map(str, missing))} whose model "
+                     "eval.last_checkpoints asks for and this recipe directory lacks: training to the end writes them")
         return (0, 0.0) if meta is None else (meta["step"], float(meta.get("elapsed_s", 0.0)))
 
     def _accept_kernels(self, path: Path, meta: dict) -> None:
@@ -506,19 +521,10 @@ class Trainer:
         self.say(f"step {step}: kept the model for eval.last_checkpoints in {stash}")
 
     def _check_snapshots(self, start_step: int) -> None:
-        """Before the first step: a snapshot of the resumed step itself is written now; one of an
-        earlier step that the recipe directory lacks cannot be made again: StreambackError."""
-        missing = [s for s in self.snapshot_steps
-                   if s <= start_step and not layout.snapshot_stash(self.recipe_dir, s).is_file()]
-        if start_step in missing:
+        """Before the first step: the snapshot of the resumed step itself, if it is one and not kept yet
+        (`_resume` resumes at or before every snapshot step the recipe directory lacks)."""
+        if start_step in self.snapshot_steps and not layout.snapshot_stash(self.recipe_dir, start_step).is_file():
             self._snapshot(start_step)
-            missing.remove(start_step)
-        if missing:
-            raise StreambackError(
-                f"run {self.spec.name} resumes at step {start_step}, after step(s) {', '.join(map(str, missing))} "
-                f"whose model eval.last_checkpoints asks for and {self.recipe_dir} does not hold (it was trained "
-                f"before they were asked for): delete {self.recipe_dir} to train the run again, or change "
-                "eval.last_checkpoints / checkpoint_spacing")
 
     def _finish(self, step: int) -> None:
         """Write the final model (fp32, unsharded), the snapshots, the metrics and the completion record."""

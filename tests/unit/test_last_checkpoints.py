@@ -118,34 +118,20 @@ def test_the_trainer_writes_the_snapshots_and_a_resumed_run_still_ends_with_them
     assert sha(out / layout.MODEL_FILE) == sha(trained / layout.model_file(run))
 
 
-def test_a_run_resumed_past_a_snapshot_it_lacks_is_refused(cfg, tokens, trained, tmp_path):
+def test_a_finished_run_asked_for_an_earlier_snapshot_trains_again_from_a_checkpoint_before_it(cfg, tokens, trained, tmp_path):
+    """Snapshot step 12 of a run trained without it: it resumes from its step-10 checkpoint and
+    ends with that snapshot and the same final model; step 5, before every kept checkpoint, is refused."""
     run = RUNS[0]
-    with pytest.raises(
-        StreambackError,
-        match=r"resumes at step 30, after step\(s\) 12 whose model eval.last_checkpoints asks for .* "
-        r"delete .*recipe-",
-    ):
-        trainer.train(
-            cfg["train"],
-            cfg["model"],
-            run,
-            tokens,
-            tmp_path / "out",
-            trained / layout.checkpoint_dir(run),
-            snapshot_steps=[12],
-        )
-    with pytest.raises(
-        StreambackError, match=r"--snapshot-steps 30: a snapshot step lies between 0 and the run's 30 steps"
-    ):
-        trainer.train(
-            cfg["train"],
-            cfg["model"],
-            run,
-            tokens,
-            tmp_path / "out",
-            trained / layout.checkpoint_dir(run),
-            snapshot_steps=[30],
-        )
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained / layout.checkpoint_dir(run), ckpt)
+    assert trainer.train(cfg["train"], cfg["model"], run, tokens, tmp_path / "out", ckpt, snapshot_steps=[12]) == 0
+    assert read_model(tmp_path / "out" / layout.SNAPSHOTS_DIR / layout.SNAPSHOT_FILE.format(step=12)).step == 12
+    assert sha(tmp_path / "out" / layout.MODEL_FILE) == sha(trained / layout.model_file(run))
+    with pytest.raises(StreambackError, match=r"lacks the model of step\(s\) 5 that eval.last_checkpoints asks for .* keeps no "
+                                              r"checkpoint at or before step 5 .*: delete .*recipe-"):
+        trainer.train(cfg["train"], cfg["model"], run, tokens, tmp_path / "out", ckpt, snapshot_steps=[5])
+    with pytest.raises(StreambackError, match=r"--snapshot-steps 30: a snapshot step lies between 0 and the run's 30 steps"):
+        trainer.train(cfg["train"], cfg["model"], run, tokens, tmp_path / "out", ckpt, snapshot_steps=[30])
 
 
 @pytest.fixture(scope="module")
