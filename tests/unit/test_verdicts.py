@@ -130,3 +130,5 @@ def test_task_snr_on_constructed_checkpoint_scores_matches_the_reference():
     assert out["snr"] == pytest.approx(0.10 / (5 * sd)) and out["snr"] < stats.RANK_Z and not out["can_rank"]
     assert 0.5 < out["decision_accuracy"] < 0.8
     assert math.isnan(stats.task_snr({"a": [0.5, 0.6]})["snr"]) and math.isnan(stats.task_snr({"a": [0.5], "b": [0.6]})["snr"])
+    zero = stats.task_snr({"a": [0.0, 0.0], "b": [0.0, 0.0]})  # a tiny model right on no item: no relative spread
+    assert math.isnan(zero["snr"]) and not zero["can_rank"]
