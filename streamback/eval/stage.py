@@ -88,6 +88,9 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
     from streamback.eval.lm import StreambackLM  # imports lm-eval: after plain_logs(), as the lines above
 
     outdir = Path(outdir)
+    absent = [str(p) for p in snapshots if not Path(p).is_file()]
+    if absent:  # before anything is scored
+        raise StreambackError(f"snapshot {', '.join(absent)} does not exist (eval.last_checkpoints: rule train writes it)")
     for stale in (outdir / layout.EVAL_RESULTS_FILE, outdir / layout.EVAL_CHECKPOINTS_FILE,
                   *(outdir / layout.EVAL_SAMPLES_FILE.format(task=n) for n in cfg["tasks"])):
         stale.unlink(missing_ok=True)

@@ -118,7 +118,9 @@ def test_the_trainer_writes_the_snapshots_and_a_resumed_run_still_ends_with_them
     assert sha(out / layout.MODEL_FILE) == sha(trained / layout.model_file(run))
 
 
-def test_a_finished_run_asked_for_an_earlier_snapshot_trains_again_from_a_checkpoint_before_it(cfg, tokens, trained, tmp_path):
+def test_a_finished_run_asked_for_an_earlier_snapshot_trains_again_from_a_checkpoint_before_it(
+    cfg, tokens, trained, tmp_path
+):
     """Snapshot step 12 of a run trained without it: it resumes from its step-10 checkpoint and
     ends with that snapshot and the same final model; step 5, before every kept checkpoint, is refused."""
     run = RUNS[0]
@@ -127,10 +129,15 @@ def test_a_finished_run_asked_for_an_earlier_snapshot_trains_again_from_a_checkp
     assert trainer.train(cfg["train"], cfg["model"], run, tokens, tmp_path / "out", ckpt, snapshot_steps=[12]) == 0
     assert read_model(tmp_path / "out" / layout.SNAPSHOTS_DIR / layout.SNAPSHOT_FILE.format(step=12)).step == 12
     assert sha(tmp_path / "out" / layout.MODEL_FILE) == sha(trained / layout.model_file(run))
-    with pytest.raises(StreambackError, match=r"lacks the model of step\(s\) 5 that eval.last_checkpoints asks for .* keeps no "
-                                              r"checkpoint at or before step 5 .*: delete .*recipe-"):
+    with pytest.raises(
+        StreambackError,
+        match=r"lacks the model of step\(s\) 5 that eval.last_checkpoints asks for .* keeps no "
+        r"checkpoint at or before step 5 .*: delete .*recipe-",
+    ):
         trainer.train(cfg["train"], cfg["model"], run, tokens, tmp_path / "out", ckpt, snapshot_steps=[5])
-    with pytest.raises(StreambackError, match=r"--snapshot-steps 30: a snapshot step lies between 0 and the run's 30 steps"):
+    with pytest.raises(
+        StreambackError, match=r"--snapshot-steps 30: a snapshot step lies between 0 and the run's 30 steps"
+    ):
         trainer.train(cfg["train"], cfg["model"], run, tokens, tmp_path / "out", ckpt, snapshot_steps=[30])
 
 
@@ -191,6 +198,16 @@ def test_one_evaluate_call_scores_the_final_model_and_its_snapshots(cfg, tokens,
         for row in scores[scores.step == 20].itertuples():
             assert row.value == pytest.approx(alone[row.task][f"{row.metric},{row.filter}"], nan_ok=True)
         assert (scores[scores.step == 20].value.to_numpy() != scores[scores.step == 30].value.to_numpy()).any()
+        with pytest.raises(
+            StreambackError, match=r"snapshot .*step_000000007.pt does not exist \(eval.last_checkpoints"
+        ):
+            stage.evaluate(
+                cfg["eval"],
+                layout.model_file(run),
+                tokens,
+                tmp_path / "again",
+                snapshots=[layout.snapshot_file(run, 7)],
+            )
         with pytest.raises(StreambackError, match=r"snapshot .*model.pt is of step 30, not an earlier step"):
             stage.evaluate(
                 cfg["eval"], layout.model_file(run), tokens, tmp_path / "again", snapshots=[layout.model_file(run)]
