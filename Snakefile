@@ -11,7 +11,7 @@ from streamback.config import read_config_file, validate_config
 from streamback.data.settings import tokenized_train_split
 from streamback.errors import StreambackError
 from streamback.eval.taskload import check_task_names
-from streamback.runs import check_runs
+from streamback.runs import check_runs, snapshot_steps
 
 min_version("9.0")
 
@@ -28,12 +28,13 @@ report: "workflow/report/workflow.rst"
 
 
 # Before any job starts (and in a dry run): the project's own validator (one line per bad key,
-# defaults filled in), the cross-key check of every run and the eval task names (lm-eval's
-# TaskManager, offline; its own tasks' names cached); the message alone, no traceback.
+# defaults filled in), the cross-key check of every run and of eval.last_checkpoints, and the
+# eval task names (lm-eval's TaskManager, offline; its own tasks' names cached); the message alone, no traceback.
 try:
     config.update(validate_config(config))
     check_runs(config["train"], config["model"], config["data"], tokenized=tokenized_train_split(config["data"]))
     check_task_names(config["eval"]["tasks"], config["eval"]["include_path"])
+    SNAPSHOT_STEPS = snapshot_steps(config["train"], config["eval"])  # eval.last_checkpoints: the runs' earlier models
 except StreambackError as err:
     merged = " merged with ".join(str(f) for f in [DEFAULT_CONFIG.relative_to(workflow.basedir), *workflow.overwrite_configfiles])
     sys.exit(f"Error in the config ({merged}): {err}")

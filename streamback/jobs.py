@@ -186,12 +186,15 @@ def evaluate(config: dict) -> dict:
 
 
 def benchmark_table(config: dict) -> dict:
-    """Rule benchmark_table: the tasks, the paired statistics and the run matrix."""
-    return {"eval": _pick(config["eval"], ("tasks", "pairs")), "train": _matrix(config)}
+    """Rule benchmark_table: the tasks, the paired statistics and the run matrix; eval.last_checkpoints
+    only where it is over 1 (so that its default leaves the job's params as before the key existed)."""
+    eval_cfg = config["eval"]
+    keys = ("tasks", "pairs", "last_checkpoints") if eval_cfg["last_checkpoints"] > 1 else ("tasks", "pairs")
+    return {"eval": _pick(eval_cfg, keys), "train": _matrix(config)}
 
 
 def seed_variance(config: dict) -> dict:
-    """Rule seed_variance: the run matrix (the scores are its inputs)."""
+    """Rule seed_variance: the run matrix (the scores, and the runs' last checkpoints', are its inputs)."""
     return {"train": _matrix(config)}
 
 

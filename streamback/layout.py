@@ -101,6 +101,21 @@ def summary_file(run: str) -> Path:
     return run_dir(run) / SUMMARY_FILE
 
 
+# in a run's directory: its models at the earlier steps of eval.last_checkpoints
+SNAPSHOTS_DIR, SNAPSHOT_FILE = "last", "step_{step:09d}.pt"
+
+
+def snapshot_file(run: str, step: int) -> Path:
+    """A run's model at an earlier step (eval.last_checkpoints), in model.pt's format: last/step_<N>.pt."""
+    return run_dir(run) / SNAPSHOTS_DIR / SNAPSHOT_FILE.format(step=step)
+
+
+def snapshot_stash(recipe: str | Path, step: int) -> Path:
+    """Where the trainer keeps the model of snapshot step `step` until the run ends: snapshots/ in
+    its recipe directory, beside the checkpoints (not a rule output, so a failed job keeps it)."""
+    return Path(recipe) / "snapshots" / SNAPSHOT_FILE.format(step=step)
+
+
 CHECKPOINTS_DIR = RESULTS / "checkpoints"
 
 
@@ -234,12 +249,21 @@ def eval_samples(run: str, task: str) -> Path:
     return eval_dir(run) / EVAL_SAMPLES_FILE.format(task=checked_name(task, "task name"))
 
 
+EVAL_CHECKPOINTS_FILE = "checkpoints.csv"  # in a run's eval directory, with eval.last_checkpoints > 1
+
+
+def eval_checkpoints(run: str) -> Path:
+    """The scores of a run's last checkpoints (eval.last_checkpoints > 1): step, task, filter, metric, value."""
+    return eval_dir(run) / EVAL_CHECKPOINTS_FILE
+
+
 EVAL_TASKS_DIR = EVAL_DIR / "tasks"  # not a run: run names are <shape>-<block>...
 BENCHMARK_TABLES = ("benchmarks", "benchmark_pairs")  # table(name): scores per run, and run vs baseline
 SEED_TABLE, SEED_FIGURE = (
     "seed_variance",
     "seed_differences",
 )  # table(name) and figure(name, suffix) of rule seed_variance
+CHECKPOINT_TABLE = "benchmark_checkpoints"  # table(name) of rule benchmark_table with eval.last_checkpoints > 1
 TASK_SNR_TABLE = "task_snr"  # table(name) of rule seed_variance: each task's signal-to-noise over the run arms
 
 

@@ -140,6 +140,19 @@ def train_steps(train_cfg: dict) -> int:
     return train_cfg["tokens"] // (train_cfg["batch_size"] * train_cfg["seq_len"])
 
 
+def snapshot_steps(train_cfg: dict, eval_cfg: dict) -> list[int]:
+    """The earlier steps whose models a run writes for `eval.last_checkpoints` (ascending; none for
+    k = 1): the final step minus 1, 2, ... k-1 times `eval.checkpoint_spacing`. StreambackError,
+    naming both keys, when they do not all lie after step 0."""
+    k, spacing, steps = eval_cfg["last_checkpoints"], eval_cfg["checkpoint_spacing"], train_steps(train_cfg)
+    if (k - 1) * spacing >= steps:
+        raise StreambackError(
+            f"eval.last_checkpoints ({k}) and eval.checkpoint_spacing ({spacing}) reach back "
+            f"(k-1) x spacing = {(k - 1) * spacing} steps, but a run has {steps}: lower one of them"
+        )
+    return [steps - j * spacing for j in range(k - 1, 0, -1)]
+
+
 def data_passes(train_cfg: dict, split_tokens: int) -> float:
     """How many times a run reads a train split of `split_tokens` tokens: its steps x batch_size
     windows over the windows the split holds (inf if it holds none)."""

@@ -400,8 +400,8 @@ def task_snr(scores: dict[str, Sequence[float]]) -> dict:
     models ranks them as their means do, Phi(|m_j - m_k| / (sd sqrt 2)), averaged over the pairs.
     `can_rank`: snr >= 1.96 sqrt 2 (about 2.77): below it even the two most distant models'
     scores differ by less than 1.96 sd of a difference, so no pair is told apart at 5% and the
-    task cannot rank these models. NaN (and can_rank False) with fewer than two models or no
-    repeated score."""
+    task cannot rank these models. NaN (and can_rank False) with fewer than two models, no
+    repeated score or a mean score of 0 (every model scoring 0: no relative spread)."""
     from scipy import stats as sps  # imported here: a second of import time most callers need not pay
 
     arrays = [np.asarray(v, dtype=np.float64) for v in scores.values()]
@@ -418,6 +418,8 @@ def task_snr(scores: dict[str, Sequence[float]]) -> dict:
     means = np.array([a.mean() for a in arrays])
     sd = math.sqrt(np.mean([a.var() for a in arrays]))
     grand = float(np.concatenate(arrays).mean())
+    if grand == 0 or means.mean() == 0:
+        return out
     signal = float((means.max() - means.min()) / means.mean())
     noise = sd / grand
     gaps = np.abs(means[:, None] - means[None, :])[np.triu_indices(len(means), 1)]

@@ -6,7 +6,13 @@
   training seed, and the accuracy of answering without reading the item (`chance`: 1 / the
   choices of a multiple-choice item, the most frequent answer's share for a cloze; empty
   elsewhere). `filter` is lm-eval's: `none` for most tasks, each of the task's `filter_list`
-  otherwise (gsm8k: strict-match, flexible-extract).
+  otherwise (gsm8k: strict-match, flexible-extract). `checkpoints`, `checkpoint_mean`,
+  `checkpoint_sd`: the run's last checkpoints scored (eval.last_checkpoints; 1: the final model
+  alone), their mean and their sd (np.std, ddof 0, as signal-and-noise; empty for one): the
+  score's within-run noise.
+- results/tables/benchmark_checkpoints.csv (eval.last_checkpoints > 1): every run's
+  checkpoints.csv, `run, step, task, filter, metric, value`, the final step's values checked to be
+  results.json's (task_snr.csv's noise: `streamback.report.seeds`).
 - results/tables/benchmark_pairs.csv: every other run of a shape against the shape's baseline of
   the same training seed (`comparison` names it the same for every seed: `streamback`,
   `streamback-mxfp8`), per task, filter and metric whose per-item values are 0/1 (accuracies), on
@@ -39,6 +45,7 @@ import json
 import math
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 
 from streamback import layout, stats
@@ -65,7 +72,11 @@ BENCHMARK_COLUMNS = [
     "stderr",
     "n",
     "chance",
+    "checkpoints",
+    "checkpoint_mean",
+    "checkpoint_sd",
 ]
+CHECKPOINT_COLUMNS = ["run", "step", "task", "filter", "metric", "value"]
 PAIR_COLUMNS = [
     "shape",
     "comparison",
@@ -204,6 +215,59 @@ def benchmark_rows(spec: RunSpec, evaluation: dict, tasks: list[str]) -> list[di
                     }
                 )
     return rows
+
+
+def read_checkpoints(run: str, rows: list[dict], k: int) -> pd.DataFrame:
+    """The run's checkpoints.csv (eval.last_checkpoints = `k`), checked: k steps, each with every
+    task, filter and metric of the run's benchmark `rows`, the last step's values those of
+    results.json; rows of benchmark_checkpoints.csv. StreambackError names the file and the rerun."""
+    path = layout.eval_checkpoints(run)
+    rerun = f"evaluate the run again (rule evaluate: snakemake --forcerun {layout.eval_results(run)})"
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, ValueError) as err:
+        raise StreambackError(f"{path} cannot be read ({err}): {rerun}") from None
+    if list(frame.columns) != CHECKPOINT_COLUMNS[1:]:
+        raise StreambackError(
+            f"{path} has columns {', '.join(map(str, frame.columns))}, not {', '.join(CHECKPOINT_COLUMNS[1:])}: {rerun}"
+        )
+    steps = sorted(frame.step.unique())
+    if len(steps) != k:
+        raise StreambackError(f"{path} holds {len(steps)} checkpoints, eval.last_checkpoints asks for {k}: {rerun}")
+    values = {(r.step, r.task, r["filter"], r.metric): r.value for _, r in frame.iterrows()}
+    for row in rows:
+        absent = [step for step in steps if (step, row["task"], row["filter"], row["metric"]) not in values]
+        if absent:
+            raise StreambackError(
+                f"{path} has no {row['metric']},{row['filter']} of task {row['task']} at step "
+                f"{', '.join(map(str, absent))}: {rerun}"
+            )
+        final = values[(steps[-1], row["task"], row["filter"], row["metric"])]
+        same = math.isclose(final, row["value"], rel_tol=1e-9) or math.isnan(final) and math.isnan(row["value"])
+        if not same:
+            raise StreambackError(
+                f"{path}: task {row['task']} {row['metric']},{row['filter']} is {final} at the final "
+                f"step {steps[-1]}, {layout.eval_results(run)} says {row['value']}: not the same "
+                f"evaluation; {rerun}"
+            )
+    return frame.assign(run=run)[CHECKPOINT_COLUMNS]
+
+
+def with_checkpoints(rows: list[dict], scores: pd.DataFrame | None) -> None:
+    """Fill the rows' checkpoints, checkpoint_mean and checkpoint_sd (ddof 0) from the run's
+    checkpoint scores (None: the final model alone)."""
+    groups = (
+        {}
+        if scores is None
+        else {key: g.value.to_numpy(dtype=float) for key, g in scores.groupby(["task", "filter", "metric"], sort=False)}
+    )
+    for row in rows:
+        values = groups.get((row["task"], row["filter"], row["metric"]), [row["value"]])
+        row.update(
+            checkpoints=len(values),
+            checkpoint_mean=float(np.mean(values)),
+            checkpoint_sd=float(np.std(values)) if len(values) > 1 else math.nan,
+        )
 
 
 def chance(evaluation: dict, task: str, filt: str, metric: str) -> float:
@@ -438,12 +502,19 @@ def _points(x: float, sign: bool = True) -> str:
     return f"{100 * x:+.1f} points" if sign else f"{100 * x:.1f} points"
 
 
-def tables(eval_cfg: dict, train_cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(benchmarks, benchmark_pairs) of every run of the matrix, from results/eval/<run>/: the pairs
-    per training seed, then over the seeds."""
-    runs, tasks = run_matrix(train_cfg), eval_cfg["tasks"]
+def tables(eval_cfg: dict, train_cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(benchmarks, benchmark_pairs, benchmark_checkpoints) of every run of the matrix, from
+    results/eval/<run>/: the pairs per training seed, then over the seeds; the checkpoints' scores
+    where eval.last_checkpoints > 1 (else no rows)."""
+    runs, tasks, k = run_matrix(train_cfg), eval_cfg["tasks"], eval_cfg["last_checkpoints"]
     evaluations = {name: read_results(name, tasks) for name in runs}
-    benchmarks = [row for name, spec in runs.items() for row in benchmark_rows(spec, evaluations[name], tasks)]
+    benchmarks, checkpoints = [], []
+    for name, spec in runs.items():
+        rows = benchmark_rows(spec, evaluations[name], tasks)
+        scores = read_checkpoints(name, rows, k) if k > 1 else None
+        with_checkpoints(rows, scores)
+        benchmarks += rows
+        checkpoints += [] if scores is None else [scores]
     pairs = [
         row
         for shape, base, other in comparisons(runs)
@@ -452,7 +523,11 @@ def tables(eval_cfg: dict, train_cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]
     pairs += across_seeds_rows(pairs, benchmarks, eval_cfg["pairs"])
     for row in pairs:
         row.pop("_items", None)
-    return pd.DataFrame(benchmarks, columns=BENCHMARK_COLUMNS), pd.DataFrame(pairs, columns=PAIR_COLUMNS)
+    return (
+        pd.DataFrame(benchmarks, columns=BENCHMARK_COLUMNS),
+        pd.DataFrame(pairs, columns=PAIR_COLUMNS),
+        pd.concat(checkpoints, ignore_index=True) if checkpoints else pd.DataFrame(columns=CHECKPOINT_COLUMNS),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -470,8 +545,10 @@ def run(args: argparse.Namespace) -> int:
         train_cfg = section_from_json(args.train_params, "train", "--train-params")
     else:
         train_cfg = load_config(args.config or DEFAULT_CONFIG)["train"]
-    benchmarks, pairs = tables(eval_cfg, train_cfg)
-    for name, frame in zip(layout.BENCHMARK_TABLES, (benchmarks, pairs)):
+    benchmarks, pairs, checkpoints = tables(eval_cfg, train_cfg)
+    written = [*zip(layout.BENCHMARK_TABLES, (benchmarks, pairs))]
+    written += [(layout.CHECKPOINT_TABLE, checkpoints)] if eval_cfg["last_checkpoints"] > 1 else []
+    for name, frame in written:
         write_csv(layout.table(name), frame)
         print(f"benchmark-table: wrote {layout.table(name)} ({len(frame)} rows)")
     for row in pairs.itertuples():

@@ -10,6 +10,8 @@ A `torch.save`d dict, written atomically:
 - `data`: the corpus it was trained on, `{"fingerprint", "tokenizer_sha256"}` of the data manifest
   (written by the trainer; `import-hf` records the tokenizer alone), so a reader can refuse the
   tokens of another corpus (`check_corpus`, the one check every reader of a model and tokens makes);
+- `step`: the optimizer step the weights are of (written by the trainer: the final model and the
+  earlier ones of eval.last_checkpoints);
 - `sha256`: the sha256 of everything else in the file (`content_sha256`), checked by `read_model`,
   so a file changed after it was written is refused, naming it and how to rebuild it. Hashing
   runs at the speed of hashlib's sha256: `python benchmarks/bench_model_hash.py` prints the rate
@@ -50,6 +52,7 @@ class TrainedModel:
     stream: str  # the StreamFormat label of the trained stream
     compute_dtype: torch.dtype
     data: dict | None = None  # {"fingerprint", "tokenizer_sha256"} of the corpus, if recorded
+    step: int | None = None  # the optimizer step of the weights, if recorded
 
 
 def save_model(
@@ -58,9 +61,10 @@ def save_model(
     state: dict[str, torch.Tensor],
     compute_dtype: torch.dtype = torch.bfloat16,
     data: dict | None = None,
+    step: int | None = None,
 ) -> None:
     """Write a trained model (`state`: the full, unsharded state dict) to `path`, atomically;
-    `data`: the corpus it was trained on (see the module docstring)."""
+    `data`: the corpus it was trained on, `step`: the step of the weights (see the module docstring)."""
     name = next((k for k, v in DTYPES.items() if v == compute_dtype), None)
     if name is None:
         raise StreambackError(f"compute dtype must be one of {list(DTYPES.values())}, got {compute_dtype}")
@@ -72,6 +76,8 @@ def save_model(
     }
     if data is not None:
         record["data"] = data
+    if step is not None:
+        record["step"] = step
     record[HASH] = content_sha256(record)
     with (
         atomic_path(path, hint=f"free space there, then write it again with {rebuild(path)}") as tmp,
@@ -143,7 +149,7 @@ def read_model(path: str | os.PathLike) -> TrainedModel:
                 f"model file {path}: {key} has shape {tuple(state[key].shape)}, model_args give {tuple(shape)}"
             )
     stream = record.get("stream") or args.stream_format(DTYPES[compute]).label
-    return TrainedModel(args, state, stream, DTYPES[compute], record.get("data"))
+    return TrainedModel(args, state, stream, DTYPES[compute], record.get("data"), record.get("step"))
 
 
 def _check_hash(path: Path, record: dict) -> None:

@@ -161,7 +161,8 @@ def loss(config: dict) -> list[str]:
 
 def task_signal() -> list[str]:
     """Which tasks can rank the study's models, from task_snr.csv: those that can first, by SNR,
-    then those that cannot, named."""
+    then those that cannot, named; saying where the noise came from (the runs' last checkpoints
+    or the arms' training seeds)."""
     table = _table("task_snr")
     if table is None or table.snr.isna().all():
         return []
@@ -178,11 +179,11 @@ def task_signal() -> list[str]:
         if not ok
     ]
     source = table.noise_from.iloc[0]
+    models, model = ("run arms", "arm") if source == "training seeds" else ("runs", "run")
     text = (
-        f"Over the {int(table.models.max())} run arms, with each arm's noise from its {source} (signal-and-noise's "
-        f"SNR: the arms' "
-        f"spread over their own sd), {len(decide)} of {len(table)} task metrics can rank these models: "
-        + ("; ".join(decide) if decide else "none")
+        f"Over the {int(table.models.max())} {models}, with each {model}'s noise from its {source} "
+        f"(signal-and-noise's SNR: the {models}' spread over their own sd), {len(decide)} of {len(table)} task "
+        "metrics can rank these models: " + ("; ".join(decide) if decide else "none")
     )
     if cannot:
         text += f". Cannot rank at this scale (SNR below {1.96 * 2**0.5:.2f}): " + "; ".join(cannot)

@@ -7,9 +7,11 @@
   every compared run) and every benchmark task, filter and metric (benchmarks.csv). The sd is the
   noise floor a difference between two arms must clear.
 - results/tables/task_snr.csv: per benchmark task, filter and metric, signal-and-noise's
-  signal-to-noise ratio over the run arms with two seeds or more (`streamback.stats.task_snr`:
-  the arms are the models, their seeds the repeated scores; `noise_from` says so), the decision
-  accuracy it implies and `can_rank`, false where the task cannot rank these models.
+  signal-to-noise ratio (`streamback.stats.task_snr`), best first: with `--checkpoints`
+  (benchmark_checkpoints.csv, eval.last_checkpoints k > 1) as the reference has it, each run a
+  model and its last k checkpoints its repeated scores; else over the run arms with two seeds
+  or more, their seeds the repeated scores (`noise_from` says which), with the decision accuracy
+  it implies and `can_rank`, false where the task cannot rank these models.
 - results/figures/seed_differences.{svg,png}: the forest plot of every comparison: its per-seed
   paired differences (the final losses from loss_difference.csv, the 0/1 benchmark metrics from
   benchmark_pairs.csv, in points) and, over the seeds, their mean with its t interval, the
@@ -19,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pandas as pd
 
@@ -48,8 +51,9 @@ SNR_COLUMNS = [
 ]
 
 
-def _read(name: str, rule: str) -> pd.DataFrame:
-    path = layout.table(name)
+def _read(name: str | Path, rule: str) -> pd.DataFrame:
+    """A table by its name (results/tables/<name>.csv) or path."""
+    path = name if isinstance(name, Path) else layout.table(name)
     if not path.exists():
         raise StreambackError(f"{path} does not exist: run rule {rule} first")
     return pd.read_csv(path, keep_default_na=False, na_values=[""])
@@ -102,18 +106,27 @@ def seed_variance(train_cfg: dict, benchmarks: pd.DataFrame, loss_difference: pd
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def task_snr(train_cfg: dict, benchmarks: pd.DataFrame) -> pd.DataFrame:
-    """The rows of task_snr.csv: per task, filter and metric with a value, `stats.task_snr` over the
-    run arms that have two seeds or more, each arm's scores over its seeds; best SNR first."""
+def task_snr(train_cfg: dict, benchmarks: pd.DataFrame, checkpoints: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The rows of task_snr.csv: per task, filter and metric with a value, `stats.task_snr`; best
+    SNR first. With `checkpoints` (benchmark_checkpoints.csv) the models are the runs, each with
+    its last checkpoints' scores; else the run arms that have two seeds or more, each with its
+    scores over its seeds."""
     matrix = run_matrix(train_cfg)
-    scored = benchmarks[benchmarks.run.isin(list(matrix))].dropna(subset=["value"])
-    scored = scored.assign(arm=scored.run.map(lambda r: matrix[r].arm))
+    if checkpoints is not None:
+        scored, model = checkpoints[checkpoints.run.isin(list(matrix))].dropna(subset=["value"]), "run"
+        steps = scored.groupby("run").step.nunique()
+        source = f"last {steps.min()} checkpoints" if len(steps) and steps.min() == steps.max() else "last checkpoints"
+    else:
+        scored, model, source = (
+            benchmarks[benchmarks.run.isin(list(matrix))].dropna(subset=["value"]),
+            "arm",
+            "training seeds",
+        )
+        scored = scored.assign(arm=scored.run.map(lambda r: matrix[r].arm))
     rows = []
     for (task, filt, metric), group in scored.groupby(["task", "filter", "metric"], sort=False):
-        arms = {arm: g.value.to_numpy(dtype=float) for arm, g in group.groupby("arm", sort=False) if len(g) > 1}
-        rows.append(
-            {"task": task, "filter": filt, "metric": metric, "noise_from": "training seeds", **stats.task_snr(arms)}
-        )
+        models = {name: g.value.to_numpy(dtype=float) for name, g in group.groupby(model, sort=False) if len(g) > 1}
+        rows.append({"task": task, "filter": filt, "metric": metric, "noise_from": source, **stats.task_snr(models)})
     return pd.DataFrame(rows, columns=SNR_COLUMNS).sort_values(
         "snr", ascending=False, na_position="last", kind="stable"
     )
@@ -269,6 +282,14 @@ def differences_chart(data: pd.DataFrame):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "train")
+    parser.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=None,
+        metavar="CSV",
+        help="benchmark_checkpoints.csv (eval.last_checkpoints > 1): task_snr.csv's noise from "
+        "the runs' last checkpoints, not from the seeds",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -277,7 +298,8 @@ def run(args: argparse.Namespace) -> int:
     benchmarks = _read("benchmarks", "benchmark_table")
     table = seed_variance(train_cfg, benchmarks, loss)
     write_csv(layout.table(layout.SEED_TABLE), table)
-    write_csv(layout.table(layout.TASK_SNR_TABLE), task_snr(train_cfg, benchmarks))
+    checkpoints = _read(args.checkpoints, "benchmark_table") if args.checkpoints is not None else None
+    write_csv(layout.table(layout.TASK_SNR_TABLE), task_snr(train_cfg, benchmarks, checkpoints))
     save_figure(differences_chart(differences(loss, pairs)), layout.SEED_FIGURE)
     seeds = int(table.seeds.max()) if len(table) else 0
     print(

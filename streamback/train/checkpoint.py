@@ -350,16 +350,21 @@ def _load(path: Path, state: TrainState) -> None:
         raise StreambackError(f"checkpoint {path} cannot be loaded into this model: {err}") from err
 
 
-def load_newest(root: str | os.PathLike, state: TrainState, accept=None, say=print) -> dict | None:
-    """Load the newest checkpoint under `root` that passes `verify_checkpoint` into `state` (a
-    collective) and return its meta.json; None if there is no checkpoint. Each newer one that
+def load_newest(
+    root: str | os.PathLike, state: TrainState, accept=None, say=print, at_most: int | None = None
+) -> dict | None:
+    """Load the newest checkpoint under `root` (of a step <= `at_most`, if given) that passes
+    `verify_checkpoint` into `state` (a collective) and return its meta.json; None if there is no
+    checkpoint. Each newer one that
     fails is named through `say`, with what is wrong, and moved aside to corrupt-step_<s>.
     `accept(path, meta)` may refuse the one found by raising StreambackError (e.g. it belongs to
     another recipe): that stops the run, it does not fall back. If every checkpoint fails,
     StreambackError lists them all and nothing is moved."""
     root = Path(root)
     failed: list[CorruptCheckpoint] = []
-    for _, path in reversed(list_checkpoints(root)):
+    for step, path in reversed(list_checkpoints(root)):
+        if at_most is not None and step > at_most:
+            continue
         try:
             meta = verify_checkpoint(path)
         except CorruptCheckpoint as err:

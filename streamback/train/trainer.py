@@ -18,6 +18,14 @@ its content hashes, if there is one (a corrupt one is named and set aside); it s
 `checkpoint.every` steps and at the end (`streamback.train.checkpoint`: atomic, hashed, the last K
 kept). A recipe trained to its end resumes at its end and writes the same outputs again.
 
+`--snapshot-steps` (the rule's, from eval.last_checkpoints: `streamback.runs.snapshot_steps`):
+the model at each of these earlier steps is written as the final one is (`weights.save_model`),
+kept in the recipe directory (`snapshots/`, so a failed or requeued job keeps it) and, at the end,
+put into the output directory as last/step_<N>.pt. A run whose newest checkpoint lies after such
+a step whose snapshot it lacks (trained before it was asked for) resumes from its newest
+checkpoint before that step, and so writes the snapshot and the same final model again; without
+one it is refused before its first step, naming what to delete.
+
 Before the first step, in this order: every run setting is checked (`streamback.runs.check_runs`),
 the output and checkpoint directories are checked for writing, the run's checkpoint directory is
 locked (a second trainer on the run is refused, naming the PID and host of the first), and every
@@ -80,6 +88,7 @@ from streamback.runs import (
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
 from streamback.train.checkpoint import (
     TrainState,
+    list_checkpoints,
     load_newest,
     lock_run,
     recipe_fingerprint,
@@ -150,6 +159,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--snapshot-steps",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="STEP",
+        help="also write the model at these earlier steps, as <outdir>/last/step_<N>.pt (eval.last_checkpoints)",
+    )
+    parser.add_argument(
         "--status-file",
         type=Path,
         default=None,
@@ -194,12 +211,16 @@ def _run(args: argparse.Namespace) -> int:
         args.outdir or layout.run_dir(args.run_name),
         args.checkpoints or layout.checkpoint_dir(args.run_name),
         tensorboard=args.tensorboard or layout.tensorboard_dir(args.run_name),
+        snapshot_steps=args.snapshot_steps,
     )
 
 
-def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints, tensorboard=None) -> int:
+def train(
+    train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, checkpoints, tensorboard=None, snapshot_steps=()
+) -> int:
     """Train `run_name` to its end or to a stop signal; returns the exit status (see the docstring).
-    `tensorboard`: the run's TensorBoard directory (None: no event files)."""
+    `tensorboard`: the run's TensorBoard directory (None: no event files); `snapshot_steps`: the
+    earlier steps whose models it also writes (eval.last_checkpoints)."""
     check_runs(train_cfg, model_cfg, processes=int(os.environ.get("WORLD_SIZE", "1")), only=run_name)
     env = Distributed.start()
     outdir, checkpoints, lock = Path(outdir), Path(checkpoints), None
@@ -217,6 +238,7 @@ def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, che
             except StreambackError as err:
                 error = str(err)
         env.agree(error, "locking the run")
+        board = Path(tensorboard) if tensorboard is not None and train_cfg["log"]["tensorboard"] else None
         trainer = Trainer(
             run_matrix(train_cfg)[run_name],
             train_cfg,
@@ -225,7 +247,8 @@ def train(train_cfg: dict, model_cfg: dict, run_name: str, data_dir, outdir, che
             outdir,
             checkpoints,
             env,
-            tensorboard=Path(tensorboard) if tensorboard is not None and train_cfg["log"]["tensorboard"] else None,
+            tensorboard=board,
+            snapshot_steps=snapshot_steps,
         )
         return trainer.fit()
     finally:
@@ -274,6 +297,7 @@ class Trainer:
         ckpt_dir: Path,
         env: Distributed,
         tensorboard: Path | None = None,
+        snapshot_steps=(),
     ):
         self.spec, self.cfg, self.env = spec, cfg, env
         self.outdir, self.ckpt_dir = outdir, ckpt_dir
@@ -282,6 +306,13 @@ class Trainer:
         self.accum = self.batch_size // (self.micro_batch_size * env.world_size)
         self.tokens_per_step = self.batch_size * self.seq_len
         self.steps = train_steps(cfg)
+        outside = [s for s in snapshot_steps if not 0 < s < self.steps]
+        if outside:
+            raise StreambackError(
+                f"--snapshot-steps {' '.join(map(str, outside))}: a snapshot step lies between 0 "
+                f"and the run's {self.steps} steps (the final model is written anyway)"
+            )
+        self.snapshot_steps = sorted(set(snapshot_steps))
 
         self.train_data = TokenDataset(data_dir, "train")
         self.val_data = TokenDataset(data_dir, "val")
@@ -392,6 +423,7 @@ class Trainer:
         remove_partial(self.recipe_dir, say=self.say)
         start_step, elapsed = self._resume()
         self.elapsed = elapsed
+        self._check_snapshots(start_step)
         self.log, self.watch, self.board = None, None, None
         if self.env.rank == 0:
             self.board = (
@@ -430,6 +462,8 @@ class Trainer:
                     watch = None
                     step += 1
                     self._after_step(step, record)
+                    if step in self.snapshot_steps:
+                        self._snapshot(step)
                     stop_now = stop_now and step < self.steps
                     if step % self.cfg["checkpoint"]["every"] == 0 or step == self.steps or stop_now:
                         self._save(step)
@@ -575,7 +609,28 @@ class Trainer:
             same_recipe(path, meta)
             self._accept_kernels(path, meta)
 
-        meta = load_newest(self.recipe_dir, self.state, accept=accept, say=self.say)
+        saved = list_checkpoints(self.recipe_dir)
+        newest = saved[-1][0] if saved else 0
+        missing = [
+            s for s in self.snapshot_steps if s < newest and not layout.snapshot_stash(self.recipe_dir, s).is_file()
+        ]
+        meta = load_newest(
+            self.recipe_dir, self.state, accept=accept, say=self.say, at_most=min(missing) if missing else None
+        )
+        if missing and meta is None:
+            raise StreambackError(
+                f"run {self.spec.name} lacks the model of step(s) {', '.join(map(str, missing))} that "
+                f"eval.last_checkpoints "
+                f"asks for (it was trained before they were asked for), and {self.recipe_dir} keeps no checkpoint at "
+                f"or "
+                f"before step {min(missing)} to train them again from: delete {self.recipe_dir} to train the run "
+                "again, or change eval.last_checkpoints / checkpoint_spacing"
+            )
+        if missing:
+            self.say(
+                f"resuming from step {meta['step']}, before step(s) {', '.join(map(str, missing))} whose model "
+                "eval.last_checkpoints asks for and this recipe directory lacks: training to the end writes them"
+            )
         return (0, 0.0) if meta is None else (meta["step"], float(meta.get("elapsed_s", 0.0)))
 
     def _accept_kernels(self, path: Path, meta: dict) -> None:
@@ -617,22 +672,37 @@ class Trainer:
             keep=self.cfg["checkpoint"]["keep"],
         )
 
-    def _finish(self, step: int) -> None:
-        """Write the final model (fp32, unsharded), the metrics and the completion record."""
+    def _write_model(self, path: Path, step: int) -> None:
+        """The model as it is now (fp32, unsharded; a collective) to `path` (rank 0), with its corpus and step."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.env.rank == 0:
+            manifest = self.train_data.manifest
+            data = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
+            save_model(path, self.model_args, state, self.model.compute_dtype, step=step, data=data)
+
+    def _snapshot(self, step: int) -> None:
+        """Keep the model of snapshot step `step` in the recipe directory."""
+        stash = layout.snapshot_stash(self.recipe_dir, step)
+        self._write_model(stash, step)
+        self.say(f"step {step}: kept the model for eval.last_checkpoints in {stash}")
+
+    def _check_snapshots(self, start_step: int) -> None:
+        """Before the first step: the snapshot of the resumed step itself, if it is one and not kept yet
+        (`_resume` resumes at or before every snapshot step the recipe directory lacks)."""
+        if start_step in self.snapshot_steps and not layout.snapshot_stash(self.recipe_dir, start_step).is_file():
+            self._snapshot(start_step)
+
+    def _finish(self, step: int) -> None:
+        """Write the final model (fp32, unsharded), the snapshots, the metrics and the completion record."""
+        self._write_model(self.outdir / layout.MODEL_FILE, step)
         if self.env.rank != 0:
             return
-        self.outdir.mkdir(parents=True, exist_ok=True)
-        manifest = self.train_data.manifest
-        save_model(
-            self.outdir / layout.MODEL_FILE,
-            self.model_args,
-            state,
-            self.model.compute_dtype,
-            data={"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]},
-        )
+        for snapshot in self.snapshot_steps:
+            target = self.outdir / layout.SNAPSHOTS_DIR / layout.SNAPSHOT_FILE.format(step=snapshot)
+            with atomic_path(target) as tmp:
+                _link_or_copy(layout.snapshot_stash(self.recipe_dir, snapshot), tmp)
         with atomic_path(self.outdir / layout.METRICS_FILE) as tmp:
             shutil.copyfile(self.recipe_dir / layout.METRICS_FILE, tmp)
         last = _last_record(self.recipe_dir / layout.METRICS_FILE)
@@ -699,6 +769,14 @@ def _error_of(check, *args, **kwargs) -> str | None:
     except StreambackError as err:
         return str(err)
     return None
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """`target` as a hard link to `source`, or a copy where they lie on different filesystems."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def _last_record(path: Path) -> dict:

@@ -633,7 +633,7 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
     monkeypatch.chdir(evaluated["root"])
     cfg = evaluated["cfg"]
     train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
-    benchmarks, pairs = tables.tables(cfg, train_cfg)
+    benchmarks, pairs, _ = tables.tables(cfg, train_cfg)
     assert list(benchmarks.columns) == [
         "run",
         "shape",
@@ -647,7 +647,11 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
         "stderr",
         "n",
         "chance",
+        "checkpoints",
+        "checkpoint_mean",
+        "checkpoint_sd",
     ]
+    assert (benchmarks.checkpoints == 1).all() and (benchmarks.checkpoint_mean == benchmarks.value).all()
     assert set(benchmarks["filter"]) == {"none"} and set(benchmarks.seed) == {TRAIN.get("seed", 0)}
     guessed = benchmarks.set_index(["task", "metric"]).chance
     assert (guessed.loc[[t for t in benchmarks.task.unique() if "pairs" in t]] == 0.5).all()  # two sentences a pair
@@ -728,7 +732,7 @@ def test_the_rows_over_seeds_have_the_values_the_statistics_give(evaluated, monk
     train_cfg = validate_config(
         {"model": MODEL, "train": {**TRAIN, "runs": {**TRAIN["runs"], "seeds": [TRAIN["seed"], 1]}}}
     )["train"]
-    _, pairs = tables.tables(evaluated["cfg"], train_cfg)
+    _, pairs, _ = tables.tables(evaluated["cfg"], train_cfg)
     pairs_cfg = evaluated["cfg"]["pairs"]
     for row in pairs[pairs.seed == "all"].itertuples():
         seeds = pairs[(pairs.seed != "all") & (pairs.task == row.task) & (pairs.metric == row.metric)]

@@ -102,6 +102,9 @@ def test_every_other_job_gets_only_the_keys_it_reads():
         "bootstrap_iters",
     }
     assert jobs.eval_tasks(PAPER)["eval"]["tasks"] == []  # the paper's tasks are lm-eval's own
+    # eval.last_checkpoints only where it is over 1: the default's benchmark_table params are as before the key
+    assert set(jobs.benchmark_table(DEFAULT)["eval"]) == {"tasks", "pairs"}
+    assert jobs.benchmark_table(PAPER)["eval"]["last_checkpoints"] == PAPER["eval"]["last_checkpoints"] == 3
     for kind, keys in jobs.ANALYSIS_SETTINGS.items():
         job = jobs.analysis(DEFAULT, kind)
         if kind == "public":  # no run of the matrix: adding a seed reruns nothing of it

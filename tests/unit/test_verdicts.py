@@ -139,3 +139,5 @@ def test_task_snr_on_constructed_checkpoint_scores_matches_the_reference():
     assert math.isnan(stats.task_snr({"a": [0.5, 0.6]})["snr"]) and math.isnan(
         stats.task_snr({"a": [0.5], "b": [0.6]})["snr"]
     )
+    zero = stats.task_snr({"a": [0.0, 0.0], "b": [0.0, 0.0]})  # a tiny model right on no item: no relative spread
+    assert math.isnan(zero["snr"]) and not zero["can_rank"]

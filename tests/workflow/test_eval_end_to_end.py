@@ -247,7 +247,8 @@ def test_a_hub_task_offline_stops_before_scoring_naming_task_and_dataset(runs, t
 @pytest.mark.slow
 def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
     """eval_tasks, evaluate (one job per run) and benchmark_table through Snakemake on a small config:
-    a 600-story corpus, the two micro runs (12 steps), the local tasks at a few items each."""
+    a 600-story corpus, the two micro runs (12 steps), the local tasks at a few items each, and each
+    run's last 3 checkpoints (eval.last_checkpoints: steps 8, 10 and 12, scored in its one evaluate job)."""
     small = tmp_path / "small.yaml"
     small.write_text(
         yaml.safe_dump(
@@ -266,11 +267,11 @@ def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
                     "checkpoint": {"every": 12, "keep": 1},
                     "log": {**TRAIN["log"], "val_every": 12},
                 },
-                "eval": SMALL,
+                "eval": {**SMALL, "last_checkpoints": 3, "checkpoint_spacing": 2},
             }
         )
     )
-    targets = [layout.table(name) for name in layout.BENCHMARK_TABLES]
+    targets = [layout.table(name) for name in (*layout.BENCHMARK_TABLES, layout.CHECKPOINT_TABLE)]
     result = run_snakemake(
         *targets,
         "--cores",
@@ -297,8 +298,15 @@ def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
         "stderr",
         "n",
         "chance",
+        "checkpoints",
+        "checkpoint_mean",
+        "checkpoint_sd",
     ]
     assert sorted(set(benchmarks.run)) == sorted(RUNS) and len(benchmarks) == 2 * 8
+    assert (benchmarks.checkpoints == 3).all() and benchmarks.checkpoint_sd.notna().all()
+    checkpoints = pd.read_csv(tmp_path / layout.table(layout.CHECKPOINT_TABLE))
+    assert sorted(set(checkpoints.step)) == [8, 10, 12] and len(checkpoints) == 3 * len(benchmarks)
+    assert all((tmp_path / layout.snapshot_file(run, step)).is_file() for run in RUNS for step in (8, 10))
     pairs = pd.read_csv(tmp_path / layout.table("benchmark_pairs"))
     assert (
         list(pairs.run) == ["micro-streamback"] * 8
@@ -306,4 +314,5 @@ def test_rules_evaluate_every_run_and_write_the_tables(run_snakemake, tmp_path):
     )
     for run in RUNS:
         assert json.loads((tmp_path / layout.eval_results(run)).read_text())["config"]["streamback"]["run"] == run
-        assert "wrote results/eval" in (tmp_path / "logs" / "evaluate" / f"{run}.log").read_text()
+        log = (tmp_path / "logs" / "evaluate" / f"{run}.log").read_text()
+        assert "wrote results/eval" in log and log.count("evaluate: snapshot ") == 2

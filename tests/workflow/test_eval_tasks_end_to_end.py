@@ -37,7 +37,7 @@ def test_the_stage_and_tables_run_real_lm_eval_tasks(long_runs, tokens, monkeypa
             gsm8k[0]["arguments"]["gen_args_0"]["arg_0"].count("Question:") == 6
         )  # five shots from the train split, then the item
     train_cfg = validate_config({"model": MODEL, "train": TRAIN})["train"]
-    benchmarks, pairs = tables.tables(cfg, train_cfg)
+    benchmarks, pairs, _ = tables.tables(cfg, train_cfg)
     assert (
         list(pairs.seed.astype(str)) == [str(train_cfg["seed"])] * 4 + ["all"] * 4
     )  # per seed, then over the (one) seed

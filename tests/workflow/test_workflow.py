@@ -297,6 +297,17 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it(run_snakemake, touched_d
 
 
 @pytest.mark.slow
+def test_last_checkpoints_reruns_the_runs_for_their_earlier_models_and_no_preflight(run_snakemake, touched_default):
+    """eval.last_checkpoints 3: every train job has two outputs more (its earlier models), so it
+    reruns (resuming from a checkpoint before them) and everything after it; no preflight reads an eval key."""
+    jobs = planned_jobs(run_snakemake, touched_default, {"eval": {"last_checkpoints": 3, "checkpoint_spacing": 5}})
+    assert rules_of(jobs) == {"train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN, "study_report", "all"}
+    for (rule, run), reason in jobs.items():
+        if rule == "train":
+            assert reason.startswith("Missing output files") and "/last/step_000000290.pt" in reason, (run, reason)
+
+
+@pytest.mark.slow
 def test_the_paper_runs_ignore_the_tiny_shapes_merged_under_them(run_snakemake, tmp_path):
     """config/paper.yaml is merged over config/config.yaml, whose tiny shapes stay in `model`:
     editing one reruns no paper job."""

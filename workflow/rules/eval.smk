@@ -5,7 +5,10 @@
 # aggregates them and tests each run against its shape's baseline.
 # Outputs (streamback/layout.py): results/eval/tasks/<task>.jsonl, results/eval/{run}/results.json
 # (lm-eval's own, written last) and samples_<task>.jsonl, results/tables/benchmarks.csv and
-# benchmark_pairs.csv.
+# benchmark_pairs.csv. With eval.last_checkpoints k > 1 each evaluate job also scores the run's
+# k-1 earlier models (rules.train.output.snapshots) in the same process, into
+# results/eval/{run}/checkpoints.csv, and benchmark_table gathers them into
+# results/tables/benchmark_checkpoints.csv.
 
 import re
 from pathlib import Path
@@ -46,7 +49,9 @@ rule evaluate:
         model=rules.train.output.model,
         manifest=rules.tokenize.output.manifest,
         tasks=LOCAL_TASK_FILES,
+        snapshots=rules.train.output.snapshots,
     output:
+        checkpoints=[str(layout.eval_checkpoints("{run}"))] if SNAPSHOT_STEPS else [],
         results=report(str(layout.eval_results("{run}")), caption="../report/eval_results.rst", category="Evaluation", subcategory="{run}"),
         samples=[str(layout.eval_samples("{run}", task)) for task in EVAL["tasks"]],
     conda:
@@ -66,20 +71,23 @@ rule evaluate:
     params:
         eval=as_json(jobs.evaluate(config)["eval"]),
         tokens=lambda wildcards, input: Path(input.manifest).parent,
+        snapshots=lambda wildcards, input: shell_words(["--snapshots", *input.snapshots] if input.snapshots else []),
         outdir=lambda wildcards, output: Path(output.results).parent,
         cpu_bf16=untracked(config["cpu_bf16"]),
     shell:
         "OMP_NUM_THREADS={threads} streamback evaluate --params {params.eval} --run-name {wildcards.run:q} --model {input.model:q} "
-        "--tokens {params.tokens:q} --outdir {params.outdir:q} --cpu-bf16 {params.cpu_bf16:q} --threads {threads} > {log:q} 2>&1 || log_tail {log:q}"
+        "--tokens {params.tokens:q} {params.snapshots} --outdir {params.outdir:q} --cpu-bf16 {params.cpu_bf16:q} --threads {threads} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 rule benchmark_table:
     input:
         expand(rules.evaluate.output.results, run=EVAL_RUNS),
         expand(rules.evaluate.output.samples, run=EVAL_RUNS),
+        expand(rules.evaluate.output.checkpoints, run=EVAL_RUNS),
     output:
         benchmarks=report(str(layout.table("benchmarks")), caption="../report/benchmarks.rst", category="Evaluation"),
         pairs=report(str(layout.table("benchmark_pairs")), caption="../report/benchmark_pairs.rst", category="Evaluation"),
+        checkpoints=[str(layout.table(layout.CHECKPOINT_TABLE))] if SNAPSHOT_STEPS else [],
     conda:
         "../../envs/eval.yaml"
     log:

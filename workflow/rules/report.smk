@@ -18,6 +18,7 @@ rule seed_variance:
         benchmarks=str(layout.table("benchmarks")),
         pairs=str(layout.table("benchmark_pairs")),
         loss=str(layout.table("loss_difference")),
+        checkpoints=rules.benchmark_table.output.checkpoints,  # eval.last_checkpoints > 1: task_snr.csv's noise
     output:
         table=report(str(layout.table(layout.SEED_TABLE)), caption="../report/seed_variance.rst", category="Seeds"),
         snr=report(str(layout.table(layout.TASK_SNR_TABLE)), caption="../report/task_snr.rst", category="Seeds"),
@@ -38,8 +39,10 @@ rule seed_variance:
         runtime=10,
     params:
         train=as_json(jobs.seed_variance(config)["train"]),
+        checkpoint_scores=lambda wildcards, input: shell_words(["--checkpoints", *input.checkpoints] if input.checkpoints
+                                                         else []),
     shell:
-        "streamback seed-variance --params {params.train} > {log:q} 2>&1 || log_tail {log:q}"
+        "streamback seed-variance --params {params.train} {params.checkpoint_scores} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 

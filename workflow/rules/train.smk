@@ -2,7 +2,10 @@
 # `streamback train` on the tokenized corpus (rules.tokenize), once its arm's preflight passed
 # (rules.preflight_run).
 # Outputs (streamback/layout.py): results/runs/{run}/model.pt (the trained model,
-# streamback/model/weights.py), metrics.jsonl and summary.json (the completion record).
+# streamback/model/weights.py), metrics.jsonl and summary.json (the completion record); with
+# eval.last_checkpoints k > 1 also last/step_<N>.pt, the models at the k-1 earlier steps that the
+# evaluate job scores beside the final one (SNAPSHOT_STEPS, the Snakefile's; kept in the recipe
+# directory until the run ends, so a resumed run still ends with all of them).
 # Checkpoints and the live metrics.jsonl go to results/checkpoints/{run}/recipe-<fingerprint>/, one
 # directory per recipe, which is not an output: Snakemake never deletes it when a job fails, and
 # rerunning the rule (a retry, a requeue, a new `snakemake` call, `-R train`) resumes from the
@@ -41,6 +44,7 @@ rule train:
         model=str(layout.model_file("{run}")),
         metrics=str(layout.metrics_file("{run}")),
         summary=str(layout.summary_file("{run}")),
+        snapshots=[str(layout.snapshot_file("{run}", step)) for step in SNAPSHOT_STEPS],
     conda:
         "../../envs/train.yaml"
     log:
@@ -68,6 +72,7 @@ rule train:
         launch=untracked(train_launcher),
         threads=untracked(lambda wildcards: train_resources(wildcards.run)["threads"]),
         cpu_bf16=untracked(config["cpu_bf16"]),
+        snapshots=untracked(shell_words(["--snapshot-steps", *SNAPSHOT_STEPS] if SNAPSHOT_STEPS else [])),
         tokens=lambda wildcards, input: Path(input.manifest).parent,
         outdir=lambda wildcards, output: Path(output.model).parent,
         checkpoints=lambda wildcards: layout.checkpoint_dir(wildcards.run),
@@ -76,7 +81,7 @@ rule train:
         "trap : TERM USR1; streamback train-attempt --launch {params.launch:q} --checkpoints {params.checkpoints:q} "
         "--history {params.history:q} --log {log:q} -- --params {params.train} --model-params {params.model} "
         "--execution {params.execution} --run-name {wildcards.run:q} --data {params.tokens:q} --outdir {params.outdir:q} "
-        "--cpu-bf16 {params.cpu_bf16:q} --threads {params.threads:q}"
+        "--cpu-bf16 {params.cpu_bf16:q} --threads {params.threads:q} {params.snapshots}"
 
 
 
