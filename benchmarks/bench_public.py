@@ -59,9 +59,6 @@ def main() -> int:
                         help="how bf16 compute runs on the CPU (the config's cpu_bf16; the default study's: emulated)")
     parser.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"], help="fewer layers for a quick try")
     args = parser.parse_args()
-    from streamback.heap import keep_freed_memory
-
-    keep_freed_memory()  # the heap every streamback stage runs with (streamback.heap), before anything large is allocated
     torch.set_num_threads(args.threads)
 
     import transformers

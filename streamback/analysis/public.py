@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from streamback.analysis.precision import KINDS, layer_error, swallowed
+from streamback.analysis.precision import KINDS, layer_errors, swallowed
 from streamback.data import tokenizer as tk
 from streamback.data.shards import TokenDataset
 from streamback.errors import StreambackError
@@ -119,9 +119,8 @@ def public_tables(models: dict[str, str], cfg: dict, tokens_dir: str | Path, dev
             raise StreambackError(f"public model {name}: analysis.public_seq_len {seq_len} exceeds its max_position_embeddings "
                                   f"{trained.args.max_seq_len}")
         windows = public_windows(tokens_dir, Path(directory) / "tokenizer.json", seq_len, count, trained.args.vocab_size)
-        per_window = pd.concat([layer_error(trained, windows[w:w + 1], cfg["reference"], variants, device, cfg["seed"],
-                                            compute_dtype=torch.bfloat16, progress=progress).assign(window=w)
-                                for w in range(count)], ignore_index=True)
+        per_window = layer_errors(trained, windows.split(1), cfg["reference"], variants, device, cfg["seed"],
+                                  compute_dtype=torch.bfloat16, progress=progress)
         size = {"sequences": count, "tokens": count * seq_len}
         errors.append(summed_layer_error(per_window).assign(**size).assign(model=name))
         ratios.append(flip_ratios(per_window, cfg["confidence"], cfg["seed"]).assign(**size).assign(model=name))
