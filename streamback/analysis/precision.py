@@ -107,14 +107,24 @@ def reference_model(trained: TrainedModel, reference: str, device):
     return model.to(dtype)
 
 
+def _blocks_only(model):
+    """`model` with the parameters outside its blocks frozen (embedding, output head, final norm): their gradients
+    are not compared, and the head's weight gradient is the largest a small model takes."""
+    blocks = {id(p) for p in model.layers.parameters()}
+    for p in model.parameters():
+        if id(p) not in blocks:
+            p.requires_grad_(False)
+    return model
+
+
 def layer_errors(trained: TrainedModel, batches, reference: str, variants: list[str], device="cpu", seed: int = 0,
                  compute_dtype: torch.dtype | None = None, progress: Progress | None = None) -> pd.DataFrame:
     """`layer_error` of each of `batches` ([B, T + 1] token tensors) on its own (its own pass and loss), the rows with
     the batch's index (`window`). The ground truth and the variants' model are built once for all batches, the
     variants being one model whose stream changes (`Transformer.stream_as`); each batch's ground truth is
     computed once and held while the variants are compared with it."""
-    truth_model = reference_model(trained, reference, device)
-    model = load_model(trained, compute_dtype=compute_dtype, stream=variants[0], device=device)
+    truth_model = _blocks_only(reference_model(trained, reference, device))
+    model = _blocks_only(load_model(trained, compute_dtype=compute_dtype, stream=variants[0], device=device))
     rows = []
     for window, batch in enumerate(batches):
         batch = batch.to(device)

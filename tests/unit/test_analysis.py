@@ -119,12 +119,13 @@ def straightforward_layer_error(trained, batch, reference, variants, seed, compu
 
 
 def test_the_chunked_layer_error_of_each_window_is_the_straightforward_one(tmp_path, monkeypatch):
-    """One truth and one variant model for all windows, the stream switched per variant, the statistics a chunk at
-    a time (a chunk smaller than a block's gradients here), per-parameter parts: the figures of the direct way."""
+    """One truth and one variant model for all windows, the stream switched per variant, the embedding and head
+    frozen, the statistics a chunk at a time (smaller than a block's gradients here) over per-parameter parts:
+    the figures of the direct way."""
     from streamback.analysis import precision
 
     monkeypatch.setattr(precision, "CHUNK", 1000)
-    trained = tiny_model(tmp_path / "model.pt", block="streamback")
+    trained = tiny_model(tmp_path / "model.pt", block="streamback", tied_embeddings=True)  # as most public models
     windows = random_tokens(batch=3, seq=17, seed=4)
     variants = ["bf16", "fp32", "bf16_sr", "mxfp8"]
     ours = precision.layer_errors(trained, windows.split(1), "fp64", variants, seed=5, compute_dtype=torch.bfloat16)
