@@ -52,6 +52,6 @@ def drop_unexported_public_models(analysis: dict, runs) -> list[str]:
         if path.parent == exports and path.name not in runs and not (path / "config.json").is_file():
             analysis["public_models"][name] = None
             warnings.append(f"analysis.public_models.{name} dropped: {directory} is the Hugging Face export of run "
-                            f"{path.name!r}, which is not in the train.runs matrix ({', '.join(runs) or 'no runs'}); add the "
-                            f"run to train.runs to analyse it, or set analysis.public_models.{name} to null")
+                            f"{path.name!r}, which is not in the train.runs matrix ({', '.join(runs) or 'no runs'}); "
+                            f"add the run to train.runs to analyse it, or set analysis.public_models.{name} to null")
     return warnings

@@ -46,7 +46,7 @@ KINDS = ("activations", "stream_gradients", "gradients")
 SUBLAYERS = ("attention", "feed_forward")
 
 
-CHUNK = 1 << 16  # entries compared at once on the CPU, so that the fp64 temporaries stay in the cache
+CHUNK = 1 << 17  # entries compared at once on the CPU, so that the fp64 temporaries stay in the cache
 
 
 def _error_sums(parts: list[torch.Tensor], truths: list[torch.Tensor]) -> tuple[float, float, int, int]:
@@ -61,7 +61,7 @@ def _error_sums(parts: list[torch.Tensor], truths: list[torch.Tensor]) -> tuple[
             diff = xs.to(torch.float64, copy=True).sub_(ts).abs_()
             worst.append(diff.max())
             squares.append(torch.dot(diff, diff))
-            flips.append((xs.sign() * ts.sign()).lt_(0).sum())  # a zero on either side is not a flip
+            flips.append(torch.mul(ts, xs.sign()).lt_(0).sum())  # exactly +-ts or 0: a zero on either side is no flip
         entries += x.numel()
     return float(torch.stack(worst).max()), float(torch.stack(squares).sum()), int(torch.stack(flips).sum()), entries
 
@@ -71,7 +71,7 @@ def _squared_norm(truths: list[torch.Tensor]) -> float:
 
 
 def _stats(parts: list[torch.Tensor], truths: list[torch.Tensor], truth_squares: float) -> dict:
-    """`error_stats` of the concatenation of `parts` against that of `truths`, whose squared 2-norm is `truth_squares`."""
+    """`error_stats` of the concatenation of `parts` against that of `truths` (squared 2-norm `truth_squares`)."""
     worst, squares, flips, entries = _error_sums(parts, truths)
     return {
         "max_abs_error": worst,
@@ -138,7 +138,8 @@ def layer_errors(trained: TrainedModel, batches, reference: str, variants: list[
                 seen = _forward_backward(model, batch)
             for kind in KINDS:
                 for layer, (x, ref, norm) in enumerate(zip(seen[kind], truth[kind], squares[kind], strict=True)):
-                    rows.append({"variant": variant, "kind": kind, "layer": layer, **_stats(x, ref, norm), "window": window})
+                    rows.append({"variant": variant, "kind": kind, "layer": layer, **_stats(x, ref, norm),
+                                 "window": window})
             del seen
             if progress is not None:
                 progress.update(1, variant)
@@ -147,11 +148,13 @@ def layer_errors(trained: TrainedModel, batches, reference: str, variants: list[
 
 
 def layer_error(trained: TrainedModel, batch: torch.Tensor, reference: str, variants: list[str], device="cpu",
-                seed: int = 0, compute_dtype: torch.dtype | None = None, progress: Progress | None = None) -> pd.DataFrame:
+                seed: int = 0, compute_dtype: torch.dtype | None = None,
+                progress: Progress | None = None) -> pd.DataFrame:
     """Per variant, kind and layer: the error against the ground truth (columns: variant, kind,
     layer, max_abs_error, rel_error, sign_flips, sign_flip_fraction) of one pass over `batch`.
     `compute_dtype`: the variants' (default: as trained)."""
-    return layer_errors(trained, [batch], reference, variants, device, seed, compute_dtype, progress).drop(columns="window")
+    table = layer_errors(trained, [batch], reference, variants, device, seed, compute_dtype, progress)
+    return table.drop(columns="window")
 
 
 def swallowed(trained: TrainedModel, batch: torch.Tensor, variants: list[str], device="cpu", seed: int = 0,
@@ -164,11 +167,13 @@ def swallowed(trained: TrainedModel, batch: torch.Tensor, variants: list[str], d
     rows = []
     for variant in variants:
         torch.manual_seed(seed)
-        with torch.no_grad(), model.stream_as(StreamFormat.parse(variant)), model.capture(("residual",), add_fn=swallow_counts) as cap:
+        with (torch.no_grad(), model.stream_as(StreamFormat.parse(variant)),
+              model.capture(("residual",), add_fn=swallow_counts) as cap):
             model(inputs)
             adds = cap["adds"]
         for index, counts in enumerate(adds):
-            rows.append({"variant": variant, "layer": index // 2, "sublayer": SUBLAYERS[index % 2], **swallow_fractions(counts)})
+            rows.append({"variant": variant, "layer": index // 2, "sublayer": SUBLAYERS[index % 2],
+                         **swallow_fractions(counts)})
         del cap, adds
         if progress is not None:
             progress.update(1, variant)

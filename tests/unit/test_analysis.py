@@ -93,14 +93,15 @@ def test_fp64_model_is_fp64_throughout_and_matches_fp32_to_fp32_precision(tmp_pa
 
 
 def straightforward_layer_error(trained, batch, reference, variants, seed, compute_dtype):
-    """The layer error as first written: a model built per variant, each kind's tensors concatenated and compared whole."""
+    """The layer error as first written: a model built per variant, each kind's tensors concatenated, compared whole."""
     from streamback.analysis.precision import reference_model
     from streamback.train.validation import next_token_loss
 
     def passes(model):
         with model.capture(("residual",), grad=True) as cap:
             next_token_loss(model(batch[:, :-1]), batch[:, 1:]).backward()
-        return {"activations": [h.detach() for h in cap["residual"]], "stream_gradients": [h.grad for h in cap["residual"]],
+        return {"activations": [h.detach() for h in cap["residual"]],
+                "stream_gradients": [h.grad for h in cap["residual"]],
                 "gradients": [torch.cat([p.grad.flatten() for p in layer.parameters()]) for layer in model.layers]}
 
     def stats(x, truth):
@@ -129,8 +130,8 @@ def test_the_chunked_layer_error_of_each_window_is_the_straightforward_one(tmp_p
     windows = random_tokens(batch=3, seq=17, seed=4)
     variants = ["bf16", "fp32", "bf16_sr", "mxfp8"]
     ours = precision.layer_errors(trained, windows.split(1), "fp64", variants, seed=5, compute_dtype=torch.bfloat16)
-    theirs = pd.concat([straightforward_layer_error(trained, windows[w:w + 1], "fp64", variants, 5, torch.bfloat16).assign(window=w)
-                        for w in range(3)], ignore_index=True)
+    theirs = pd.concat([straightforward_layer_error(trained, windows[w:w + 1], "fp64", variants, 5, torch.bfloat16)
+                        .assign(window=w) for w in range(3)], ignore_index=True)
     assert list(ours.columns) == list(theirs.columns) and len(ours) == 3 * 4 * (4 + 4 + 3)
     exact = ["variant", "kind", "layer", "window", "max_abs_error", "sign_flips", "sign_flip_fraction"]
     pd.testing.assert_frame_equal(ours[exact], theirs[exact])
