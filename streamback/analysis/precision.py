@@ -55,7 +55,7 @@ def _error_sums(parts: list[torch.Tensor], truths: list[torch.Tensor]) -> tuple[
     worst, squares, flips, entries = [], [], [], 0
     for x, truth in zip(parts, truths, strict=True):
         x, truth = x.flatten(), truth.flatten()
-        step = x.numel() if x.device.type == "cuda" else CHUNK  # a GPU has no cache to fit and pays per kernel
+        step = max(x.numel(), 1) if x.device.type == "cuda" else CHUNK  # a GPU has no cache to fit, pays per kernel
         for i in range(0, x.numel(), step):
             xs, ts = x[i:i + step], truth[i:i + step]
             diff = xs.to(torch.float64, copy=True).sub_(ts).abs_()
@@ -109,7 +109,7 @@ def reference_model(trained: TrainedModel, reference: str, device):
 
 def _blocks_only(model):
     """`model` with the parameters outside its blocks frozen (embedding, output head, final norm): their gradients
-    are not compared, and the head's weight gradient is the largest a small model takes."""
+    are not compared, and a large vocabulary's head makes its weight gradient one of a pass's largest costs."""
     blocks = {id(p) for p in model.layers.parameters()}
     for p in model.parameters():
         if id(p) not in blocks:
