@@ -7,11 +7,12 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
+from streamback.check import drop_unexported_public_models
 from streamback.config import read_config_file, validate_config
 from streamback.data.settings import tokenized_train_split
 from streamback.errors import StreambackError
 from streamback.eval.taskload import check_task_names
-from streamback.runs import check_runs, snapshot_steps
+from streamback.runs import check_runs, run_matrix, snapshot_steps
 
 min_version("9.0")
 
@@ -29,7 +30,10 @@ report: "workflow/report/workflow.rst"
 
 # Before any job starts (and in a dry run): the project's own validator (one line per bad key,
 # defaults filled in), the cross-key check of every run and of eval.last_checkpoints, and the
-# eval task names (lm-eval's TaskManager, offline; its own tasks' names cached); the message alone, no traceback.
+# eval task names (lm-eval's TaskManager, offline; its own tasks' names cached); the message
+# alone, no traceback. Then a public model that is the export of a run a narrowed train.runs left
+# out is dropped, with a warning (streamback.check.drop_unexported_public_models): no job could
+# make it, and targets that never needed it still run.
 try:
     config.update(validate_config(config))
     check_runs(config["train"], config["model"], config["data"], tokenized=tokenized_train_split(config["data"]))
@@ -38,6 +42,8 @@ try:
 except StreambackError as err:
     merged = " merged with ".join(str(f) for f in [DEFAULT_CONFIG.relative_to(workflow.basedir), *workflow.overwrite_configfiles])
     sys.exit(f"Error in the config ({merged}): {err}")
+for warning in drop_unexported_public_models(config["analysis"], run_matrix(config["train"])):
+    print(f"warning: {warning}", file=sys.stderr)
 
 
 include: "workflow/rules/common.smk"

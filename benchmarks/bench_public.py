@@ -81,10 +81,6 @@ def main() -> int:
     )
     parser.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"], help="fewer layers for a quick try")
     args = parser.parse_args()
-    from streamback.heap import keep_freed_memory
-
-    # the heap every streamback stage runs with (streamback.heap), before anything large is allocated
-    keep_freed_memory()
     torch.set_num_threads(args.threads)
 
     import transformers

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from streamback.analysis.precision import KINDS, layer_error, swallowed
+from streamback.analysis.precision import KINDS, layer_errors, swallowed
 from streamback.data import tokenizer as tk
 from streamback.data.shards import TokenDataset
 from streamback.errors import StreambackError
@@ -162,21 +162,15 @@ def public_tables(models: dict[str, str], cfg: dict, tokens_dir: str | Path, dev
         windows = public_windows(
             tokens_dir, Path(directory) / "tokenizer.json", seq_len, count, trained.args.vocab_size
         )
-        per_window = pd.concat(
-            [
-                layer_error(
-                    trained,
-                    windows[w : w + 1],
-                    cfg["reference"],
-                    variants,
-                    device,
-                    cfg["seed"],
-                    compute_dtype=torch.bfloat16,
-                    progress=progress,
-                ).assign(window=w)
-                for w in range(count)
-            ],
-            ignore_index=True,
+        per_window = layer_errors(
+            trained,
+            windows.split(1),
+            cfg["reference"],
+            variants,
+            device,
+            cfg["seed"],
+            compute_dtype=torch.bfloat16,
+            progress=progress,
         )
         size = {"sequences": count, "tokens": count * seq_len}
         errors.append(summed_layer_error(per_window).assign(**size).assign(model=name))

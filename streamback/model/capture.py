@@ -16,7 +16,8 @@ class StreamCapture:
     `residual` (n_layers + 1 entries), `mid`, `attention`, `feed_forward` (n_layers each); with
     `add_fn`, also `adds`: `add_fn(h, delta, h')` of every add into the stream, in order (layer 0's
     attention, its feed-forward, layer 1's, ...: 2 x n_layers entries), each computed as the add
-    happens, so that no full-size tensor is held for it."""
+    happens, so that no full-size tensor is held for it. With `grad`, h_0 gets its gradient also where
+    the embedding is frozen (h_0 is then made a leaf that requires it)."""
 
     def __init__(self, points: tuple[str, ...], fn, grad: bool, add_fn=None):
         unknown = set(points) - set(STREAM_POINTS)
@@ -45,6 +46,8 @@ class StreamCapture:
 
     def _begin(self, h0: torch.Tensor) -> None:
         self._values = self._empty()
+        if self.grad and torch.is_grad_enabled() and not h0.requires_grad:
+            h0.requires_grad_()  # a frozen embedding's h_0: a leaf, so that its gradient is still taken
         self._keep("residual", h0)
         self._h = h0.detach() if self.add_fn is not None else None
 

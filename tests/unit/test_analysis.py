@@ -97,6 +97,94 @@ def test_fp64_model_is_fp64_throughout_and_matches_fp32_to_fp32_precision(tmp_pa
         StreamFormat.parse("fp64_sr")
 
 
+def straightforward_layer_error(trained, batch, reference, variants, seed, compute_dtype):
+    """The layer error as first written: a model built per variant, each kind's tensors concatenated, compared whole."""
+    from streamback.analysis.precision import reference_model
+    from streamback.train.validation import next_token_loss
+
+    def passes(model):
+        with model.capture(("residual",), grad=True) as cap:
+            next_token_loss(model(batch[:, :-1]), batch[:, 1:]).backward()
+        return {
+            "activations": [h.detach() for h in cap["residual"]],
+            "stream_gradients": [h.grad for h in cap["residual"]],
+            "gradients": [torch.cat([p.grad.flatten() for p in layer.parameters()]) for layer in model.layers],
+        }
+
+    def stats(x, truth):
+        x, truth = x.double(), truth.double()
+        flips = int((((x > 0) & (truth < 0)) | ((x < 0) & (truth > 0))).sum())
+        return {
+            "max_abs_error": float((x - truth).abs().max()),
+            "rel_error": float((x - truth).norm() / truth.norm()),
+            "sign_flips": flips,
+            "sign_flip_fraction": flips / x.numel(),
+        }
+
+    truth, rows = passes(reference_model(trained, reference, "cpu")), []
+    for variant in variants:
+        torch.manual_seed(seed)
+        seen = passes(load_model(trained, compute_dtype=compute_dtype, stream=variant))
+        rows += [
+            {"variant": variant, "kind": kind, "layer": layer, **stats(x, ref)}
+            for kind in seen
+            for layer, (x, ref) in enumerate(zip(seen[kind], truth[kind]))
+        ]
+    return pd.DataFrame(rows)
+
+
+def test_the_chunked_layer_error_of_each_window_is_the_straightforward_one(tmp_path, monkeypatch):
+    """One truth and one variant model for all windows, the stream switched per variant, the embedding and head
+    frozen, the statistics a chunk at a time (smaller than a block's gradients here) over per-parameter parts:
+    the figures of the direct way."""
+    from streamback.analysis import precision
+
+    monkeypatch.setattr(precision, "CHUNK", 1000)
+    trained = tiny_model(tmp_path / "model.pt", block="streamback", tied_embeddings=True)  # as most public models
+    windows = random_tokens(batch=3, seq=17, seed=4)
+    variants = ["bf16", "fp32", "bf16_sr", "mxfp8"]
+    ours = precision.layer_errors(trained, windows.split(1), "fp64", variants, seed=5, compute_dtype=torch.bfloat16)
+    theirs = pd.concat(
+        [
+            straightforward_layer_error(trained, windows[w : w + 1], "fp64", variants, 5, torch.bfloat16).assign(
+                window=w
+            )
+            for w in range(3)
+        ],
+        ignore_index=True,
+    )
+    assert list(ours.columns) == list(theirs.columns) and len(ours) == 3 * 4 * (4 + 4 + 3)
+    exact = ["variant", "kind", "layer", "window", "max_abs_error", "sign_flips", "sign_flip_fraction"]
+    pd.testing.assert_frame_equal(ours[exact], theirs[exact])
+    assert np.allclose(ours.rel_error, theirs.rel_error, rtol=1e-12, atol=0) and (ours.sign_flips > 0).any()
+
+
+def test_the_swallowed_table_taken_as_each_add_happens_is_the_one_of_the_captured_stream(tmp_path):
+    trained, batch = tiny_model(tmp_path / "model.pt"), random_tokens()
+    rows = []
+    for variant in ["bf16", "fp32", "nvfp4_sr"]:
+        torch.manual_seed(2)
+        model = load_model(trained, stream=variant)
+        with torch.no_grad(), model.capture() as cap:
+            model(batch[:, :-1])
+        for layer in range(3):
+            rows += [
+                {
+                    "variant": variant,
+                    "layer": layer,
+                    "sublayer": "attention",
+                    **swallow_stats(cap["residual"][layer], cap["attention"][layer], cap["mid"][layer]),
+                },
+                {
+                    "variant": variant,
+                    "layer": layer,
+                    "sublayer": "feed_forward",
+                    **swallow_stats(cap["mid"][layer], cap["feed_forward"][layer], cap["residual"][layer + 1]),
+                },
+            ]
+    pd.testing.assert_frame_equal(swallowed(trained, batch, ["bf16", "fp32", "nvfp4_sr"], seed=2), pd.DataFrame(rows))
+
+
 # -- envelope -----------------------------------------------------------------------------------
 
 

@@ -60,3 +60,38 @@ def test_check_names_the_file_and_line_of_invalid_yaml(tmp_path, capsys):
         f"config OK (config/config.yaml + {bad}): 5 runs: tiny-medium-baseline, tiny-medium-baseline-seed1, "
         "tiny-medium-streamback, tiny-medium-streamback-seed1, tiny-medium-streamback-mxfp8\n"
     )
+
+
+def test_a_public_model_exported_from_a_run_left_out_of_the_matrix_is_dropped(tmp_path, monkeypatch, capsys):
+    """The default public model is the export of tiny-skinny-tall-baseline (rule export_hf): a train.runs without
+    that run could not make it, so it is dropped (set to null) with a warning naming the key, the run and the fix;
+    kept with its run in the matrix, or where its export is there already."""
+    from streamback.check import drop_unexported_public_models
+    from streamback.config import ROOT, merge_config, public_models, read_config_file, validate_config
+    from streamback.runs import run_matrix
+
+    monkeypatch.chdir(tmp_path)
+    default = read_config_file(ROOT / "config" / "config.yaml")
+    narrow = {"train": {"runs": {"shapes": ["tiny-fat-short"], "streams": [], "seeds": [0]}}}
+    narrowed = validate_config(merge_config(default, narrow))
+    runs = run_matrix(narrowed["train"])
+    assert drop_unexported_public_models(narrowed["analysis"], runs) == [
+        (
+            "analysis.public_models.tiny-skinny-tall-baseline-hf dropped: results/hf/tiny-skinny-tall-baseline is the "
+            "Hugging Face export of run 'tiny-skinny-tall-baseline', which is not in the train.runs matrix "
+            "(tiny-fat-short-baseline, tiny-fat-short-streamback); add the run to train.runs to analyse it, or set "
+            "analysis.public_models.tiny-skinny-tall-baseline-hf to null"
+        )
+    ]
+    assert public_models(narrowed["analysis"]) == {}
+    full = validate_config(default)
+    assert drop_unexported_public_models(full["analysis"], run_matrix(full["train"])) == []
+    assert public_models(full["analysis"]) == {"tiny-skinny-tall-baseline-hf": "results/hf/tiny-skinny-tall-baseline"}
+    small = tmp_path / "small.yaml"
+    small.write_text("train: {runs: {shapes: [tiny-fat-short], streams: []}}\n")
+    assert main(["check", str(small)]) == 0
+    assert "warning: analysis.public_models.tiny-skinny-tall-baseline-hf dropped: " in capsys.readouterr().err
+    (tmp_path / "results" / "hf" / "tiny-skinny-tall-baseline").mkdir(parents=True)
+    (tmp_path / "results" / "hf" / "tiny-skinny-tall-baseline" / "config.json").write_text("{}")
+    again = validate_config(merge_config(default, narrow))
+    assert drop_unexported_public_models(again["analysis"], runs) == [] and public_models(again["analysis"])

@@ -1,6 +1,7 @@
 """Rules export_hf and analyze_public: the default study exports its deepest baseline run in Hugging
 Face format and runs the public-model analysis on it, without a download; an empty
-analysis.public_models (its one model set to null) plans no such job."""
+analysis.public_models (its one model set to null), or a train.runs without the exported run, plans no
+such job."""
 
 import re
 
@@ -56,5 +57,18 @@ def test_a_public_model_set_to_null_plans_no_public_job(run_snakemake, tmp_path)
         "-n", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", tmp_path / "none.yaml"
     )
     assert planned.returncode == 0, planned.stderr[-3000:]
+    jobs = set(re.findall(r"^rule (\w+):", planned.stdout, flags=re.M))
+    assert "train" in jobs and not jobs & {"analyze_public", "export_hf"}
+
+
+def test_a_matrix_without_the_exported_run_drops_its_model_with_a_warning(run_snakemake, tmp_path):
+    """A train.runs narrowed to leave the exported run out: no MissingInputException, the model is dropped, named."""
+    narrow = {"train": {"runs": {"shapes": ["tiny-fat-short"], "streams": [], "seeds": [0]}}}
+    (tmp_path / "narrow.yaml").write_text(yaml.safe_dump(narrow))
+    planned = run_snakemake(
+        "-n", "--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", tmp_path / "narrow.yaml"
+    )
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "warning: analysis.public_models.tiny-skinny-tall-baseline-hf dropped: " in planned.stderr
     jobs = set(re.findall(r"^rule (\w+):", planned.stdout, flags=re.M))
     assert "train" in jobs and not jobs & {"analyze_public", "export_hf"}
