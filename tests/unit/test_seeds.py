@@ -12,7 +12,7 @@ from streamback.runs import comparison_name, comparisons, run_matrix
 from streamback.train.batches import num_windows, train_windows
 from streamback.train.processes import Distributed
 
-from test_train import MODEL, TRAIN, run_inprocess
+from test_train import MODEL, TRAIN
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -138,35 +138,6 @@ def test_within_a_seed_both_blocks_start_alike_and_see_the_same_batches(tokens, 
         trainers["micro-baseline"].identity == trainer_of(tokens, tmp_path, "micro-baseline").identity
     )  # the same recipe directory
     assert trainers["micro-baseline-seed1"].recipe_dir != trainers["micro-baseline"].recipe_dir
-
-
-@pytest.mark.slow
-def test_a_micro_matrix_trains_two_seeds_paired(tokens, tmp_path):
-    """Both blocks of two seeds, trained: each run's summary names its seed; within a seed the two
-    blocks' first losses agree to their streams' rounding (the same weights and batch), across seeds
-    they differ by more."""
-    import json
-
-    from streamback import layout
-    from streamback.model.weights import read_model
-    from streamback.train.metrics import read_metrics
-
-    first = {}
-    for run in ("micro-baseline", "micro-streamback", "micro-baseline-seed1", "micro-streamback-seed1"):
-        assert run_inprocess(tokens, tmp_path / run, run=run, runs={**TRAIN["runs"], "seeds": [TRAIN["seed"], 1]}) == 0
-        summary = json.loads((tmp_path / run / "out" / layout.SUMMARY_FILE).read_text())
-        assert summary["run"] == run and summary["seed"] == (1 if run.endswith("seed1") else TRAIN["seed"])
-        first[run] = read_metrics(tmp_path / run / "out" / layout.METRICS_FILE)[0]["loss"]
-    within = max(
-        abs(first["micro-baseline"] - first["micro-streamback"]),
-        abs(first["micro-baseline-seed1"] - first["micro-streamback-seed1"]),
-    )
-    assert within < 1e-2, first
-    across = [
-        read_model(tmp_path / run / "out" / layout.MODEL_FILE).state
-        for run in ("micro-baseline", "micro-baseline-seed1")
-    ]
-    assert not torch.equal(across[0]["output.weight"], across[1]["output.weight"])
 
 
 def test_seed_variance_is_each_arm_s_spread_over_its_seeds():

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
-# noqa: F401  (fixtures and helpers shared with the unit tests)
-from test_analysis import SHAPES, analyze, matrix, matrix_tokens, pytestmark
+# fixtures and helpers shared with the unit tests
+from test_analysis import SHAPES, analyze, matrix, matrix_tokens, pytestmark  # noqa: F401
 
 from streamback import layout
 from streamback.train.metrics import read_metrics

@@ -6,8 +6,8 @@ import json
 import lm_eval
 import pytest
 
-# noqa: F401  (fixtures and helpers shared with the unit tests)
-from test_eval_tasks import LM_EVAL_TASKS, check_names, full_indexes, long_runs, real_tasks, task_name_cache
+# fixtures and helpers shared with the unit tests
+from test_eval_tasks import LM_EVAL_TASKS, check_names, full_indexes, long_runs, real_tasks, task_name_cache  # noqa: F401
 
 from streamback import layout
 from streamback.config import validate_config

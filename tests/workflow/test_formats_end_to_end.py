@@ -4,8 +4,8 @@ same subjects, at the pace of whole runs."""
 import pytest
 import torch
 
-# noqa: F401  (fixtures and helpers shared with the unit tests)
-from test_formats import ALL, _sr_inputs, _sr_verdict, _two_steps
+# fixtures and helpers shared with the unit tests
+from test_formats import ALL, _sr_inputs, _sr_verdict, _two_steps  # noqa: F401
 
 from streamback.model.formats import StreamFormat
 

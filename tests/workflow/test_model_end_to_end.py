@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-# noqa: F401  (fixtures and helpers shared with the unit tests)
-from test_model import COMPILED_STREAMS, STREAMS, assert_stream, process_group, tiny, tokens
+# fixtures and helpers shared with the unit tests
+from test_model import COMPILED_STREAMS, STREAMS, assert_stream, process_group, tiny, tokens  # noqa: F401
 
 from streamback.cli import main as cli_main
 from streamback.config import DEFAULT_CONFIG, load_config
@@ -242,3 +242,36 @@ def test_bench_cpu(tmp_path, capsys):
         r["signals_step_s"] > 0 for r in rows.values()
     )
     assert all(0 < r["signals_flops_share"] < r["signals_bytes_share"] < 0.1 for r in rows.values())
+
+
+@pytest.mark.slow
+def test_loss_with_targets_is_next_token_loss_of_the_logits(device):
+    """`model(tokens, targets)` (the training step's loss, `head_loss`) is `next_token_loss` of the
+    logits: bit for bit eagerly, loss and gradients alike; compiled (apply_compile compiles the
+    head with the loss, so no fp32 logits are written) up to fp32 reduction order."""
+    from streamback.train.validation import next_token_loss
+
+    args = tiny(block="streamback", vocab_size=1000)
+    with torch.device(device):
+        model, compiled = Transformer(args), Transformer(args)
+    compiled.load_state_dict(model.state_dict())
+    tok = tokens(args, seq=33).to(device)
+    losses, grads = [], []
+    for loss_of in (
+        lambda m: next_token_loss(m(tok[:, :-1]), tok[:, 1:]),
+        lambda m: m(tok[:, :-1], targets=tok[:, 1:]),
+    ):
+        model.zero_grad(set_to_none=True)
+        losses.append(loss_of(model))
+        losses[-1].backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert torch.equal(losses[0], losses[1]) and all(torch.equal(a, b) for a, b in zip(*grads))
+    apply_compile(compiled)
+    loss = compiled(tok[:, :-1], targets=tok[:, 1:])
+    loss.backward()
+    torch.testing.assert_close(loss, losses[0], rtol=1e-5, atol=0)
+    for (name, p), q in zip(model.named_parameters(), compiled.parameters()):
+        assert (p.grad - q.grad).abs().max() <= 1e-2 * p.grad.abs().max(), (
+            name
+        )  # a flipped bf16 rounding here and there
+    torch._dynamo.reset()

@@ -15,7 +15,7 @@ from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import read_metrics
 
-from test_train import (
+from test_train import (  # noqa: F401  (fixtures and helpers shared with the unit tests)
     STEPS,
     _resume_matches,
     _wait_for_step,
@@ -26,7 +26,7 @@ from test_train import (
     recipe_of,
     reference,
     run_inprocess,
-)  # noqa: F401  (fixtures and helpers shared with the unit tests)
+)
 
 
 @pytest.mark.slow
