@@ -298,18 +298,6 @@ def test_run_outputs_and_same_seed_same_metrics(reference, tokens, tmp_path):
     assert all(torch.equal(again[k], reference["model"][k]) for k in reference["model"])
 
 
-def test_activation_checkpointing_and_the_reversible_stream_train_the_same_model(reference, tokens, tmp_path):
-    """Recomputing blocks changes nothing; rebuilding the fp32 stream by subtraction only rounding."""
-    ref = deterministic(reference["metrics"])
-    assert run_inprocess(tokens, tmp_path / "ac", activation_checkpointing=True) == 0
-    assert deterministic(read_metrics(tmp_path / "ac" / "out" / layout.METRICS_FILE)) == ref
-    assert run_inprocess(tokens, tmp_path / "rev", reversible=True, activation_checkpointing=True) == 0
-    records = read_metrics(tmp_path / "rev" / "out" / layout.METRICS_FILE)
-    assert records[0]["loss"] == ref[0]["loss"]  # the forward pass is the plain one
-    assert np.allclose([r["loss"] for r in records], [r["loss"] for r in ref], rtol=0, atol=1e-3)
-    assert read_model(tmp_path / "rev" / "out" / layout.MODEL_FILE).args.reversible
-
-
 def test_a_stochastically_rounded_stream_resumes_exactly(tokens, tmp_path):
     """The random bits of stochastic rounding are a function of (seed, step, rank), like the batches."""
     run = "micro-streamback-bf16_sr"

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from streamback import layout
+from streamback.model.weights import read_model
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import read_metrics
@@ -158,3 +159,15 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     for key, value in reference["model"].items():
         assert torch.allclose(model[key], value, rtol=0, atol=1e-5), key
+
+
+def test_activation_checkpointing_and_the_reversible_stream_train_the_same_model(reference, tokens, tmp_path):
+    """Recomputing blocks changes nothing; rebuilding the fp32 stream by subtraction only rounding."""
+    ref = deterministic(reference["metrics"])
+    assert run_inprocess(tokens, tmp_path / "ac", activation_checkpointing=True) == 0
+    assert deterministic(read_metrics(tmp_path / "ac" / "out" / layout.METRICS_FILE)) == ref
+    assert run_inprocess(tokens, tmp_path / "rev", reversible=True, activation_checkpointing=True) == 0
+    records = read_metrics(tmp_path / "rev" / "out" / layout.METRICS_FILE)
+    assert records[0]["loss"] == ref[0]["loss"]  # the forward pass is the plain one
+    assert np.allclose([r["loss"] for r in records], [r["loss"] for r in ref], rtol=0, atol=1e-3)
+    assert read_model(tmp_path / "rev" / "out" / layout.MODEL_FILE).args.reversible
