@@ -246,7 +246,7 @@ def test_the_tier_dry_runs(run_snakemake, tmp_path, profile):
     assert result.returncode == 0, out[-3000:]
     runs = len(run_matrix(load_config(CONFIG)["train"]))  # 6 a seed
     assert re.search(rf"^train\s+{runs}$", out, re.MULTILINE) and re.search(rf"^evaluate\s+{runs}$", out, re.MULTILINE)
-    assert "--nproc-per-node 1 --standalone -m streamback train" in out
+    assert "--nproc-per-node 1 --standalone -m streamback' " in out and "streamback train-attempt --launch" in out
     assert re.search(r"resources: .*runtime=600, nodes=1, gpu=1, cpus_per_gpu=8", out) and re.search(
         r"resources: .*mem_mb=64000", out
     )
