@@ -13,6 +13,7 @@ step again, which must match it.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import resource
 import statistics
@@ -27,7 +28,9 @@ from streamback.runs import RunSpec, train_steps
 from streamback.train.batches import rank_micro_batches, read_windows, train_windows
 from streamback.train.checkpoint import load_checkpoint, save_checkpoint
 from streamback.train.processes import Distributed, StopRequest
-from streamback.train.trainer import Diverged, Trainer
+from streamback.train.signals import shadow_gap_bound
+from streamback.train.trainer import Diverged, Trainer, clip_gradients
+from streamback.train.validation import next_token_loss
 
 WARMUP_STEPS = 2  # steps not timed: the first compiles (torch.compile) and fills the allocator's caches
 
@@ -72,10 +75,12 @@ class Preflight:
         try:
             records = [self._step(step) for step in range(self.steps - 1)]
         except Diverged as err:
-            self.results.append(checks.Check("losses", False, str(err), "finite, the last below the first", {}))
+            self.results.append(checks.Check("losses", False, str(err), "finite steps", {}))
             return self.results
         self.speed_and_memory(records)
         self.resume_and_shadow(records)
+        at = next(i for i, c in enumerate(self.results) if c.name == "speed")
+        self.results.insert(at, self.learning(records))  # last: its steps leave the state changed
         return self.results
 
     def _agreed(self, check: checks.Check) -> bool:
@@ -105,9 +110,7 @@ class Preflight:
     def stream_dtype(self) -> None:
         """One micro-batch of step 1 forward and backward, the stream captured at every boundary."""
         t = self.trainer
-        windows = train_windows(t.seed, 0, t.batch_size, t.n_train)
-        micro = rank_micro_batches(windows, self.env.rank, self.env.world_size, t.micro_batch_size)[0]
-        batch = read_windows(t.train_data, micro, t.seq_len).to(self.env.device)
+        batch = self._fixed_batch()
         with t.model.capture(("residual",), grad=True) as seen:
             t.model(batch[:, :-1], targets=batch[:, 1:]).backward()
             forward = [str(h.dtype) for h in seen["residual"]]
@@ -117,13 +120,62 @@ class Preflight:
 
     def speed_and_memory(self, records: list[dict]) -> None:
         t = self.trainer
-        self.results.append(checks.losses([r["loss"] for r in records]))
         timed = [r["tokens_per_s"] for r in records[WARMUP_STEPS:]] or [records[-1]["tokens_per_s"]]
         tokens_per_s = statistics.median(timed)
         hours = train_steps(t.cfg) * t.tokens_per_step / tokens_per_s / 3600 * self.env.world_size
         self.results.append(checks.speed(tokens_per_s, hours, self.unit))
         self.results.append(checks.budget(hours, t.cfg["budget_gpu_hours"], self.unit))
         self.results.append(self._memory())
+
+    def learning(self, records: list[dict]) -> checks.Check:
+        """Does the model learn, whatever the schedule: one fixed micro-batch's loss before and after
+        optimizer steps on it at the recipe's peak learning rate held fixed (train.optimizer.lr; a
+        warmup's first steps move the weights too little to show in a loss that changes batch at
+        every step), through the run's model, optimizer and gradient clipping, until the loss has
+        fallen by more than the batch's own noise (`checks.learned`), at most `checks.LEARN_STEPS`.
+        Each step's forward measures the loss its predecessors left. The steps change the state,
+        which the preflight throws away."""
+        t, env = self.trainer, self.env
+        lr = t.cfg["optimizer"]["lr"]
+        for group in t.optimizer.param_groups:
+            group["lr"] = lr
+        batch = self._fixed_batch()
+        before = self._token_loss_stats(batch)
+        after, taken = before["mean"], 0
+        while True:
+            loss = t.model(batch[:, :-1], targets=batch[:, 1:])
+            after = env.all_reduce(loss.detach().double().reshape(1)).item() / env.world_size
+            if taken and (checks.learned(before, after) or taken == checks.LEARN_STEPS) or not math.isfinite(after):
+                break
+            loss.backward()
+            clip_gradients(t.params, t.cfg["optimizer"])
+            t.optimizer.step()
+            t.optimizer.zero_grad(set_to_none=True)
+            taken += 1
+        t.optimizer.zero_grad(set_to_none=True)
+        return checks.losses([r["loss"] for r in records], before, after, taken, lr)
+
+    def _fixed_batch(self) -> torch.Tensor:
+        """This rank's first micro-batch of step 1, [B, T + 1] tokens on the device."""
+        t = self.trainer
+        windows = train_windows(t.seed, 0, t.batch_size, t.n_train)
+        micro = rank_micro_batches(windows, self.env.rank, self.env.world_size, t.micro_batch_size)[0]
+        return read_windows(t.train_data, micro, t.seq_len).to(self.env.device)
+
+    @torch.no_grad()
+    def _token_loss_stats(self, batch: torch.Tensor) -> dict:
+        """The mean next-token loss over every rank's batch, its tokens' standard deviation and count."""
+        losses = next_token_loss(self.trainer.model(batch[:, :-1]), batch[:, 1:], reduction="none").double()
+        sums = torch.stack(
+            [
+                losses.sum(),
+                (losses**2).sum(),
+                torch.tensor(float(losses.numel()), dtype=torch.float64, device=losses.device),
+            ]
+        )
+        total, squares, n = self.env.all_reduce(sums).tolist()
+        mean = total / n
+        return {"mean": mean, "sd": math.sqrt(max(squares / n - mean**2, 0.0) * n / max(n - 1, 1)), "tokens": int(n)}
 
     def _memory(self) -> checks.Check:
         if self.env.device.type == "cuda":
@@ -181,10 +233,12 @@ class Preflight:
         fmt = self.trainer.model.stream_format
         if "shadow_gap" not in record:
             return checks.shadow(None, None, None, fmt.label)
-        absmax = torch.tensor(record["shadow_absmax"])
-        grid = (fmt.spacing(absmax) / absmax.clamp_min(torch.finfo(torch.float32).tiny)).tolist()
-        bounds = [max(checks.SHADOW_FP32_GAP, checks.SHADOW_GRID_STEPS * g) for g in grid]
-        return checks.shadow(record["shadow_gap"], bounds, record["shadow_loss"], fmt.label)
+        run, shadow = record["stream_absmax"], record["shadow_absmax"]
+        rounding = shadow_gap_bound(fmt, run, shadow)
+        steps = (
+            fmt.spacing(torch.tensor(shadow)) / torch.tensor(shadow).clamp_min(torch.finfo(torch.float32).tiny)
+        ).tolist()
+        return checks.shadow(record["shadow_gap"], rounding, record["shadow_loss"], fmt.label, grid=steps)
 
 
 _MAX = torch.distributed.ReduceOp.MAX

@@ -25,6 +25,8 @@ the swallow counts summed over them (one all-reduce of SUM) before the shares ar
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -41,6 +43,36 @@ def shadow_format(model, device) -> StreamFormat | None:
     """The shadow's stream: fp64 on the CPU, fp32 on CUDA; None for a run whose stream is that already."""
     fmt = StreamFormat.parse("fp64" if torch.device(device).type == "cpu" else "fp32")
     return None if fmt == model.stream_format else fmt
+
+
+def roundings_before(boundary: int) -> int:
+    """How many times the stream is rounded before layer boundary `boundary` (0: the embedding):
+    once as the embedding enters it, then once per add, two adds (attention, feed-forward) a block."""
+    return 1 + 2 * boundary
+
+
+def shadow_gap_bound(fmt: StreamFormat, run_absmax: list[float], shadow_absmax: list[float]) -> list[float]:
+    """The largest `shadow_gap` (relative, per boundary) that rounding the stream to `fmt` can
+    produce by itself: the bound a healthy stream stays within, however deep.
+
+    The run's and the shadow's streams see the same embedding and (up to their own rounding) the
+    same updates; they differ by the run's roundings. Each moves an element by at most half a grid
+    step at the element's magnitude under nearest rounding (less than one step under stochastic
+    rounding), and no element before boundary b is larger than M_b, the largest max |h| of either
+    stream at any boundary up to b. After `roundings_before(b)` roundings an element is off by at
+    most roundings_before(b) x share x spacing(M_b), and so is the stream's max |h|
+    (| max|a| - max|s| | <= max |a - s|); divided by the shadow's max |h| at b. The bound grows
+    linearly with depth: the gap's growth with depth is the paper's effect, not a fault. It leaves
+    out how an error, once made, changes the later layers' updates (the sublayers read the stream
+    through a norm and a cast to the compute dtype, which take most of it back); the simulation in
+    tests/unit/test_watch.py holds it against rounded sums at 20, 40 and 80 layers."""
+    share = 1.0 if fmt.rounding == "stochastic" else 0.5
+    running, bounds = 0.0, []
+    for b, (a, s) in enumerate(zip(run_absmax, shadow_absmax)):
+        running = max(running, abs(a), abs(s))
+        step = float(fmt.spacing(torch.tensor(running, dtype=torch.float64)))
+        bounds.append(roundings_before(b) * share * step / s if s > 0 else (0.0 if running == 0 else math.inf))
+    return bounds
 
 
 def _envelope(h: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ each with its key in `train.log.warnings` (null turns it off):
 - `swallowed`: a layer whose share of swallowed updates (`swallowed_fraction`) passes
   `swallowed_fraction`;
 - `spacing`: a layer boundary whose grid step at the stream's max (`stream_spacing`) passes
-  `spacing_share` times the typical update of the layer that writes it (`update_mean_abs`);
+  `spacing_share` times the typical update of the layer that writes it (`update_mean_abs`); one
+  event a step names every layer that began to hold as ranges (`layer`: the layer, or "3-40, 42")
 - `gain_rise`: a norm whose max |gain| rose steadily (`steady_rise`) by more than `gain_rise`
   over the last `trend_window` steps;
 - `grad_norm_rise`: the gradient norm rose steadily by more than `grad_norm_rise` over the last
@@ -88,12 +89,9 @@ class Watch:
     def _event(self, kind, step, layer, value, holds, message, quiet=0) -> list[dict]:
         """The warning if its condition `holds` now and did not at its last test (and it is not within `quiet` steps of
         its last)."""
-        key, threshold = (kind, layer), self.cfg[_KEYS[kind]]
-        held = key in self.holding
-        (self.holding.add if holds else self.holding.discard)(key)
-        if not holds or held or step - self.fired.get(key, -math.inf) <= quiet:
+        threshold = self.cfg[_KEYS[kind]]
+        if not self._holds((kind, layer), step, holds, quiet):
             return []
-        self.fired[key] = step
         where = f", {layer if isinstance(layer, str) else f'layer {layer}'}" if layer is not None else ""
         return [
             {
@@ -119,22 +117,52 @@ class Watch:
                     swallowed > share,
                     f"the {self.stream} stream's rounding swallowed {swallowed:.1%} of the layer's updates",
                 )
-            spacing, top, update = (
-                record["stream_spacing"][layer + 1],
-                record["stream_absmax"][layer + 1],
-                record["update_mean_abs"][layer],
-            )
-            if ratio is not None and update > 0:
-                events += self._event(
-                    "spacing",
-                    step,
-                    layer,
-                    spacing / update,
-                    spacing > ratio * update,
-                    f"at the stream's max |h| {top:.4g} after this layer the {self.stream} grid step is {spacing:.3g}, "
-                    f"{spacing / update:.3g} x the layer's typical update {update:.3g}",
-                )
+        if ratio is not None:
+            events += self._spacing(record, ratio)
         return events
+
+    def _spacing(self, record, ratio) -> list[dict]:
+        """One event for the step, naming as ranges the layers whose condition began to hold: a deep
+        stream's grid step passes many layers' typical updates at once (the drift note's signal), and
+        a line per layer would bury the log."""
+        step, fired = record["step"], []
+        for layer, update in enumerate(record["update_mean_abs"]):
+            spacing = record["stream_spacing"][layer + 1]
+            holds = update > 0 and spacing > ratio * update
+            if self._holds(("spacing", layer), step, holds):
+                fired.append((layer, spacing, record["stream_absmax"][layer + 1], update))
+        if not fired:
+            return []
+        layers = [f[0] for f in fired]
+        value = max(s / u for _, s, _, u in fired)
+        where, what = (
+            (f"layer {layers[0]}", "this layer")
+            if len(fired) == 1
+            else (f"layers {layer_ranges(layers)}", f"each of these {len(fired)} layers")
+        )
+        tops, steps, updates = ([f[i] for f in fired] for i in (2, 1, 3))
+        return [
+            {
+                "warning": "spacing",
+                "step": step,
+                "layer": layers[0] if len(fired) == 1 else layer_ranges(layers),
+                "value": value,
+                "threshold": ratio,
+                "message": f"warning (step {step}, {where}): at the stream's max |h| {_span(tops, '.4g')} after "
+                f"{what} the {self.stream} grid step is {_span(steps, '.3g')}, up to {value:.3g} x the layer's "
+                f"typical update {_span(updates, '.3g')} (train.log.warnings.spacing_share: {ratio:g})",
+            }
+        ]
+
+    def _holds(self, key, step, holds: bool, quiet: int = 0) -> bool:
+        """Record whether `key`'s condition holds at `step`; True if it fires: it holds now, did not at
+        its last test, and `key` is not within `quiet` steps of its last firing."""
+        held = key in self.holding
+        (self.holding.add if holds else self.holding.discard)(key)
+        if not holds or held or step - self.fired.get(key, -math.inf) <= quiet:
+            return False
+        self.fired[key] = step
+        return True
 
     def _trend_window(self, step, series):
         """The values of `series` ((step, value) pairs) in the trend window after the warmup; None before it
@@ -201,6 +229,22 @@ class Watch:
             f"the loss {loss:.4f} is {jump:.1%} above the median {median:.4f} of the previous {window} steps",
             quiet=window,
         )
+
+
+def layer_ranges(layers: list[int]) -> str:
+    """Sorted layer numbers as ranges: [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _span(values, fmt: str) -> str:
+    low, high = min(values), max(values)
+    return f"{low:{fmt}}" if f"{low:{fmt}}" == f"{high:{fmt}}" else f"{low:{fmt}} to {high:{fmt}}"
 
 
 WARNING_COLUMNS = ["run", "step", "warning", "layer", "value", "threshold", "message"]

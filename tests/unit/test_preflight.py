@@ -3,6 +3,7 @@
 full disk) fails its check in one line that names it, with no passed record left behind."""
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -12,7 +13,7 @@ from streamback import layout
 from streamback.config import validate_config
 from streamback.model.formats import StreamFormat
 from streamback.model.model import ModelArgs, Transformer, count_params
-from streamback.preflight import probe, stage, table
+from streamback.preflight import checks, probe, stage, table
 from streamback.train.trainer import Trainer
 
 MODEL = {
@@ -56,8 +57,12 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
         "max_weight_diff": 0.0,
         "mean_weight_diff": 0.0,
     }  # bitwise on the CPU
-    losses = by_name["losses"]["values"]["losses"]
-    assert len(losses) == 4 and losses[-1] < losses[0]
+    losses = by_name["losses"]["values"]
+    assert len(losses["losses"]) == 4 and all(math.isfinite(v) for v in losses["losses"])
+    before = losses["before"]  # one micro-batch of 4 windows of 32 next-token targets
+    assert before["tokens"] == 4 * 32 and losses["threshold"] == pytest.approx(2 * before["sd"] / math.sqrt(128))
+    assert losses["drop"] == pytest.approx(before["mean"] - losses["after"]) and losses["drop"] > losses["threshold"]
+    assert 1 <= losses["steps_taken"] <= checks.LEARN_STEPS and losses["lr"] == 3e-3
     speed = by_name["speed"]["values"]
     # the projection by hand: 30 steps of 8 x 32 tokens at the measured tokens/s, one process
     assert speed["projected_hours"] == pytest.approx(30 * 8 * 32 / speed["tokens_per_s"] / 3600)
@@ -72,6 +77,8 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     assert disk["checkpoint_bytes"] >= 12 * params and disk["needed_bytes"] == 3 * disk["checkpoint_bytes"] + 4 * params
     gaps = by_name["shadow"]["values"]["gaps"]
     assert len(gaps) == 3 and gaps[0] == 0 and max(gaps) < 1e-6  # an fp32 stream against its fp64 shadow
+    assert by_name["shadow"]["values"]["bounds"][0] == checks.SHADOW_FP32_GAP  # the floor: fp32 rounds by 6e-8
+    assert [checks.shadow_floor(b) for b in (0, 2, 40)] == [1e-6, 1e-6, pytest.approx(81 * 2e-7)]
     assert not layout.preflight_scratch(out).exists() and not layout.preflight_failed_file(out).exists()
 
 
@@ -95,6 +102,97 @@ def test_a_stream_cast_to_bf16_behind_the_model_s_back_fails_naming_the_boundary
     line = assert_refused(status, out, failed_lines(capsys), "stream_dtype")
     assert "boundary 1 forward torch.bfloat16, boundary 2 forward torch.bfloat16" in line and "boundary 0" not in line
     assert line.endswith("(bound: torch.float32 at every boundary)")
+
+
+def test_a_bf16_stream_rounded_to_fp8_behind_its_name_fails_the_shadow_naming_the_boundary(
+    tokens, tmp_path, monkeypatch, capsys
+):
+    """A stream that holds bf16 tensors (the dtype check passes) but rounds every sum to fp8 E4M3's
+    grid: its gap to the fp64 shadow passes what bf16's rounding can give at the first boundaries."""
+    from streamback.model.rounding import FP8_E4M3, round_to
+
+    add = StreamFormat.add
+
+    def coarse(self, h, delta):
+        out = add(self, h, delta)
+        return round_to(out.float(), FP8_E4M3).to(out.dtype) if self.name == "bf16" else out
+
+    monkeypatch.setattr(StreamFormat, "add", coarse)
+    status, out = run_preflight(tokens, tmp_path, arm="micro-baseline")
+    line = next(line for line in failed_lines(capsys) if "FAILED shadow" in line)
+    assert status == stage.EXIT_FAILED and "over its bound at boundaries [1" in line
+    assert "(bound: gap " in line and "at boundary 1 (rounding to bf16 alone over 3 roundings), finite)" in line
+
+
+def test_a_model_whose_gradients_are_zeroed_fails_the_loss_check(tokens, tmp_path, monkeypatch, capsys):
+    """Every parameter's gradient zeroed as it is made: the steps run and their losses are finite, but
+    the fixed batch's loss does not fall (AdamW's decay alone moves it by far less than its noise)."""
+
+    class Frozen(Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for p in self.params:
+                p.register_hook(torch.zeros_like)
+
+    monkeypatch.setattr(probe, "Trainer", Frozen)
+    status, out = run_preflight(tokens, tmp_path)
+    line = assert_refused(status, out, failed_lines(capsys), "losses")
+    record = json.loads(layout.preflight_failed_file(out).read_text())
+    losses = next(c for c in record["checks"] if c["name"] == "losses")["values"]
+    assert losses["steps_taken"] == checks.LEARN_STEPS and abs(losses["drop"]) < losses["threshold"] / 10
+    assert f"over {checks.LEARN_STEPS} steps on it at lr 0.003" in line and "standard errors" in line
+
+
+# the default study's three tiny shapes, and the paper's depth at the smallest of their widths
+TINY = {
+    "tiny-skinny-tall": {"n_layers": 8, "dim": 64, "n_heads": 4, "n_kv_heads": 1, "multiple_of": 32},
+    "tiny-medium": {"n_layers": 4, "dim": 96, "n_heads": 4, "n_kv_heads": 1, "multiple_of": 32},
+    "tiny-fat-short": {"n_layers": 2, "dim": 128, "n_heads": 4, "n_kv_heads": 1, "multiple_of": 32},
+    "deep": {"n_layers": 80, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16},
+}
+# the paper's recipe: lr 4e-4, a 2,500-step warmup and decay (its steps' lr is at most 8e-7 by step 5)
+PAPER_RECIPE = {
+    "optimizer": {"lr": 4e-4},
+    "schedule": {"warmup_steps": 2500, "decay_steps": 2500},
+    "tokens": 5000 * 8 * 32,
+    "repeat_data": True,
+}
+
+
+@pytest.mark.parametrize(
+    "arm, recipe",
+    [
+        ("tiny-skinny-tall-baseline", PAPER_RECIPE),
+        ("tiny-medium-baseline", PAPER_RECIPE),
+        ("tiny-fat-short-baseline", PAPER_RECIPE),
+        ("deep-baseline", {}),
+        ("deep-streamback", {}),
+    ],
+)
+def test_healthy_runs_pass_under_the_paper_s_recipe_and_at_its_depth(tokens, tmp_path, capsys, arm, recipe):
+    """The paper's recipe (no learning in its first steps' losses) and 80 layers (a bf16 gap to the
+    shadow that grows with depth, as the paper measures): every check passes; the 80-layer bf16
+    gap is a measurement within rounding's bound, reported with its profile."""
+    cfg = validate_config(
+        {
+            "model": {**MODEL, "shapes": TINY},
+            "train": {
+                **TRAIN,
+                **recipe,
+                "runs": {"shapes": list(TINY), "blocks": ["baseline", "streamback"], "seeds": [0]},
+            },
+        }
+    )
+    torch.set_num_threads(1)
+    out = tmp_path / f"{arm}.json"
+    status = stage.preflight(cfg["train"], cfg["model"], arm, arm, tokens, tmp_path / "ckpt", out, {"mem_mb": 4000})
+    assert status == 0, capsys.readouterr().err
+    by_name = {c["name"]: c["values"] for c in json.loads(out.read_text())["checks"]}
+    shadow = by_name["shadow"]
+    assert all(g <= b for g, b in zip(shadow["gaps"], shadow["bounds"]))
+    if arm == "deep-baseline":  # the gap, in grid steps, grows with depth: within rounding's bound, which grows too
+        steps, bounds = shadow["grid_steps"], shadow["bounds"]
+        assert len(steps) == 81 and max(steps[60:]) > 2 * max(steps[:10]) and bounds[80] > 10 * bounds[1]
 
 
 def test_a_budget_below_the_projection_fails_naming_both(tokens, tmp_path, capsys):

@@ -24,7 +24,7 @@ from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import read_metrics
 from streamback.train.signals import SHADOW_KEYS, SIGNAL_KEYS
-from streamback.train.watch import Watch, steady_rise
+from streamback.train.watch import Watch, layer_ranges, steady_rise
 
 from test_train import MODEL, TRAIN, deterministic
 
@@ -191,6 +191,67 @@ def test_the_spacing_warning_compares_the_step_at_the_max_with_the_typical_updat
     assert "grid step is 2" in event["message"] and "300" in event["message"]
     assert watched([stream_record(10, (0.0, 0.0), spacing=(0.03, 0.25, 0.25), update=(0.5, 0.5))]) == []
     assert watched([big], spacing_share=8.0) == []
+
+
+def test_the_spacing_warning_names_a_step_s_layers_once_as_ranges():
+    """Layers 0-2 and 4 of a deep stream pass the threshold at one step: one event naming them as
+    ranges; at the next step the same layers still hold (quiet) and layer 3 begins to (one event)."""
+    layers = 6
+    first = stream_record(
+        10,
+        (0.0,) * layers,
+        spacing=(0.01, 2.0, 2.0, 2.0, 0.01, 3.0, 0.01),
+        update=(0.5,) * layers,
+        absmax=(4.0, 300.0, 300.0, 300.0, 300.0, 500.0, 500.0),
+    )
+    second = {**first, "step": 20, "stream_spacing": [0.01, 2.0, 2.0, 2.0, 2.0, 3.0, 0.01]}
+    events = watched([first, second])
+    assert [(e["step"], e["layer"], e["value"]) for e in events] == [(10, "0-2, 4", 6.0), (20, 3, 4.0)]
+    assert events[0]["message"].startswith("warning (step 10, layers 0-2, 4): at the stream's max |h| 300 to 500 ")
+    assert "grid step is 2 to 3, up to 6 x" in events[0]["message"]
+    assert layer_ranges([7, 0, 1, 2, 5, 8]) == "0-2, 5, 7-8"
+
+
+@pytest.mark.parametrize("label", ["bf16", "bf16_sr", "fp16"])
+def test_the_shadow_bound_holds_against_simulated_rounded_sums_at_20_40_and_80_layers(label):
+    """The stream as a sum, boundary by boundary: an embedding entered into the format, then two
+    updates a layer (bf16 values, as the sublayers compute, with a drift that grows the max from
+    about 4 to about 100 at 80 layers), summed in the format and in fp64 from the same updates. At
+    every boundary the largest |error| of any element, and so the gap of max |h|, stays within
+    `shadow_gap_bound`; the bound is not vacuous: it is within 100x of the worst error seen. A
+    stream rounded to fp8 E4M3 under the same name passes the bound at some boundary."""
+    from streamback.model.rounding import FP8_E4M3, round_to
+    from streamback.train.signals import shadow_gap_bound
+
+    fmt = StreamFormat.parse(label)
+    gen = torch.Generator().manual_seed(0)
+
+    def absmax(x):  # per trial
+        return x.double().abs().amax(1)
+
+    for depth in (20, 40, 80):
+        x = torch.randn(4, 2048, generator=gen, dtype=torch.float64) * 2  # 4 trials
+        h, s, c = fmt.enter(x.float()), x.clone(), round_to(x.float(), FP8_E4M3).double()
+        errors, run_max, shadow_max, coarse_max = [absmax(h - s)], [absmax(h)], [absmax(s)], [absmax(c)]
+        for layer in range(depth):
+            for _ in range(2):
+                delta = (torch.randn(4, 2048, generator=gen) * 0.3 + 80 / (2 * depth)).bfloat16()
+                h, s = fmt.add(h, delta), s + delta.double()
+                c = round_to((c + delta.double()).float(), FP8_E4M3).double()
+            errors.append(absmax(h.double() - s)), run_max.append(absmax(h)), shadow_max.append(absmax(s))
+            coarse_max.append(absmax(c))
+        worst, coarse_over = 0.0, False
+        for trial in range(4):
+            run, shadow, error, coarse = (
+                [float(v[trial]) for v in series] for series in (run_max, shadow_max, errors, coarse_max)
+            )
+            bounds = shadow_gap_bound(fmt, run, shadow)
+            assert all(e <= bound * m for e, bound, m in zip(error, bounds, shadow)), (depth, trial)
+            assert all(abs(a - b) / b <= bound for a, b, bound in zip(run, shadow, bounds))
+            worst = max(worst, max(e / (bound * m) for e, bound, m in zip(error, bounds, shadow)))
+            over = shadow_gap_bound(fmt, coarse, shadow)
+            coarse_over |= any(abs(a - b) / b > bound for a, b, bound in zip(coarse, shadow, over))
+        assert worst > 0.01 and coarse_over, (depth, worst)
 
 
 def steps(losses, grad_norms, gains=None, every=10):
