@@ -78,10 +78,11 @@ def input_files(data: dict) -> list[Path]:
 
 
 MODEL_FILE, METRICS_FILE, SUMMARY_FILE = "model.pt", "metrics.jsonl", "summary.json"  # in a run's directory
+METRICS_HEADER_FILE = "metrics.header.json"  # beside metrics.jsonl: what holds for the whole log (its kernels)
 
 
 def run_dir(run: str) -> Path:
-    """A trained run's outputs: model.pt, metrics.jsonl, summary.json."""
+    """A trained run's outputs: model.pt, metrics.jsonl (and its metrics.header.json), summary.json."""
     return RESULTS / "runs" / checked_name(run, "run name")
 
 
@@ -94,6 +95,11 @@ def metrics_file(run: str) -> Path:
     """One record per optimizer step (`streamback.train.metrics`); the live copy is in the recipe's checkpoint
     directory."""
     return run_dir(run) / METRICS_FILE
+
+
+def metrics_header_file(run: str) -> Path:
+    """What holds for the whole of a run's metrics.jsonl: the kernels it computed on, and their changes."""
+    return run_dir(run) / METRICS_HEADER_FILE
 
 
 def summary_file(run: str) -> Path:

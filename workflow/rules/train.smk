@@ -2,7 +2,8 @@
 # `streamback train` on the tokenized corpus (rules.tokenize), once its arm's preflight passed
 # (rules.preflight_run).
 # Outputs (streamback/layout.py): results/runs/{run}/model.pt (the trained model,
-# streamback/model/weights.py), metrics.jsonl and summary.json (the completion record); with
+# streamback/model/weights.py), metrics.jsonl (one record per step) with metrics.header.json beside
+# it (the kernels the run computed on), and summary.json (the completion record); with
 # eval.last_checkpoints k > 1 also last/step_<N>.pt, the models at the k-1 earlier steps that the
 # evaluate job scores beside the final one (SNAPSHOT_STEPS, the Snakefile's; kept in the recipe
 # directory until the run ends, so a resumed run still ends with all of them).
@@ -43,6 +44,7 @@ rule train:
     output:
         model=str(layout.model_file("{run}")),
         metrics=str(layout.metrics_file("{run}")),
+        metrics_header=str(layout.metrics_header_file("{run}")),
         summary=str(layout.summary_file("{run}")),
         snapshots=[str(layout.snapshot_file("{run}", step)) for step in SNAPSHOT_STEPS],
     conda:
