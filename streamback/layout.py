@@ -178,7 +178,8 @@ def preflight_gate(arm: str) -> Path:
 
 
 # The verdict of the whole matrix's projected cost against the budget and the stated cost (rule
-# preflight): where either is set, every train job waits for it. No arm is named `matrix` (an arm has a `-`).
+# preflight; passed at once where neither is set), which every train job waits for. No arm is named
+# `matrix` (an arm has a `-`).
 PREFLIGHT_MATRIX_GATE = PREFLIGHT_DIR / "matrix.pass"
 PASSED = "passed\n"  # a gate's content once its check passed
 

@@ -5,9 +5,9 @@ One row per arm: the checked run, its device, tokens/s, the projected hours of o
 the arm's runs (one per seed; the seeds of an arm train alike), and each check's status. The
 matrix's projection is the sum of the arms'. Over the budget, or over STATED_SHARE times the
 stated cost, it prints one line per failed check (the projection, the bound, the costliest arm),
-writes no table, removes the matrix's gate and exits 1; passed, it writes `passed` to the gate
-(results/preflight/matrix.pass) where it does not say so already. Every train job waits for that
-gate: nothing trains over budget.
+writes no table, removes the matrix's gate (`--gate`) and exits 1; passed, it writes `passed` to
+the gate where it does not say so already. Where a budget or a stated cost is set, every train job
+waits for that gate (results/preflight/matrix.pass): nothing trains over budget.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gate",
         type=Path,
         default=None,
-        help="the matrix's verdict the train jobs wait for, written where it changes "
-        "(default: results/preflight/matrix.pass)",
+        help="the matrix's verdict the train jobs wait for (results/preflight/matrix.pass), written where it changes "
+        "(default: none)",
     )
 
 
@@ -56,14 +56,15 @@ def run(args: argparse.Namespace) -> int:
         {path: read_json(path, "run `snakemake preflight` again") for path in args.records}, train_cfg
     )
     problems = matrix_problems(table, train_cfg)
-    gate = args.gate or layout.PREFLIGHT_MATRIX_GATE
     for problem in problems:
         print(f"preflight matrix: FAILED {problem}", file=sys.stderr)
     if problems:
-        gate.unlink(missing_ok=True)
+        if args.gate is not None:
+            args.gate.unlink(missing_ok=True)
         return EXIT_FAILED
     write_csv(args.out or layout.table(layout.PREFLIGHT_TABLE), table)
-    write_if_changed(gate, layout.PASSED)
+    if args.gate is not None:
+        write_if_changed(args.gate, layout.PASSED)
     hours = table.arm_hours.sum()
     print(
         f"preflight matrix: PASS: {len(table)} arms, {int(table.runs.sum())} runs, projected {hours:,.2f} "

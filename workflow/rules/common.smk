@@ -109,8 +109,9 @@ def processes_per_node(res):
 
 def train_gates(wildcards):
     """What a train job waits for (workflow/rules/preflight.smk): its arm's preflight verdict and the
-    whole matrix's, which checks train.budget_gpu_hours and train.stated_gpu_hours (and passes where
-    neither is set: the set of a job's inputs is recorded, so setting a budget must not change it).
+    whole matrix's against train.budget_gpu_hours and train.stated_gpu_hours (rule preflight), which
+    passes at once where neither is set (preflight_unbounded). Snakemake records the set of a
+    job's inputs, so setting a budget must not change it, only which rule writes that gate.
     ancient(): a preflight or table run again (other resources, compile, software, a budget, another
     arm) reruns no training; a changed recipe retrains through the run's recipe file (rule
     train_recipe), the train job's other input."""

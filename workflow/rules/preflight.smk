@@ -8,11 +8,12 @@
 # its job, prints one line per failed check and leaves its record in results/preflight/failed/,
 # never at the output. Rule `preflight` (`snakemake preflight`: the preflights alone; also part of
 # the default target) puts them in one table and checks the whole matrix's projected cost against
-# train.budget_gpu_hours and train.stated_gpu_hours; passed, it writes the matrix's gate
-# (results/preflight/matrix.pass), failed it prints one line (the projection, the bound, the
-# costliest arm) and fails.
+# train.budget_gpu_hours and train.stated_gpu_hours; where either is set, it writes the matrix's
+# gate (results/preflight/matrix.pass) once passed, and failed it prints one line (the
+# projection, the bound, the costliest arm) and fails. Where neither is set, rule
+# preflight_unbounded writes that gate at once.
 # Each train job waits for its arm's gate and the matrix's (train_gates in common.smk), so
-# nothing trains before its preflight passed, nor over budget (the preflights take minutes).
+# nothing trains before its preflight passed, nor before the matrix's projection met its bounds.
 # Reruns: a preflight's params hold its run's recipe, execution (micro-batch, compile,
 # checkpointing), resources and the software versions, so it reruns when one of them changes and
 # not on every call; `snakemake -R preflight_run preflight` forces every one. The train jobs take
@@ -28,6 +29,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 PREFLIGHT_ARMS = jobs.preflight_arms(config)  # arm -> the run it checks
+# the matrix's projection has a bound to meet: rule preflight writes the matrix's gate, else rule preflight_unbounded
+MATRIX_BOUNDED = config["train"]["budget_gpu_hours"] is not None or config["train"]["stated_gpu_hours"] is not None
 SOFTWARE = {"python": platform.python_version(), "torch": version("torch")}
 
 
@@ -77,7 +80,7 @@ rule preflight:
         records=expand(rules.preflight_run.output.record, arm=list(PREFLIGHT_ARMS)),
     output:
         table=report(str(layout.table(layout.PREFLIGHT_TABLE)), caption="../report/preflights.rst", category="Preflight"),
-        gate=str(layout.PREFLIGHT_MATRIX_GATE),
+        gate=[str(layout.PREFLIGHT_MATRIX_GATE)] if MATRIX_BOUNDED else [],
     conda:
         "../../envs/analysis.yaml"
     log:
@@ -90,7 +93,27 @@ rule preflight:
         runtime=10,
     params:
         train=as_json(jobs.preflight_table(config)["train"]),
+        gate=lambda wildcards, output: shell_words(["--gate", *output.gate] if output.gate else []),
     shell:
-        "streamback preflight-table --params {params.train} --records {input.records:q} --out {output.table:q} --gate {output.gate:q} > {log:q} 2>&1 || log_tail {log:q}"
+        "streamback preflight-table --params {params.train} --records {input.records:q} --out {output.table:q} {params.gate} > {log:q} 2>&1 || log_tail {log:q}"
+
+
+if not MATRIX_BOUNDED:
+
+    # No budget and no stated cost: the matrix has no bound to check, so its gate passes at once and a
+    # train job waits for its own arm's preflight alone (not for every arm's, nor for the table).
+    rule preflight_unbounded:
+        output:
+            gate=str(layout.PREFLIGHT_MATRIX_GATE),
+        conda:
+            "../../envs/analysis.yaml"
+        log:
+            "logs/preflight_unbounded.log",
+        threads: 1
+        resources:
+            mem_mb=100,
+            runtime=1,
+        shell:
+            "printf 'passed\\n' > {output.gate:q} 2> {log:q}"
 
 
