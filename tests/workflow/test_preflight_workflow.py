@@ -68,6 +68,8 @@ def test_every_train_job_has_a_preflight_ahead_on_the_same_resources(run_snakema
         assert train_resources == preflight_resources, (train["wildcards"], arm)
         assert train["wildcards"].removeprefix("run=").startswith(arm)
     assert all(f"results/preflight/{arm}.json" in table["input"] for arm in preflights)
+    # both tiers state a cost (train.stated_gpu_hours), so the table writes the gate every train job waits for
+    assert "results/preflight/matrix.pass" in table["output"] and not by_rule(jobs, "preflight_unbounded")
 
 
 def test_snakemake_preflight_runs_the_preflights_alone_and_reruns_them_on_a_changed_setting(run_snakemake, tmp_path):

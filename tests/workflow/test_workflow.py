@@ -240,6 +240,23 @@ def test_editing_one_shape_reruns_only_its_runs_and_what_reads_them(run_snakemak
 
 
 @pytest.mark.slow
+def test_a_budget_gates_training_and_one_arm_changed_retrains_that_arm_alone(run_snakemake, touched_default):
+    """A budget set and one shape edited in one call: every preflight reruns (each checks the budget),
+    the table now writes the matrix's gate (rule preflight_unbounded did), and only the edited shape's
+    runs train again, through their recipes; no other run's training reruns for its preflight or the table."""
+    medium = {"tiny-medium": {"n_layers": 4, "dim": 96, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32}}
+    jobs = planned_jobs(
+        run_snakemake, touched_default, {"train": {"budget_gpu_hours": 50.0}, "model": {"shapes": medium}}
+    )
+    assert {run for rule, run in jobs if rule == "train"} == set(MEDIUM_RUNS)
+    assert {rule for rule, _ in jobs} >= {"preflight_run", "preflight", "train_recipe", "train"}
+    assert "preflight_unbounded" not in rules_of(jobs)
+    for (rule, run), reason in jobs.items():
+        if rule == "train":
+            assert f"results/runs/{run}/recipe.json" in reason, (run, reason)
+
+
+@pytest.mark.slow
 def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
     """One more training seed: its six runs train and are evaluated; no run of the seeds already
     trained reruns, only the tables and figures over every run."""
