@@ -4,9 +4,8 @@
 # memory and launcher (torchrun, srun) as its train job, judged check by check
 # (streamback/preflight/), in a job of its own time limit (train.preflight.runtime; by default
 # sized from its steps). A passed preflight writes results/preflight/{arm}.json and `passed` to
-# results/preflight/{arm}.pass (its gate); a failed one fails
-# its job, prints one line per failed check and leaves its record in results/preflight/failed/,
-# never at the output. Rule `preflight` (`snakemake preflight`: the preflights alone; also part of
+# results/preflight/{arm}.pass (its gate); a failed one fails its job, prints one line per failed
+# check and leaves its record in results/preflight/failed/, never at the output. Rule `preflight` (`snakemake preflight`: the preflights alone; also part of
 # the default target) puts them in one table and checks the whole matrix's projected cost against
 # train.budget_gpu_hours and train.stated_gpu_hours; where either is set, it writes the matrix's
 # gate (results/preflight/matrix.pass) once passed, and failed it prints one line (the
@@ -99,6 +98,9 @@ rule preflight:
 
 
 if not MATRIX_BOUNDED:
+
+    localrules:
+        preflight_unbounded,
 
     # No budget and no stated cost: the matrix has no bound to check, so its gate passes at once and a
     # train job waits for its own arm's preflight alone (not for every arm's, nor for the table).

@@ -41,7 +41,6 @@ RUNS = run_matrix(TRAIN)
 
 localrules:
     train_recipe,
-    preflight_unbounded,
 
 
 # The settings a run trains with, as its train job is given them (a file of seconds: no Slurm job).
