@@ -14,7 +14,7 @@ from streamback.errors import StreambackError
 from streamback.eval.taskload import check_task_names
 from streamback.runs import check_runs, run_matrix, snapshot_steps
 
-min_version("9.0")
+min_version("9.27")  # the rerun rules (workflow/rules/preflight.smk) are tested on 9.27
 
 DEFAULT_CONFIG = Path(workflow.basedir) / "config" / "config.yaml"
 try:

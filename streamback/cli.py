@@ -92,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     plain_logs()  # before the stage's module imports torch, whose torch.hub imports tqdm
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = _parser(command if command in COMMANDS else None).parse_args(argv)
-    module = importlib.import_module(COMMANDS[args.command])
+    try:  # a stage whose module cannot run here says so at import (e.g. a torch without a name it needs)
+        args = _parser(command if command in COMMANDS else None).parse_args(argv)
+        module = importlib.import_module(COMMANDS[args.command])
+    except StreambackError as err:
+        print(f"streamback {command}: error: {err}", file=sys.stderr)
+        return 2
     try:
         return int(module.run(args) or 0)
     except (StreambackError, OSError) as err:  # the expected faults, one line each; any other is a bug: its traceback

@@ -172,6 +172,18 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text)
 
 
+def write_if_changed(path: str | os.PathLike, text: str) -> bool:
+    """`text` to `path` (whole or not at all) only where the file does not hold it already, so an
+    unchanged file keeps its modification time; True if it was written."""
+    try:
+        if Path(path).read_text() == text:
+            return False
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    write_text(path, text)
+    return True
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 

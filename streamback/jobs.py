@@ -140,6 +140,8 @@ def preflight(config: dict, arm: str) -> dict:
         **execution,
         "checkpoint": cfg["checkpoint"],
         **_pick(cfg, PREFLIGHT_SETTINGS),
+        # its runtime is the job's resource (preflight_runtime in common.smk), not a setting it checks
+        "preflight": {k: v for k, v in cfg["preflight"].items() if k != "runtime"},
     }
     return settings
 

@@ -78,10 +78,11 @@ def input_files(data: dict) -> list[Path]:
 
 
 MODEL_FILE, METRICS_FILE, SUMMARY_FILE = "model.pt", "metrics.jsonl", "summary.json"  # in a run's directory
+METRICS_HEADER_FILE = "metrics.header.json"  # beside metrics.jsonl: what holds for the whole log (its kernels)
 
 
 def run_dir(run: str) -> Path:
-    """A trained run's outputs: model.pt, metrics.jsonl, summary.json."""
+    """A trained run's outputs: model.pt, metrics.jsonl (and its metrics.header.json), summary.json."""
     return RESULTS / "runs" / checked_name(run, "run name")
 
 
@@ -94,6 +95,17 @@ def metrics_file(run: str) -> Path:
     """One record per optimizer step (`streamback.train.metrics`); the live copy is in the recipe's checkpoint
     directory."""
     return run_dir(run) / METRICS_FILE
+
+
+def metrics_header_file(run: str) -> Path:
+    """What holds for the whole of a run's metrics.jsonl: the kernels it computed on, and their changes."""
+    return run_dir(run) / METRICS_HEADER_FILE
+
+
+def recipe_file(run: str) -> Path:
+    """The settings a run trains with (its recipe and model arguments, rule train_recipe), which its
+    train job takes as input: a changed recipe retrains the run even in a call that reruns preflights."""
+    return run_dir(run) / "recipe.json"
 
 
 def summary_file(run: str) -> Path:
@@ -154,9 +166,22 @@ PREFLIGHT_TABLE = "preflights"  # table(name): every arm's checks, and the matri
 
 
 def preflight_file(arm: str) -> Path:
-    """The passed preflight of a run arm (`{shape}-{block}` or `{shape}-streamback-{stream}`),
-    which its runs' train jobs take as input: every check with its figure, device, versions."""
+    """The passed preflight of a run arm (`{shape}-{block}` or `{shape}-streamback-{stream}`): every
+    check with its figure, device, versions (its runs' train jobs wait for its `preflight_gate`)."""
     return PREFLIGHT_DIR / f"{checked_name(arm, 'run arm')}.json"
+
+
+def preflight_gate(arm: str) -> Path:
+    """The verdict of a run arm's preflight (`passed`), which its runs' train jobs wait for (as an
+    ancient() input: a preflight run again on other resources reruns no training)."""
+    return PREFLIGHT_DIR / f"{checked_name(arm, 'run arm')}.pass"
+
+
+# The verdict of the whole matrix's projected cost against the budget and the stated cost (rule
+# preflight; passed at once where neither is set), which every train job waits for. No arm is named
+# `matrix` (an arm has a `-`).
+PREFLIGHT_MATRIX_GATE = PREFLIGHT_DIR / "matrix.pass"
+PASSED = "passed\n"  # a gate's content once its check passed
 
 
 def preflight_failed_file(record: str | Path) -> Path:

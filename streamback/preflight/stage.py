@@ -22,7 +22,7 @@ import torch
 from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.errors import StreambackError
-from streamback.io import write_json
+from streamback.io import write_if_changed, write_json
 from streamback.preflight.probe import Preflight
 from streamback.runs import check_runs, run_matrix
 from streamback.train.processes import Distributed
@@ -62,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the train job's resources (mem_mb, gpus, processes), as the rule passes them",
     )
     parser.add_argument("--out", type=Path, default=None, help="the record (default: results/preflight/<arm>.json)")
+    parser.add_argument(
+        "--gate",
+        type=Path,
+        default=None,
+        help="the verdict the train jobs wait for, written where it changes (default: results/preflight/<arm>.pass)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
 
 
@@ -93,11 +99,15 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoints or layout.checkpoint_dir(runs[0]),
         args.out or layout.preflight_file(args.arm),
         resources,
+        args.gate or layout.preflight_gate(args.arm),
     )
 
 
-def preflight(train_cfg: dict, model_cfg: dict, arm: str, run: str, data_dir, checkpoints, out, resources: dict) -> int:
-    """Check `run` (of `arm`) and write its record; 0 if every check passed, EXIT_FAILED if not."""
+def preflight(
+    train_cfg: dict, model_cfg: dict, arm: str, run: str, data_dir, checkpoints, out, resources: dict, gate=None
+) -> int:
+    """Check `run` (of `arm`) and write its record, and `passed` to `gate` where it does not say so
+    already (a failed one removes it); 0 if every check passed, EXIT_FAILED if not."""
     check_runs(train_cfg, model_cfg, processes=int(os.environ.get("WORLD_SIZE", "1")), only=run)
     env = Distributed.start()
     out = Path(out)
@@ -135,9 +145,13 @@ def preflight(train_cfg: dict, model_cfg: dict, arm: str, run: str, data_dir, ch
             print(f"[preflight {arm}] {check.line()}", file=sys.stderr, flush=True)
         if record["passed"]:
             write_json(out, record)
+            if gate is not None:
+                write_if_changed(gate, layout.PASSED)
             failed_record.unlink(missing_ok=True)
             return 0
         out.unlink(missing_ok=True)
+        if gate is not None:
+            Path(gate).unlink(missing_ok=True)
         write_json(failed_record, record)
         for check in results:
             if not check.passed:

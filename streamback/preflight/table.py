@@ -4,8 +4,10 @@ projected cost against `train.budget_gpu_hours` and the tiers table's `train.sta
 One row per arm: the checked run, its device, tokens/s, the projected hours of one run and of
 the arm's runs (one per seed; the seeds of an arm train alike), and each check's status. The
 matrix's projection is the sum of the arms'. Over the budget, or over STATED_SHARE times the
-stated cost, it prints one line per failed check, writes no table and exits 1 (`snakemake
-preflight`, run before training, then fails).
+stated cost, it prints one line per failed check (the projection, the bound, the costliest arm),
+writes no table, removes the matrix's gate (`--gate`) and exits 1; passed, it writes `passed` to
+the gate where it does not say so already. Where a budget or a stated cost is set, every train job
+waits for that gate (results/preflight/matrix.pass): nothing trains over budget.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pandas as pd
 
 from streamback import layout
 from streamback.config import add_config_arguments, section_from_args
-from streamback.io import read_json, write_csv
+from streamback.io import read_json, write_csv, write_if_changed
 from streamback.runs import run_matrix
 
 HELP = (
@@ -39,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the arms' preflight records (results/preflight/<arm>.json)",
     )
     parser.add_argument("--out", type=Path, default=None, help="the table (default: results/tables/preflights.csv)")
+    parser.add_argument(
+        "--gate",
+        type=Path,
+        default=None,
+        help="the matrix's verdict the train jobs wait for (results/preflight/matrix.pass), written where it changes "
+        "(default: none)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"preflight matrix: FAILED {problem}", file=sys.stderr)
     if problems:
+        if args.gate is not None:
+            args.gate.unlink(missing_ok=True)
         return EXIT_FAILED
     write_csv(args.out or layout.table(layout.PREFLIGHT_TABLE), table)
+    if args.gate is not None:
+        write_if_changed(args.gate, layout.PASSED)
     hours = table.arm_hours.sum()
     print(
         f"preflight matrix: PASS: {len(table)} arms, {int(table.runs.sum())} runs, projected {hours:,.2f} "
@@ -105,17 +118,24 @@ def preflight_table(records: dict, train_cfg: dict) -> pd.DataFrame:
 
 
 def matrix_problems(table: pd.DataFrame, train_cfg: dict) -> list[str]:
-    """One line per failed matrix check (budget, stated cost), naming the figure and the bound."""
+    """One line per failed matrix check (budget, stated cost), naming the figure, the bound and the
+    arm that costs most."""
     hours, unit = table.arm_hours.sum(), table.unit.iloc[0] if len(table) else "GPU-hours"
+    if len(table):
+        top = table.loc[table.arm_hours.idxmax()]
+        costliest = f"; the costliest arm: {top.arm}, {top.arm_hours:,.2f} {unit} ({int(top.runs)} runs)"
+    else:
+        costliest = ""
     problems = []
     budget, stated = train_cfg["budget_gpu_hours"], train_cfg["stated_gpu_hours"]
     if budget is not None and hours > budget:
         problems.append(
             f"budget: projected {hours:,.2f} {unit} for the matrix (bound: train.budget_gpu_hours {budget:,.2f})"
+            + costliest
         )
     if stated is not None and hours > STATED_SHARE * stated:
         problems.append(
             f"stated cost: projected {hours:,.2f} {unit} for the matrix (bound: {STATED_SHARE:g} x the tiers table's "
-            f"{stated:,.2f}, train.stated_gpu_hours)"
+            f"{stated:,.2f}, train.stated_gpu_hours)" + costliest
         )
     return problems

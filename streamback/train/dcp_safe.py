@@ -5,6 +5,7 @@ is read by `torch.load(weights_only=True)`; anything else is refused, named, bef
 from __future__ import annotations
 
 import collections
+import importlib
 import io
 import pathlib
 import pickle
@@ -12,11 +13,41 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import filesystem as dcp_filesystem
-from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint._traverse import set_element
 
 from streamback.errors import StreambackError
+
+# The torch releases this reader has run on (2.11 on an H200, 2.13 on the CPU): pyproject.toml's range.
+TESTED_TORCH = ">=2.11,<2.14"
+# torch's private names the reader needs (module, attribute path): another release may lack one.
+PRIVATE_TORCH_NAMES = (
+    ("torch.distributed.checkpoint._traverse", "set_element"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.filesystem", "FileSystemReader._get_metadata_path"),
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+    ("torch.serialization", "_get_layout"),
+)
+
+
+def check_torch_names(names=PRIVATE_TORCH_NAMES) -> None:
+    """Nothing if this torch has every name of `names`; else StreambackError, one line naming the
+    torch version, the first missing name and the tested range (before any work: at import)."""
+    for module_name, attribute in names:
+        try:
+            found = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            raise StreambackError(
+                f"torch {torch.__version__} has no {module_name}.{attribute}, which streamback's checkpoint reader "
+                f"needs: install torch{TESTED_TORCH} (the releases streamback is tested on)"
+            ) from None
+
+
+check_torch_names()
+
+from torch.distributed.checkpoint import filesystem as dcp_filesystem  # noqa: E402 (after the check)
+from torch.distributed.checkpoint import metadata as dcp_metadata  # noqa: E402
+from torch.distributed.checkpoint._traverse import set_element  # noqa: E402
 
 # (module, name) -> object: everything a DCP `.metadata` pickle may name. DCP's dataclasses, the
 # storage index of its FileSystemWriter, the checkpoint id (a path), torch.Size, a tensor's

@@ -1,8 +1,9 @@
 """The training run's metrics log: `metrics.jsonl`, one JSON record per optimizer step.
 
-Its first line is the header, `{"header": {...}}` (what the trainer gives: the kernels the run
-computes on, `kernels`, and each change of them at a resume, `kernel_changes`; `read_header`).
-Every other record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
+Every line is one step, so `pandas.read_json(path, lines=True)` is the step table. What holds for
+the whole log sits beside it in `metrics.header.json` (`header_file`; what the trainer gives: the
+kernels the run computes on, `kernels`, and each change of them at a resume, `kernel_changes`;
+`read_header`). Each record has `step` (1-based: the number of updates done), `tokens` (seen so far), `loss`
 (mean over the step's global batch), `lr`, `grad_norm` (before clipping), `tokens_per_s` and
 `elapsed_s` (the last two are wall-clock figures, the only non-deterministic fields). Some steps
 add `val_loss`; every `train.log.stream_every` steps the stream's record (`streamback.train.signals`):
@@ -25,10 +26,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 from streamback.errors import StreambackError
-from streamback.io import write_text
+from streamback.io import atomic_path, write_json, write_text
 
 DETERMINISTIC = (
     "step",
@@ -49,18 +51,40 @@ DETERMINISTIC = (
 )
 
 
+def header_file(path: str | os.PathLike) -> Path:
+    """The header beside the log at `path`: metrics.jsonl -> metrics.header.json."""
+    return Path(path).with_suffix(".header.json")
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The complete step records of a metrics.jsonl (a half-written last line is skipped; the header is not a step)."""
+    """The complete step records of a metrics.jsonl (a half-written last line is skipped, and so is
+    the `{"header": ...}` first line that logs held for a while: it is not a step)."""
     return [r for r in _read_lines(path) if "header" not in r]
 
 
 def read_header(path: str | os.PathLike) -> dict | None:
-    """The header of a metrics.jsonl; None in a log written before logs had one."""
+    """The header of the metrics.jsonl at `path` (from its metrics.header.json, or the first line of
+    a log that still holds it); None for a log written before logs had one."""
+    beside = header_file(path)
+    if beside.exists():
+        try:
+            return json.loads(beside.read_text())
+        except json.JSONDecodeError as err:
+            raise StreambackError(f"{beside} is not JSON ({err}); train the run again to rewrite it") from None
     return next((r["header"] for r in _read_lines(path) if "header" in r), None)
 
 
+def copy_log(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """The log at `source` and its header to `target` and its header, each whole or not at all
+    (a temporary name renamed onto the target)."""
+    for src, dst in ((Path(source), Path(target)), (header_file(source), header_file(target))):
+        if src.exists():
+            with atomic_path(dst) as tmp:
+                shutil.copyfile(src, tmp)
+
+
 def _read_lines(path: str | os.PathLike) -> list[dict]:
-    """Every complete line of a metrics.jsonl, the header too."""
+    """Every complete line of a metrics.jsonl."""
     records = []
     lines = Path(path).read_text().split("\n")
     for number, line in enumerate(lines, 1):
@@ -78,8 +102,8 @@ def _read_lines(path: str | os.PathLike) -> list[dict]:
 
 class MetricsLog:
     """Append records to `path`, after cutting it back to the steps <= `resume_step` (kept in
-    `resumed`) under `header` (written again on every start); each also goes to every one of
-    `mirrors` (`write`, `flush`, `close`)."""
+    `resumed`); `header` goes to its metrics.header.json (written again on every start, whole or
+    not at all); each record also goes to every one of `mirrors` (`write`, `flush`, `close`)."""
 
     def __init__(self, path: str | os.PathLike, resume_step: int, mirrors=(), header: dict | None = None):
         self.path, self.mirrors = Path(path), list(mirrors)
@@ -94,7 +118,9 @@ class MetricsLog:
                     + (f" ending at step {steps[-1]}" if steps else "")
                     + "; restore it or delete the run's checkpoints to start over"
                 )
-        write_text(self.path, "".join(_line(r) for r in ([{"header": header}] if header is not None else []) + kept))
+        if header is not None:
+            write_json(header_file(self.path), header)
+        write_text(self.path, "".join(_line(r) for r in kept))
         self.resumed = kept
         self._file = open(self.path, "a")
 

@@ -95,7 +95,7 @@ from streamback.train.checkpoint import (
     remove_partial,
     save_checkpoint,
 )
-from streamback.train.metrics import MetricsLog, read_metrics
+from streamback.train.metrics import MetricsLog, copy_log, read_metrics
 from streamback.train.parallel import StreamDtypeWatch, apply_activation_checkpointing, apply_compile, apply_fsdp
 from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
@@ -703,8 +703,7 @@ class Trainer:
             target = self.outdir / layout.SNAPSHOTS_DIR / layout.SNAPSHOT_FILE.format(step=snapshot)
             with atomic_path(target) as tmp:
                 _link_or_copy(layout.snapshot_stash(self.recipe_dir, snapshot), tmp)
-        with atomic_path(self.outdir / layout.METRICS_FILE) as tmp:
-            shutil.copyfile(self.recipe_dir / layout.METRICS_FILE, tmp)
+        copy_log(self.recipe_dir / layout.METRICS_FILE, self.outdir / layout.METRICS_FILE)  # and its header
         last = _last_record(self.recipe_dir / layout.METRICS_FILE)
         gpus = self.env.world_size if self.env.device.type == "cuda" else 0
         write_json(

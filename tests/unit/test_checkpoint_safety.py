@@ -1,18 +1,31 @@
 """A checkpoint cannot run code when it is resumed: a `.metadata` or a non-tensor value that names
 anything but what a checkpoint is made of is refused, naming the file (or value) and the class,
-and nothing of it runs; a genuine checkpoint still loads bit for bit."""
+and nothing of it runs; a genuine checkpoint still loads bit for bit. A torch that lacks a private
+name the reader needs is named before any work, with the tested range."""
 
 import json
 import os
 import pickle
+import subprocess
+import sys
+import tomllib
 
 import pytest
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
 from streamback.data.shards import file_sha256
+from streamback.errors import StreambackError
 from streamback.train import checkpoint as ckpt
-from streamback.train.dcp_safe import MetadataUnpickler, UnsafeCheckpoint
+from streamback.train.dcp_safe import (
+    PRIVATE_TORCH_NAMES,
+    TESTED_TORCH,
+    MetadataUnpickler,
+    UnsafeCheckpoint,
+    check_torch_names,
+)
+
+from conftest import ROOT
 
 from test_train import _linear_state
 
@@ -93,3 +106,44 @@ def test_a_value_that_would_run_a_command_is_refused_and_runs_nothing(tmp_path):
     loaded = _Values(None)
     ckpt._load(plain, loaded)
     assert loaded.value == (0.9, 0.95)
+
+
+# ---- the torch it runs on ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module, name", PRIVATE_TORCH_NAMES)
+def test_a_torch_without_a_private_name_the_reader_needs_is_named_in_one_line(monkeypatch, module, name):
+    owner, _, attribute = f"{module}.{name}".rpartition(".")
+    monkeypatch.delattr(f"{owner}.{attribute}")
+    with pytest.raises(StreambackError) as err:
+        check_torch_names()
+    assert str(err.value) == (
+        f"torch {torch.__version__} has no {module}.{name}, which streamback's checkpoint reader needs: install "
+        f"torch{TESTED_TORCH} (the releases streamback is tested on)"
+    )
+    monkeypatch.undo()
+    check_torch_names()  # this torch has them all
+
+
+def test_the_tested_torch_range_is_the_declared_one_and_holds_this_torch():
+    """pyproject.toml declares the range the reader names, and the torch these tests run on is in it."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"torch{TESTED_TORCH}" in declared
+    floor, ceiling = (tuple(map(int, bound.lstrip("<>=").split("."))) for bound in TESTED_TORCH.split(","))
+    assert floor <= tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])) < ceiling
+
+
+def test_a_stage_on_a_torch_without_a_name_stops_before_any_work():
+    """At import, before the stage parses its arguments: one line, exit status 2, no traceback."""
+    code = (
+        "import sys, torch.serialization; del torch.serialization._get_layout\n"
+        "from streamback.cli import main\n"
+        "sys.exit(main(['train', '--help']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"streamback train: error: torch {torch.__version__} has no torch.serialization._get_layout, which streamback's "
+        f"checkpoint reader needs: install torch{TESTED_TORCH} (the releases streamback is tested on)\n"
+    )

@@ -137,3 +137,16 @@ def test_what_the_rules_pass_is_what_the_stage_validates():
         jobs.train(PAPER, "medium-streamback"),
     ):
         given(job)  # StreambackError on a key the schema does not allow
+
+
+def test_a_preflight_s_runtime_is_its_job_s_resource_not_a_setting_it_checks():
+    """train.preflight.runtime sizes the preflight's Slurm job (common.smk's preflight_runtime): it is
+    not in the preflight's params, so changing it reruns no preflight; its steps are."""
+    base = load_config(ROOT / "config" / "config.yaml")
+    arm = next(iter(jobs.preflight_arms(base)))
+    timed = merge_config(base, {"train": {"preflight": {"runtime": 45}}})
+    assert validate_config(timed)["train"]["preflight"]["runtime"] == 45
+    assert base["train"]["preflight"]["runtime"] is None  # the default: sized from its steps
+    assert jobs.preflight(validate_config(timed), arm) == jobs.preflight(base, arm)
+    longer = validate_config(merge_config(base, {"train": {"preflight": {"steps": 8}}}))
+    assert jobs.preflight(longer, arm)["train"]["preflight"] == {"steps": 8}

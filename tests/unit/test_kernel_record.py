@@ -1,10 +1,11 @@
-"""A run's records name the kernels it computed on (summary.json, metrics.jsonl's header, each
+"""A run's records name the kernels it computed on (summary.json, metrics.header.json, each
 checkpoint's meta.json), and a resume onto other kernels is refused in one line naming both and
 the setting that allows it; allowed, the change is recorded."""
 
 import json
 import shutil
 
+import pandas as pd
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ from streamback.errors import StreambackError
 from streamback.model import compute
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
-from streamback.train.metrics import read_header, read_metrics
+from streamback.train.metrics import header_file, read_header, read_metrics
 
 RUN = "micro-baseline"
 EMULATED, NATIVE = "bf16 on fp32 kernels on cpu", "native bf16 on cpu"
@@ -61,9 +62,7 @@ def test_the_records_name_the_kernels_and_another_path_is_refused_unless_allowed
     recipe, summary, header, metas = records(tmp_path)
     for record in (summary, header, *metas):
         assert (record["kernels"], record["kernel_changes"]) == (EMULATED, [])
-    assert [r["step"] for r in read_metrics(tmp_path / "out" / layout.METRICS_FILE)] == list(
-        range(1, 11)
-    )  # the header is no step
+    assert_one_record_per_step(tmp_path / "out" / layout.METRICS_FILE, steps=10)
 
     shutil.rmtree(ckpt.checkpoint_dir(recipe, 10))  # the run resumes from step 5
     with pytest.raises(StreambackError) as err:
@@ -85,4 +84,17 @@ def test_the_records_name_the_kernels_and_another_path_is_refused_unless_allowed
         == (NATIVE, change)
     )
     assert [(m["step"], m["kernels"], m["kernel_changes"]) for m in metas] == [(5, EMULATED, []), (10, NATIVE, change)]
-    assert [r["step"] for r in read_metrics(tmp_path / "out" / layout.METRICS_FILE)] == list(range(1, 11))
+    assert_one_record_per_step(tmp_path / "out" / layout.METRICS_FILE, steps=10)  # the resumed log too
+
+
+def assert_one_record_per_step(path, steps):
+    """The log is the step table as a user reads a JSONL file (`pandas.read_json(lines=True)`): one
+    row per step, no header column; the header lies beside it (metrics.header.json)."""
+    table = pd.read_json(path, lines=True)
+    assert table["step"].tolist() == list(range(1, steps + 1))
+    assert "header" not in table.columns and "kernels" not in table.columns
+    # the same table as the records (pandas' own float parser may differ in the last digit)
+    pd.testing.assert_frame_equal(table, pd.DataFrame(read_metrics(path)), check_exact=False, rtol=1e-12)
+    assert table["loss"].notna().all() and table["tokens"].tolist() == [step * 4 * 32 for step in range(1, steps + 1)]
+    assert header_file(path).name == layout.METRICS_HEADER_FILE
+    assert json.loads(header_file(path).read_text()) == read_header(path)

@@ -4,6 +4,7 @@ full disk) fails its check in one line that names it, with no passed record left
 
 import json
 import math
+import os
 
 import pandas as pd
 import pytest
@@ -38,7 +39,8 @@ def run_preflight(tokens, root, arm="micro-streamback", **overrides):
     cfg = validate_config({"model": MODEL, "train": {**TRAIN, **overrides}})
     torch.set_num_threads(1)
     out = root / "preflight" / f"{arm}.json"
-    status = stage.preflight(cfg["train"], cfg["model"], arm, arm, tokens, root / "ckpt", out, {"mem_mb": 4000})
+    gate = out.with_suffix(".pass")
+    status = stage.preflight(cfg["train"], cfg["model"], arm, arm, tokens, root / "ckpt", out, {"mem_mb": 4000}, gate)
     return status, out
 
 
@@ -80,6 +82,7 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     assert by_name["shadow"]["values"]["bounds"][0] == checks.SHADOW_FP32_GAP  # the floor: fp32 rounds by 6e-8
     assert [checks.shadow_floor(b) for b in (0, 2, 40)] == [1e-6, 1e-6, pytest.approx(81 * 2e-7)]
     assert not layout.preflight_scratch(out).exists() and not layout.preflight_failed_file(out).exists()
+    assert out.with_suffix(".pass").read_text() == layout.PASSED  # the verdict the train jobs wait for
 
 
 def failed_lines(capsys) -> list[str]:
@@ -88,7 +91,7 @@ def failed_lines(capsys) -> list[str]:
 
 def assert_refused(status, out, lines, check):
     """Exit 1, no passed record, the failed one kept apart; one line, naming `check`, per failed check."""
-    assert status == stage.EXIT_FAILED and not out.exists()
+    assert status == stage.EXIT_FAILED and not out.exists() and not out.with_suffix(".pass").exists()
     record = json.loads(layout.preflight_failed_file(out).read_text())
     failed = [c["name"] for c in record["checks"] if c["status"] == "FAIL"]
     assert not record["passed"] and check in failed and len(lines) == len(failed)
@@ -274,12 +277,13 @@ def write_records(root):
         ({}, None),
         (
             {"budget_gpu_hours": 21.9},
-            "budget: projected 22.00 GPU-hours for the matrix (bound: train.budget_gpu_hours 21.90)",
+            "budget: projected 22.00 GPU-hours for the matrix (bound: train.budget_gpu_hours 21.90); the costliest "
+            "arm: micro-streamback, 12.00 GPU-hours (2 runs)",
         ),
         (
             {"stated_gpu_hours": 14.0},
             "stated cost: projected 22.00 GPU-hours for the matrix (bound: 1.5 x the tiers table's 14.00, "
-            "train.stated_gpu_hours)",
+            "train.stated_gpu_hours); the costliest arm: micro-streamback, 12.00 GPU-hours (2 runs)",
         ),
         ({"budget_gpu_hours": 22.0, "stated_gpu_hours": 14.7}, None),
     ],
@@ -288,20 +292,26 @@ def test_the_matrix_table_sums_the_arms_seeds_against_budget_and_stated_cost(tmp
     from streamback.cli import main
 
     matrix = {"runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "seeds": [0, 1]}, "seed": 0, **extra}
-    out = tmp_path / "preflights.csv"
+    out, gate = tmp_path / "preflights.csv", tmp_path / "matrix.pass"
+    gate.write_text(layout.PASSED)  # an earlier verdict
+    written = gate.stat().st_mtime_ns
+    os.utime(gate, ns=(written - 10**9, written - 10**9))
     status = main(
         ["preflight-table", "--params", json.dumps(matrix), "--records", *write_records(tmp_path), "--out", str(out)]
+        + ["--gate", str(gate)]
     )
     err = capsys.readouterr()
     if problem is None:
         assert status == 0 and "projected 22.00 GPU-hours" in err.out  # (5 + 6) x 2 seeds
+        # the verdict is unchanged, so the gate is not rewritten (its mtime stays)
+        assert gate.read_text() == "passed\n" and gate.stat().st_mtime_ns == written - 10**9
         rows = pd.read_csv(out).to_dict("records")
         assert [(r["arm"], r["runs"], r["run_hours"], r["arm_hours"], r["stream_dtype"]) for r in rows] == [
             ("micro-baseline", 2, 5.0, 10.0, "PASS"),
             ("micro-streamback", 2, 6.0, 12.0, "PASS"),
         ]
     else:
-        assert status == table.EXIT_FAILED and not out.exists()
+        assert status == table.EXIT_FAILED and not out.exists() and not gate.exists()  # no train job can start
         assert err.err.splitlines() == [f"preflight matrix: FAILED {problem}"]
 
 

@@ -30,7 +30,7 @@ from streamback.runs import check_wsd, run_matrix
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
-from streamback.train.metrics import DETERMINISTIC, MetricsLog, read_metrics
+from streamback.train.metrics import DETERMINISTIC, MetricsLog, header_file, read_header, read_metrics
 from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.schedule import wsd_lr
 
@@ -202,6 +202,27 @@ def test_metrics_log_is_cut_back_to_the_checkpoint(tmp_path):
         MetricsLog(path, resume_step=4)
     MetricsLog(path, resume_step=0).close()  # a fresh start empties the log
     assert path.read_text() == ""
+
+
+def test_metrics_log_holds_steps_alone_and_its_header_lies_beside_it(tmp_path):
+    """A log written when the header was its first line: read as before, and a resume moves the
+    header into metrics.header.json, leaving one record per step."""
+    path = tmp_path / "metrics.jsonl"
+    old_header = {"kernels": "bf16 on fp32 kernels on cpu", "kernel_changes": []}
+    path.write_text(
+        json.dumps({"header": old_header}) + "\n" + "".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3))
+    )
+    assert (read_header(path), [r["step"] for r in read_metrics(path)]) == (old_header, [1, 2, 3])
+    new_header = {**old_header, "kernel_changes": [{"step": 2, "from": "a", "to": "b"}]}
+    log = MetricsLog(path, resume_step=2, header=new_header)
+    log.append({"step": 3})
+    log.close()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"step": 1}, {"step": 2}, {"step": 3}]
+    assert json.loads(header_file(path).read_text()) == read_header(path) == new_header
+    assert header_file(path) == tmp_path / "metrics.header.json"
+    header_file(path).write_text("{")
+    with pytest.raises(StreambackError, match="metrics.header.json is not JSON"):
+        read_header(path)
 
 
 def _linear_state(seed):

@@ -37,6 +37,11 @@ def planned(output: str) -> list[dict]:
     return jobs
 
 
+def resources_of(job) -> dict:
+    """A planned job's resources, as Snakemake prints them (`name=value, ...`)."""
+    return dict(item.split("=", 1) for item in re.split(r", (?=\w+=)", job["resources"]))
+
+
 def by_rule(jobs, rule):
     return [j for j in jobs if j["rule"] == rule]
 
@@ -51,10 +56,20 @@ def test_every_train_job_has_a_preflight_ahead_on_the_same_resources(run_snakema
     (table,) = by_rule(jobs, "preflight")
     assert trains and len(preflights) <= len(trains)
     for train in trains:
-        record = re.search(r"results/preflight/([^,\s]+)\.json", train["input"]).group(1)
-        assert train["resources"] == preflights[record]["resources"], (train["wildcards"], record)
-        assert train["wildcards"].removeprefix("run=").startswith(record)
+        # it waits for its arm's verdict and the matrix's (the budget), not for a record
+        arm = re.search(r"results/preflight/([^,\s]+)\.pass", train["input"]).group(1)
+        assert (
+            "results/preflight/matrix.pass" in train["input"]
+            and "results/preflight/" + arm + ".json" not in train["input"]
+        )
+        # the same GPUs, nodes, memory and partition (slurm_extra); its own runtime, sized from its steps
+        train_resources, preflight_resources = (resources_of(j) for j in (train, preflights[arm]))
+        assert int(preflight_resources.pop("runtime")) == min(int(train_resources.pop("runtime")), 15 + 2 * 6), arm
+        assert train_resources == preflight_resources, (train["wildcards"], arm)
+        assert train["wildcards"].removeprefix("run=").startswith(arm)
     assert all(f"results/preflight/{arm}.json" in table["input"] for arm in preflights)
+    # both tiers state a cost (train.stated_gpu_hours), so the table writes the gate every train job waits for
+    assert "results/preflight/matrix.pass" in table["output"] and not by_rule(jobs, "preflight_unbounded")
 
 
 def test_snakemake_preflight_runs_the_preflights_alone_and_reruns_them_on_a_changed_setting(run_snakemake, tmp_path):
@@ -78,3 +93,27 @@ def test_snakemake_preflight_runs_the_preflights_alone_and_reruns_them_on_a_chan
         changed = planned(run_snakemake("-n", "preflight", *args, tmp_path / "change.yaml").stdout)
         reruns = by_rule(changed, "preflight_run")
         assert len(reruns) == 2 and all("params" in j["reason"].lower() for j in reruns), change
+    arms = ("tiny-fat-short-baseline", "tiny-fat-short-streamback")
+    gates = [tmp_path / layout.preflight_gate(arm) for arm in arms]
+    assert [gate.read_text() for gate in gates] == [layout.PASSED] * 2
+    assert not (tmp_path / layout.PREFLIGHT_MATRIX_GATE).exists()  # no bound set: the table writes no gate
+
+    # Over the tiers table's cost (each run's own checks still pass): the preflights run again, the
+    # matrix fails in one line naming the projection, the bound and the costliest arm, and no train job starts.
+    (tmp_path / "stated.yaml").write_text(yaml.safe_dump({"train": {"stated_gpu_hours": 1e-9}}))
+    models = [str(layout.model_file(f"{arm}{seed}")) for arm in arms for seed in ("", "-seed1")]
+    over = run_snakemake(*models, *args, tmp_path / "stated.yaml")
+    assert over.returncode != 0
+    failed = [line for line in over.stderr.splitlines() if line.startswith("preflight matrix: FAILED")]
+    assert len(failed) == 1, over.stderr[-3000:]
+    assert re.fullmatch(
+        r"preflight matrix: FAILED stated cost: projected [\d.,]+ CPU process-hours for the matrix \(bound: 1\.5 x the "
+        r"tiers table's 0\.00, train\.stated_gpu_hours\); the costliest arm: tiny-fat-short-\w+, [\d.,]+ CPU "
+        r"process-hours \(2 runs\)",
+        failed[0],
+    ), failed[0]
+    finished = re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", over.stderr)
+    assert finished.count("preflight_run") == 2 and "train" not in finished, finished
+    assert not any((tmp_path / model).exists() for model in models) and not (tmp_path / "logs" / "train").exists()
+    assert not (tmp_path / layout.PREFLIGHT_MATRIX_GATE).exists()
+    assert [gate.read_text() for gate in gates] == [layout.PASSED] * 2  # each arm passed again

@@ -218,8 +218,10 @@ def test_editing_one_shape_reruns_only_its_runs_and_what_reads_them(run_snakemak
     jobs = planned_jobs(run_snakemake, touched_default, {"model": {"shapes": shapes}})
     assert {run for rule, run in jobs if rule == "train"} == set(MEDIUM_RUNS)
     assert {run for rule, run in jobs if rule == "evaluate"} == set(MEDIUM_RUNS)
+    assert {run for rule, run in jobs if rule == "train_recipe"} == set(MEDIUM_RUNS)
     # the tiny-medium arms' preflights too (their recipe is theirs), and so the preflights' table
     assert rules_of(jobs) == {
+        "train_recipe",
         "preflight_run",
         "preflight",
         "train",
@@ -229,8 +231,29 @@ def test_editing_one_shape_reruns_only_its_runs_and_what_reads_them(run_snakemak
         "all",
     }
     for (rule, run), reason in jobs.items():
-        expected = "Params have changed" if rule == "preflight_run" else "Input files updated by another job"
-        assert reason.startswith(expected) or rule == "train" and "Params have changed" in reason, (rule, run, reason)
+        expected = (
+            "Params have changed" if rule in ("preflight_run", "train_recipe") else "Input files updated by another job"
+        )
+        assert reason.startswith(expected), (rule, run, reason)
+        if rule == "train":  # through its recipe (its gates are ancient: a rerun preflight alone retrains nothing)
+            assert f"results/runs/{run}/recipe.json" in reason, (run, reason)
+
+
+@pytest.mark.slow
+def test_a_budget_gates_training_and_one_arm_changed_retrains_that_arm_alone(run_snakemake, touched_default):
+    """A budget set and one shape edited in one call: every preflight reruns (each checks the budget),
+    the table now writes the matrix's gate (rule preflight_unbounded did), and only the edited shape's
+    runs train again, through their recipes; no other run's training reruns for its preflight or the table."""
+    medium = {"tiny-medium": {"n_layers": 4, "dim": 96, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32}}
+    jobs = planned_jobs(
+        run_snakemake, touched_default, {"train": {"budget_gpu_hours": 50.0}, "model": {"shapes": medium}}
+    )
+    assert {run for rule, run in jobs if rule == "train"} == set(MEDIUM_RUNS)
+    assert {rule for rule, _ in jobs} >= {"preflight_run", "preflight", "train_recipe", "train"}
+    assert "preflight_unbounded" not in rules_of(jobs)
+    for (rule, run), reason in jobs.items():
+        if rule == "train":
+            assert f"results/runs/{run}/recipe.json" in reason, (run, reason)
 
 
 @pytest.mark.slow
@@ -245,11 +268,20 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
     }
     assert {run for rule, run in jobs if rule == "train"} == new
     assert {run for rule, run in jobs if rule == "evaluate"} == new
-    # no arm is new, so no preflight reruns; the preflights' table counts the new runs in the matrix's cost (no
-    # train reads it)
-    assert rules_of(jobs) == {"preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, "study_report", "all"}
+    assert {run for rule, run in jobs if rule == "train_recipe"} == new
+    # no arm is new, so no preflight reruns; the preflights' table counts the new runs in the matrix's cost (the
+    # new runs wait for it; the others' training takes its verdict as ancient and reruns not)
+    assert rules_of(jobs) == {
+        "preflight",
+        "train_recipe",
+        "train",
+        "evaluate",
+        *DOWNSTREAM_OF_TRAIN,
+        "study_report",
+        "all",
+    }
     for (rule, run), reason in jobs.items():
-        if rule in ("train", "evaluate"):
+        if rule in ("train", "evaluate", "train_recipe"):
             assert reason.startswith("Missing output files"), (rule, run, reason)
 
 
@@ -262,18 +294,19 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
         ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed", "analyze_public"}),
         (
             {"train": {"optimizer": {"lr": 2e-3}}},
-            {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN},
+            {"train_recipe", "preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN},
         ),
         # how jobs run, not what they compute: nothing but the preflights, which check the runs as they
-        # are run, what waits for them (a finished train job writes the same outputs again from its last
-        # checkpoint), and the study page (whose params are the whole config)
+        # are run, and the study page (whose params are the whole config); the train jobs wait for the
+        # preflights' verdicts, not their records, so no training reruns
         (
             {
                 "train": {
                     "compile": True,
                     "micro_batch_size": 2,
                     "checkpoint": {"every": 5, "resume_on_other_kernels": True},
-                    "resources": {"threads": 2},
+                    "resources": {"threads": 2, "mem_mb": 4000},
+                    "preflight": {"runtime": 45},
                     "log": {"tensorboard": False, "wandb": {"project": "p", "mode": "offline"}},
                     "per_run": {"tiny-medium-baseline": {"activation_checkpointing": True}},
                 },
@@ -281,10 +314,12 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
                 "eval": {"resources": {"mem_mb": 999}},
                 "cpu_bf16": "emulated",
             },
-            {"preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN},
+            {"preflight_run", "preflight"},
         ),
+        # a budget (and the tiers table's cost): the preflights check it, no training reruns
+        ({"train": {"budget_gpu_hours": 1000.0, "stated_gpu_hours": 900.0}}, {"preflight_run", "preflight"}),
     ],
-    ids=["drift-grid", "eval-pairs", "analysis-variants", "recipe", "execution"],
+    ids=["drift-grid", "eval-pairs", "analysis-variants", "recipe", "execution", "budget"],
 )
 def test_a_changed_setting_reruns_the_jobs_that_read_it(run_snakemake, touched_default, change, rules):
     jobs = planned_jobs(run_snakemake, touched_default, change)
@@ -292,8 +327,8 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it(run_snakemake, touched_d
     for (rule, run), reason in jobs.items():
         if rule in rules - DOWNSTREAM_OF_TRAIN - PUBLIC_OF_TRAIN - {"evaluate", "preflight", "train"}:
             assert reason.startswith("Params have changed"), (rule, run, reason)
-        if rule == "train":  # its own params (the recipe), or its preflight's record (how it runs)
-            assert reason.startswith(("Params have changed", "Input files updated by another job")), (rule, run, reason)
+        if rule == "train":  # its recipe, never its preflight's verdict
+            assert reason.startswith("Input files updated by another job") and "recipe.json" in reason, (run, reason)
 
 
 @pytest.mark.slow

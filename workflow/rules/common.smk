@@ -107,6 +107,27 @@ def processes_per_node(res):
     return res["gpus"] or res["processes"]
 
 
+def train_gates(wildcards):
+    """What a train job waits for (workflow/rules/preflight.smk): its arm's preflight verdict and the
+    whole matrix's against train.budget_gpu_hours and train.stated_gpu_hours (rule preflight), which
+    passes at once where neither is set (preflight_unbounded). Snakemake records the set of a
+    job's inputs, so setting a budget must not change it, only which rule writes that gate.
+    ancient(): a preflight or table run again (other resources, compile, software, a budget, another
+    arm) reruns no training; a changed recipe retrains through the run's recipe file (rule
+    train_recipe), the train job's other input."""
+    gates = [layout.preflight_gate(RUNS[wildcards.run].arm), layout.PREFLIGHT_MATRIX_GATE]
+    return [ancient(str(gate)) for gate in gates]
+
+
+def preflight_runtime(wildcards):
+    """A preflight job's time limit in minutes: train.preflight.runtime, else 15 plus 2 per step,
+    at most its train job's runtime (a job of minutes need not queue for a slot of hours)."""
+    preflight = config["train"]["preflight"]
+    if preflight["runtime"] is not None:
+        return preflight["runtime"]
+    return min(train_resources(PREFLIGHT_ARMS[wildcards.arm])["runtime"], 15 + 2 * preflight["steps"])
+
+
 def train_threads(wildcards):
     """Snakemake threads of a train job (per node): threads per process x processes per node."""
     res = train_resources(wildcards.run)

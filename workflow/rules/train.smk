@@ -1,8 +1,11 @@
 # Training: one job per run of the matrix in config["train"]["runs"] (streamback/runs.py), each
 # `streamback train` on the tokenized corpus (rules.tokenize), once its arm's preflight passed
-# (rules.preflight_run).
+# and the matrix's projection (against train.budget_gpu_hours; train_gates, preflight.smk).
+# Its recipe reaches it as results/runs/{run}/recipe.json (rule train_recipe), so a changed
+# recipe retrains it even in a call where a preflight reruns.
 # Outputs (streamback/layout.py): results/runs/{run}/model.pt (the trained model,
-# streamback/model/weights.py), metrics.jsonl and summary.json (the completion record); with
+# streamback/model/weights.py), metrics.jsonl (one record per step) with metrics.header.json beside
+# it (the kernels the run computed on), and summary.json (the completion record); with
 # eval.last_checkpoints k > 1 also last/step_<N>.pt, the models at the k-1 earlier steps that the
 # evaluate job scores beside the final one (SNAPSHOT_STEPS, the Snakefile's; kept in the recipe
 # directory until the run ends, so a resumed run still ends with all of them).
@@ -36,13 +39,40 @@ TRAIN = config["train"]
 RUNS = run_matrix(TRAIN)
 
 
+localrules:
+    train_recipe,
+
+
+# The settings a run trains with, as its train job is given them (a file of seconds: no Slurm job).
+rule train_recipe:
+    output:
+        recipe=str(layout.recipe_file("{run}")),
+    conda:
+        "../../envs/analysis.yaml"
+    log:
+        "logs/train_recipe/{run}.log",
+    wildcard_constraints:
+        run="|".join(re.escape(run) for run in RUNS) or "(?!)",
+    threads: 1
+    resources:
+        mem_mb=100,
+        runtime=1,
+    params:
+        train=train_settings("train"),
+        model=train_settings("model"),
+    shell:
+        """printf '{{"train": %s, "model": %s}}\\n' {params.train} {params.model} > {output.recipe:q} 2> {log:q}"""
+
+
 rule train:
     input:
         manifest=rules.tokenize.output.manifest,
-        preflight=lambda wildcards: rules.preflight_run.output.record.format(arm=RUNS[wildcards.run].arm),
+        gates=train_gates,
+        recipe=rules.train_recipe.output.recipe,
     output:
         model=str(layout.model_file("{run}")),
         metrics=str(layout.metrics_file("{run}")),
+        metrics_header=str(layout.metrics_header_file("{run}")),
         summary=str(layout.summary_file("{run}")),
         snapshots=[str(layout.snapshot_file("{run}", step)) for step in SNAPSHOT_STEPS],
     conda:
