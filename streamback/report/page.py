@@ -340,10 +340,9 @@ def depth_section(study: Study) -> list:
         return [_missing("The measures against depth", "depth", [layout.table(n) for n in layout.DEPTH_TABLES])]
     table, trend = tables[layout.DEPTH_TABLES[0]], tables[layout.DEPTH_TABLES[1]]
     band = study.config["analysis"]["band"]
-    depths = ", ".join(str(d) for d in sorted(table.depth.unique()))
-    seeds = (
-        f"{int(table.seeds.min())} to {int(table.seeds.max())}" if table.seeds.nunique() > 1 else table.seeds.iloc[0]
-    )
+    main = table[table.comparison == "streamback"] if (table.comparison == "streamback").any() else table
+    depths = ", ".join(str(d) for d in sorted(main.depth.unique()))
+    seeds = f"{main.seeds.min()} to {main.seeds.max()}" if main.seeds.nunique() > 1 else str(main.seeds.iloc[0])
     parts = [
         f"{r.what}: {r.slope:+.4g} a doubling"
         + (
