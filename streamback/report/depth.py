@@ -97,7 +97,7 @@ def run_measures(
     }
 
 
-def units(config: dict, tables: dict[str, pd.DataFrame]) -> dict[tuple[str, str], dict[str, dict[str, list]]]:
+def units(config: dict, tables: dict[str, pd.DataFrame]) -> dict[tuple[str, str], dict[str, list[float]]]:
     """(shape, comparison) -> measure -> its independent values: the seeds' final loss differences,
     the runs' per-run measures (both blocks, every seed), the seeds' reach of each arm."""
     matrix = run_matrix(config["train"])
