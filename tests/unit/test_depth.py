@@ -13,7 +13,7 @@ from streamback import layout
 from streamback.config import DEFAULT_CONFIG, load_config, merge_config
 from streamback.errors import StreambackError
 from streamback.report import depth
-from streamback.runs import run_matrix
+from streamback.runs import comparison_name, run_matrix
 
 SHAPES = {"tiny-fat-short": 2, "tiny-medium": 4, "tiny-skinny-tall": 8}  # the default's depths
 SEEDS = (0, 1, 2)
@@ -21,11 +21,11 @@ JITTER = {0: -0.0002, 1: 0.0, 2: 0.0002}  # per seed, around the loss difference
 RUN_JITTER = {"baseline": -0.01, "streamback": 0.01}  # per block, around the flip ratio's line
 
 
-def config():
-    return merge_config(
-        load_config(DEFAULT_CONFIG),
-        {"train": {"runs": {"shapes": list(SHAPES), "seeds": list(SEEDS), "streams": []}}},
-    )
+def config(streams=()):
+    """The default's depths and three seeds; `streams` below bf16 on tiny-medium, seed 0, as the default has them."""
+    runs = {"shapes": list(SHAPES), "seeds": list(SEEDS), "streams": list(streams)}
+    runs.update(stream_shapes=["tiny-medium"], stream_seeds=[0])
+    return merge_config(load_config(DEFAULT_CONFIG), {"train": {"runs": runs}})
 
 
 def val_difference(n_layers, seed):
@@ -36,9 +36,11 @@ def flip_ratio(n_layers, block, seed):
     return 0.8 - 0.1 * math.log2(n_layers) + RUN_JITTER[block] + 0.001 * seed  # shrinks by 0.1 a doubling
 
 
-def tables():
-    """The four analyses' tables of the default's depths, three seeds, baseline and StreamBack."""
-    cfg = config()
+def tables(streams=()):
+    """The four analyses' tables of the default's depths, three seeds, baseline and StreamBack (and `streams`); an
+    MXFP8 stream has 1.5 times the fp32 stream's gradient flips, three times its error, and swallows half the
+    updates."""
+    cfg = config(streams)
     loss, errors, swallowed, envelope = [], [], [], []
     for name, spec in run_matrix(cfg["train"]).items():
         n_layers = SHAPES[spec.shape]
@@ -47,7 +49,7 @@ def tables():
                 loss.append(
                     {
                         "shape": spec.shape,
-                        "comparison": "streamback",
+                        "comparison": comparison_name(spec),
                         "seed": str(spec.seed),
                         "split": split,
                         "final_difference": scale * val_difference(n_layers, spec.seed) + (1 - scale) * 0.002,
@@ -58,7 +60,11 @@ def tables():
             for kind in ("activations", "stream_gradients", "gradients"):
                 if kind == "gradients" and layer == n_layers:
                     continue
-                for variant, flips, error in (("bf16", 1000, 0.5), ("fp32", 1000 * ratio, 0.5 / (2 * n_layers))):
+                for variant, flips, error in (
+                    ("bf16", 1000, 0.5),
+                    ("fp32", 1000 * ratio, 0.5 / (2 * n_layers)),
+                    ("mxfp8", 1500 * ratio, 1.5 / (2 * n_layers)),
+                ):
                     errors.append(
                         {
                             "run": name,
@@ -75,7 +81,7 @@ def tables():
             )
         for layer in range(n_layers):
             for sublayer in ("attention", "feed_forward"):
-                for variant, share in (("bf16", 0.01 * n_layers + 0.001 * spec.seed), ("fp32", 0.0)):
+                for variant, share in (("bf16", 0.01 * n_layers + 0.001 * spec.seed), ("fp32", 0.0), ("mxfp8", 0.5)):
                     swallowed.append(
                         {
                             "run": name,
@@ -88,13 +94,13 @@ def tables():
                     )
     loss = pd.DataFrame(loss)
     over = []
-    for (shape, split), group in loss.groupby(["shape", "split"]):
+    for (shape, comparison, split), group in loss.groupby(["shape", "comparison", "split"]):
         d = group.final_difference.to_numpy()
         mean, low, high = (d.mean(), d.mean() - 1, d.mean() + 1)  # the analysis' own intervals are copied, not redone
         over.append(
             {
                 "shape": shape,
-                "comparison": "streamback",
+                "comparison": comparison,
                 "seed": layout.ALL_SEEDS,
                 "split": split,
                 "final_difference": mean,
@@ -214,3 +220,30 @@ def test_the_page_section_reads_the_two_tables_and_names_the_rule_without_them(t
     assert chart.to_dict()["title"]["text"] == "Does it matter more with depth?"
     assert [df.shape[0] for df in rest if isinstance(df, pd.DataFrame)] == [3, 9]
     assert "Does it matter more with depth?" in [name for name, _ in page.sections(study)]
+
+
+def test_a_stream_below_bf16_on_one_depth_has_its_row_and_no_trend(tmp_path, monkeypatch):
+    """As the default trains them: MXFP8 on tiny-medium with seed 0 alone. Its row compares its runs' own
+    stream with bf16 over the comparison's two runs; one depth gives no slope; the StreamBack rows and the
+    page's sentence are as without it."""
+    from streamback.report import page
+
+    cfg, sources = tables(streams=["mxfp8"])
+    table, trend = depth.depth_tables(cfg, sources)
+    row = table[table.comparison == "streamback-mxfp8"].iloc[0]
+    assert (row.depth, row.stream, row.seeds, row.runs) == (4, "mxfp8", 1, 2)
+    ratios = [1.5 * flip_ratio(4, block, 0) for block in RUN_JITTER]
+    assert row.grad_flip_ratio == pytest.approx(np.mean(ratios)) and row.last_error_ratio == pytest.approx(3 / 8)
+    assert row.swallowed_stream == 0.5 and row.val_difference == pytest.approx(val_difference(4, 0))
+    assert not math.isnan(row.val_low)  # the analysis' own interval, copied
+    mine = trend[trend.comparison == "streamback-mxfp8"]
+    assert len(mine) == len(depth.MEASURES) and mine.slope.isna().all()
+    assert (mine.verdict == "no trend this tier resolves").all()
+    main = table[table.comparison == "streamback"]
+    assert main.depth.tolist() == [2, 4, 8] and (main.seeds == 3).all()
+    monkeypatch.chdir(tmp_path)
+    layout.TABLES_DIR.mkdir(parents=True)
+    table.to_csv(layout.table("depth"), index=False)
+    trend.to_csv(layout.table("depth_trend"), index=False)
+    text, *_ = page.depth_section(page.Study(config=cfg, config_files=[]))
+    assert text.startswith("Over depths of 2, 4, 8 layers (3 training seeds each)")
