@@ -229,7 +229,12 @@ def depth_chart(table: pd.DataFrame, trend: pd.DataFrame, band: float) -> alt.Co
     for what in MEASURES.values():
         rows = data[data.measure == what]
         base = alt.Chart(rows).encode(
-            x=alt.X("depth:Q", scale=alt.Scale(type="log"), axis=alt.Axis(values=depths, format="d"), title="layers"),
+            x=alt.X(
+                "depth:Q",
+                scale=alt.Scale(type="log", domain=[depths[0] / 1.3, depths[-1] * 1.3], nice=False),
+                axis=alt.Axis(values=depths, format="d"),
+                title="layers",
+            ),
             color=alt.Color("comparison:N", title="compared"),
         )
         layers = [
