@@ -31,6 +31,7 @@ COMMANDS = {
     "checkpoints": "streamback.train.recipes",
     "training-curves": "streamback.train.curves",
     "seed-variance": "streamback.report.seeds",
+    "depth": "streamback.report.depth",
     "study-report": "streamback.report.stage",
     "export-hf": "streamback.model.export_hf",
     "bench": "streamback.measure.bench",

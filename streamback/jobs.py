@@ -203,3 +203,14 @@ def seed_variance(config: dict) -> dict:
 def drift(config: dict) -> dict:
     """Rule drift: the whole drift section (every key shapes the simulation)."""
     return {"drift": config["drift"]}
+
+
+def depth(config: dict) -> dict:
+    """Rule depth: the run matrix, its shapes (their depth and width), and the analysis keys it reads
+    (its intervals' confidence, the paper's band it marks)."""
+    shapes = dict.fromkeys(config["train"]["runs"]["shapes"])
+    return {
+        "train": _matrix(config),
+        "model": {"shapes": {s: config["model"]["shapes"][s] for s in shapes}},
+        "analysis": _pick(config["analysis"], ("confidence", "band")),
+    }

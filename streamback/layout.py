@@ -290,6 +290,8 @@ SEED_TABLE, SEED_FIGURE = (
 )  # table(name) and figure(name, suffix) of rule seed_variance
 CHECKPOINT_TABLE = "benchmark_checkpoints"  # table(name) of rule benchmark_table with eval.last_checkpoints > 1
 TASK_SNR_TABLE = "task_snr"  # table(name) of rule seed_variance: each task's signal-to-noise over the run arms
+# table(name) and figure(name, suffix) of rule depth: every measure per depth, and its trend against log2(depth)
+DEPTH_TABLES, DEPTH_FIGURE = ("depth", "depth_trend"), "depth"
 
 
 def eval_task_file(task: str) -> Path:

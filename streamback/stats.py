@@ -28,6 +28,9 @@ each seed gives one paired difference):
   seeds" needs the t interval and the bootstrap to exclude zero, and a spread over seeds;
 - `seed_mde`, `seeds_needed`: the smallest difference n seeds detect at a given power, and the
   seeds a target difference needs, from the spread of the per-seed differences.
+Across depths (`depth_trend`): the slope of a measure against log2(depth) (its change per doubling
+of depth), from the per-seed (or per-run) values at each depth, with a Welch t interval and a
+bootstrap within depths, and a verdict in words (`trend_verdict`).
 Per task, over models (`task_snr`): signal-and-noise's signal-to-noise ratio, the decision
 accuracy it implies and whether the task can rank the models at all.
 Binomial probabilities are computed in log space from log-factorials (numpy only); t quantiles
@@ -386,6 +389,82 @@ def seed_verdict(
     else:
         why = "the bootstrap over seeds then items includes 0"
     return f"within seed noise: {fmt(mean)} on average, {why} ({interval}; {p}; {spread}{floor})"
+
+
+TREND_WORDS = ("grows with depth", "shrinks", "no trend this tier resolves")
+
+
+def depth_trend(
+    depths: Sequence[int],
+    groups: Sequence[Sequence[float]],
+    confidence: float = 0.95,
+    resamples: int = 10000,
+    seed: int = 0,
+) -> dict:
+    """The trend of a measure against depth: the least-squares slope of the depths' means m_d
+    against x_d = log2(depth) (so its unit is the measure's per doubling of depth), each depth
+    weighing the same. `groups` holds one array per depth: its independent units (the per-seed
+    differences, or the per-run values) whose mean is the depth's estimate.
+
+    The slope is a fixed contrast of the means, b = sum_d w_d m_d with w_d = (x_d - mean x) /
+    sum (x - mean x)^2, so the noise in it is the noise within the depths, not the depths'
+    scatter about the line (three depths leave one degree of freedom for that):
+    var b = sum_d w_d^2 s_d^2 / n_d, with a t interval whose degrees of freedom are Welch and
+    Satterthwaite's, (sum_d w_d^2 s_d^2 / n_d)^2 / sum_d (w_d^2 s_d^2 / n_d)^2 / (n_d - 1). The
+    bootstrap draws each depth's units with replacement (depths kept) and takes the slope's
+    percentiles. Returns depths, slope, se, df, low, high (t), boot_low, boot_high and the
+    verdict (`trend_verdict`); NaN where fewer than two depths (no slope) or a depth with one unit
+    (no interval)."""
+    x = np.log2(np.asarray(depths, dtype=np.float64))
+    arrays = [np.asarray(g, dtype=np.float64) for g in groups]
+    if len(arrays) != x.size or any(a.ndim != 1 or a.size == 0 for a in arrays):
+        raise ValueError(f"depth_trend needs one non-empty 1-D sample per depth, got {len(arrays)} for {x.size} depths")
+    if np.unique(x).size != x.size:
+        raise ValueError(f"depth_trend needs distinct depths, got {list(depths)}")
+    out = {
+        "depths": int(x.size),
+        "slope": math.nan,
+        "se": math.nan,
+        "df": math.nan,
+        "low": math.nan,
+        "high": math.nan,
+        "boot_low": math.nan,
+        "boot_high": math.nan,
+    }
+    if x.size < 2:
+        return {**out, "verdict": trend_verdict(out)}
+    w = (x - x.mean()) / np.sum((x - x.mean()) ** 2)
+    means = np.array([a.mean() for a in arrays])
+    out["slope"] = float(w @ means)
+    if all(a.size > 1 for a in arrays):
+        from scipy import stats as sps  # imported here: a second of import time most callers need not pay
+
+        parts = np.array([wd**2 * a.var(ddof=1) / a.size for wd, a in zip(w, arrays)])
+        variance = float(parts.sum())
+        out["se"] = math.sqrt(variance)
+        if variance > 0:
+            df = variance**2 / float(np.sum(parts**2 / np.array([a.size - 1 for a in arrays])))
+            half = float(sps.t.ppf(0.5 + confidence / 2, df)) * out["se"]
+            out.update(df=df, low=out["slope"] - half, high=out["slope"] + half)
+        else:
+            out.update(low=out["slope"], high=out["slope"])
+        rng = np.random.default_rng(seed)
+        drawn = sum(wd * a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1) for wd, a in zip(w, arrays))
+        tail = (1 - confidence) / 2
+        out["boot_low"], out["boot_high"] = (float(v) for v in np.quantile(drawn, [tail, 1 - tail]))
+    return {**out, "verdict": trend_verdict(out)}
+
+
+def trend_verdict(trend: dict) -> str:
+    """ "grows with depth" or "shrinks" where the t interval and the bootstrap of a `depth_trend`
+    slope both exclude 0 on the same side and the units vary at all (identical values give a t
+    interval of no width, which shows nothing); "no trend this tier resolves" otherwise."""
+    sides = []
+    for low, high in ((trend["low"], trend["high"]), (trend["boot_low"], trend["boot_high"])):
+        sides.append(1 if low > 0 else -1 if high < 0 else 0)  # NaN bounds compare False: side 0
+    if trend["se"] > 0 and sides[0] != 0 and sides[0] == sides[1]:
+        return TREND_WORDS[0] if sides[0] > 0 else TREND_WORDS[1]
+    return TREND_WORDS[2]
 
 
 RANK_Z = 1.959964 * math.sqrt(2)  # SNR below which the two most distant models are not told apart (see task_snr)

@@ -24,7 +24,7 @@ from streamback.drift.report import overview_table, ratio_chart, reading, spacin
 from streamback.html_report import Caption, Missing, Subheading
 from streamback.io import read_json
 from streamback.measure import bench, memory
-from streamback.report import answer, provenance
+from streamback.report import answer, depth, provenance
 from streamback.report.seeds import differences, differences_chart
 from streamback.runs import comparisons, run_matrix
 from streamback.train.curves import grad_norm_chart, loss_chart
@@ -332,6 +332,43 @@ def seeds(study: Study) -> list:
     return [pd.read_csv(path).round(5), caption("seed_variance")]
 
 
+def depth_section(study: Study) -> list:
+    """Does the fp32 stream matter more with depth? (rule depth): the figure of every measure against
+    depth, each trend in a sentence, and the two tables; read from depth.csv and depth_trend.csv alone."""
+    tables = _read_tables(layout.DEPTH_TABLES)
+    if tables is None:
+        return [_missing("The measures against depth", "depth", [layout.table(n) for n in layout.DEPTH_TABLES])]
+    table, trend = tables[layout.DEPTH_TABLES[0]], tables[layout.DEPTH_TABLES[1]]
+    band = study.config["analysis"]["band"]
+    main = table[table.comparison == "streamback"] if (table.comparison == "streamback").any() else table
+    depths = ", ".join(str(d) for d in sorted(main.depth.unique()))
+    seeds = f"{main.seeds.min()} to {main.seeds.max()}" if main.seeds.nunique() > 1 else str(main.seeds.iloc[0])
+    parts = [
+        f"{r.what}: {r.slope:+.4g} a doubling"
+        + (
+            f" ({r.low:+.4g} to {r.high:+.4g}, t; {r.boot_low:+.4g} to {r.boot_high:+.4g}, bootstrap)"
+            if pd.notna(r.low)
+            else ""
+        )
+        + f", {r.verdict}"
+        for r in trend[trend.comparison == "streamback"].itertuples()
+        if pd.notna(r.slope)
+    ]
+    text = (
+        f"Over depths of {depths} layers ({seeds} training seeds each), each measure's slope against log2(depth), "
+        "StreamBack against the baseline: " + ("; ".join(parts) if parts else "no slope (fewer than two depths)") + "."
+    )
+    return [
+        text,
+        depth.depth_chart(table, trend, band),
+        caption("depth_figure"),
+        table.round(5),
+        caption("depth"),
+        trend.round(6),
+        caption("depth_trend"),
+    ]
+
+
 def training_curves() -> list:
     path = layout.table(layout.TRAINING_TABLE)
     if not path.exists():
@@ -449,6 +486,7 @@ def sections(study: Study) -> list[tuple[str, list]]:
         ("Benchmarks", benchmarks()),
         ("Loss difference", analysis("loss-difference", study)),
         ("Training seeds", seeds(study)),
+        ("Does it matter more with depth?", depth_section(study)),
         ("Residual envelope", analysis("envelope", study)),
         ("Precision error by layer", analysis("layer-error", study)),
         ("Swallowed updates", analysis("swallowed", study)),

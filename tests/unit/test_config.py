@@ -9,7 +9,7 @@ from streamback.config import DEFAULT_CONFIG, ROOT, SCHEMA, load_config, validat
 from streamback.errors import StreambackError
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml", "depth.yaml"])
 def test_shipped_configs_validate(name):
     config = load_config(ROOT / "config" / name)
     assert config["drift"]["coords"] == 4096

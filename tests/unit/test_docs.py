@@ -127,6 +127,7 @@ def test_the_h200_figures_in_measurements_md_are_the_shipped_summary_s():
         ("config.yaml", "{steps} steps x {tokens_per_step} tokens"),
         ("one-gpu.yaml", "{steps:,} steps of {batch_size} x {seq_len} ({read:,} tokens)"),
         ("paper.yaml", "100B tokens ({steps:,} steps"),
+        ("depth.yaml", "{steps} steps x {tokens_per_step} tokens"),
     ],
 )
 def test_the_step_counts_in_config_comments_are_the_code_s(config, stated):

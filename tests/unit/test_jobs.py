@@ -133,6 +133,8 @@ def test_what_the_rules_pass_is_what_the_stage_validates():
         jobs.benchmark_table(DEFAULT),
         jobs.training_curves(DEFAULT),
         jobs.seed_variance(DEFAULT),
+        jobs.depth(DEFAULT),
+        jobs.depth(PAPER),
         *(jobs.analysis(PAPER, kind) for kind in jobs.ANALYSIS_SETTINGS),
         jobs.train(PAPER, "medium-streamback"),
     ):

@@ -193,3 +193,42 @@ def test_a_difference_significant_in_every_seed_but_flipping_sign_is_within_seed
         "within seed noise: +0.4 on average, the interval over seeds includes 0"
     )
     assert verdict_of([0.03], [True]).startswith("one training seed: training randomness is not covered")
+
+
+def test_depth_trend_by_hand():
+    """Depths 2, 4, 8 (log2: 1, 2, 3): weights -1/2, 0, 1/2; means 1.0, 1.5, 2.0, so the slope is
+    0.5 a doubling; its variance and Welch-Satterthwaite degrees of freedom by hand."""
+    groups = [[1.0, 1.2, 0.8], [1.5, 1.6, 1.4], [2.0, 2.4, 1.6]]
+    trend = stats.depth_trend([2, 4, 8], groups, 0.95, resamples=4000)
+    parts = [0.25 * 0.04 / 3, 0.0, 0.25 * 0.16 / 3]  # w^2 s^2 / n; the middle depth's weight is 0
+    variance = sum(parts)
+    df = variance**2 / (parts[0] ** 2 / 2 + parts[2] ** 2 / 2)
+    half = sps.t.ppf(0.975, df) * math.sqrt(variance)
+    assert trend["slope"] == pytest.approx(0.5) and trend["se"] == pytest.approx(math.sqrt(variance))
+    assert trend["df"] == pytest.approx(df) and df == pytest.approx(2.941, abs=1e-3)
+    assert (trend["low"], trend["high"]) == pytest.approx((0.5 - half, 0.5 + half))
+    assert trend["boot_low"] > 0 and trend["boot_high"] < 1.0 and trend["verdict"] == "grows with depth"
+    # the same slope, as a least-squares fit of every depth's mean (scipy's linregress over the three means)
+    assert trend["slope"] == pytest.approx(sps.linregress(np.log2([2, 4, 8]), [1.0, 1.5, 2.0]).slope)
+
+
+def test_depth_trend_of_the_paper_s_depths_and_its_verdicts():
+    """80, 40, 20 layers: a measure falling by 0.1 a doubling is 'shrinks'; a noisy one is not resolved;
+    identical values (no spread) are never a trend; one depth or one unit gives no slope or interval."""
+    rng = np.random.default_rng(1)
+    depths = [80, 40, 20]
+    falling = [0.4 - 0.1 * np.log2(d / 20) + rng.normal(0, 0.005, 6) for d in depths]
+    trend = stats.depth_trend(depths, falling)
+    assert trend["slope"] == pytest.approx(-0.1, abs=0.01) and trend["verdict"] == "shrinks"
+    assert trend["slope"] == pytest.approx(sps.linregress(np.log2(depths), [g.mean() for g in falling]).slope)
+    noisy = [0.01 * np.log2(d) + rng.normal(0, 1.0, 3) for d in depths]
+    assert stats.depth_trend(depths, noisy)["verdict"] == "no trend this tier resolves"
+    flat = stats.depth_trend(depths, [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    assert flat["se"] == 0 and flat["verdict"] == "no trend this tier resolves"
+    one = stats.depth_trend([8], [[1.0, 2.0]])
+    assert math.isnan(one["slope"]) and one["verdict"] == "no trend this tier resolves"
+    single = stats.depth_trend([2, 8], [[1.0], [2.0]])
+    assert single["slope"] == pytest.approx(0.5) and math.isnan(single["low"])
+    assert single["verdict"] == "no trend this tier resolves"
+    with pytest.raises(ValueError, match="distinct depths"):
+        stats.depth_trend([8, 8], [[1.0], [2.0]])

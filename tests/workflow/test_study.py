@@ -26,6 +26,7 @@ SECTIONS = [
     "Benchmarks",
     "Loss difference",
     "Training seeds",
+    "Does it matter more with depth?",
     "Residual envelope",
     "Precision error by layer",
     "Swallowed updates",

@@ -156,6 +156,7 @@ DOWNSTREAM_OF_TRAIN = {
     "analyze_loss_difference",
     "benchmark_table",
     "seed_variance",
+    "depth",
 }
 PUBLIC_OF_TRAIN = {
     "export_hf",
@@ -291,7 +292,10 @@ def test_adding_a_seed_trains_only_its_runs(run_snakemake, touched_default):
     [
         ({"drift": {"seeds": [0, 1], "settings": [{"mu": 0.2, "sigma": 0.5}]}}, {"drift"}),
         ({"eval": {"pairs": {"resamples": 500}}}, {"benchmark_table", "seed_variance"}),
-        ({"analysis": {"variants": ["bf16", "fp32"]}}, {"analyze_layer_error", "analyze_swallowed", "analyze_public"}),
+        (
+            {"analysis": {"variants": ["bf16", "fp32"]}},
+            {"analyze_layer_error", "analyze_swallowed", "analyze_public", "depth"},
+        ),
         (
             {"train": {"optimizer": {"lr": 2e-3}}},
             {"train_recipe", "preflight_run", "preflight", "train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN},

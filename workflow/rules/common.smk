@@ -53,6 +53,7 @@ def final_outputs(page: bool = True) -> list[str]:
         *(rules.analyze_public.output if PUBLIC_MODELS else []),  # analysis.public_models
         *rules.benchmark_table.output,
         *rules.seed_variance.output,
+        *(rules.depth.output if COMPARED else []),  # every measure against depth, from the analyses' tables
     ]
     return [*outputs, rules.study_report.output[0]] if page else outputs
 

@@ -45,6 +45,34 @@ rule seed_variance:
         "streamback seed-variance --params {params.train} {params.checkpoint_scores} > {log:q} 2>&1 || log_tail {log:q}"
 
 
+# Does the fp32 stream matter more with depth? Every measure per depth from the analyses' tables,
+# and its trend against log2(depth) (streamback/report/depth.py).
+rule depth:
+    input:
+        [str(layout.table(name)) for name in ("loss_difference", "layer_error", "swallowed", "envelope")],
+    output:
+        tables=[report(str(layout.table(name)), caption=f"../report/{name}.rst", category="Depth")
+                for name in layout.DEPTH_TABLES],
+        figures=[
+            report(str(layout.figure(layout.DEPTH_FIGURE, suffix)), caption="../report/depth_figure.rst", category="Depth")
+            if suffix == "svg" else str(layout.figure(layout.DEPTH_FIGURE, suffix))
+            for suffix in layout.FIGURE_SUFFIXES
+        ],
+    conda:
+        "../../envs/analysis.yaml"
+    log:
+        "logs/depth.log",
+    benchmark:
+        str(layout.timing_file("depth")),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        config=as_json(jobs.depth(config)),
+    shell:
+        "streamback depth --config-json {params.config} > {log:q} 2>&1 || log_tail {log:q}"
+
 
 rule study_report:
     input:
