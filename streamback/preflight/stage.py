@@ -66,8 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:
-        raise StreambackError(f"--threads must be at least 1, got {args.threads}")
+    """Check the arm as the arguments say, on the execution cli.main applied (threads, kernels)."""
     train_cfg = section_from_args(args, "train")
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
     model_cfg = (
@@ -79,8 +78,6 @@ def run(args: argparse.Namespace) -> int:
         resources = json.loads(args.resources)
     except json.JSONDecodeError as err:
         raise StreambackError(f"--resources is not a JSON object: {err}") from None
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     runs = [name for name, spec in run_matrix(train_cfg).items() if spec.arm == args.arm]
     if not runs:
         raise StreambackError(f"run arm {args.arm!r} is not in the train.runs matrix")

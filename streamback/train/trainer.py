@@ -113,7 +113,6 @@ EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "train")
-    compute.add_argument(parser)
     parser.add_argument(
         "--model-params",
         default=None,
@@ -188,21 +187,23 @@ def run(args: argparse.Namespace) -> int:
                 write_text(args.status_file, f"{status}\n")
 
 
+def default_threads(args: argparse.Namespace) -> int | None:
+    """The threads of a run trained without `--threads`: with `--params` torch's choice (None),
+    else the run's train.resources.threads of the config, as the rule passes them."""
+    if args.params is not None:
+        return None
+    return run_setting(section_from_args(args, "train"), args.run_name, "resources")["threads"]
+
+
 def _run(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:
-        raise StreambackError(f"--threads must be at least 1, got {args.threads}")
-    compute.choose_for_stage(args)
+    """Train as the arguments say, on the execution cli.main applied (threads, kernels)."""
     train_cfg = section_from_args(args, "train")
-    if args.threads is None and args.params is None:  # as the rule, which passes the run's resources
-        args.threads = run_setting(train_cfg, args.run_name, "resources")["threads"]
     # the model and data sections come from the config file unless given (as the rule does)
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
     if args.model_params is not None:
         model_cfg = section_from_json(args.model_params, "model", "--model-params")
     else:
         model_cfg = config["model"]
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     return train(
         train_cfg,
         model_cfg,
