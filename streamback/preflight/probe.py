@@ -113,7 +113,9 @@ class Preflight:
             forward = [str(h.dtype) for h in seen["residual"]]
             gradients = [None if h.grad is None else str(h.grad.dtype) for h in seen["residual"]]
         t.optimizer.zero_grad(set_to_none=True)
-        self.results.append(checks.stream_dtype(str(t.model.stream_format.container_dtype), forward, gradients))
+        self.results.append(
+            checks.stream_dtype(str(t.model.stream_format.container_dtype), forward, gradients, t.kernels)
+        )
 
     def speed_and_memory(self, records: list[dict]) -> None:
         t = self.trainer
@@ -121,7 +123,7 @@ class Preflight:
         timed = [r["tokens_per_s"] for r in records[WARMUP_STEPS:]] or [records[-1]["tokens_per_s"]]
         tokens_per_s = statistics.median(timed)
         hours = train_steps(t.cfg) * t.tokens_per_step / tokens_per_s / 3600 * self.env.world_size
-        self.results.append(checks.speed(tokens_per_s, hours, self.unit))
+        self.results.append(checks.speed(tokens_per_s, hours, self.unit, t.kernels))
         self.results.append(checks.budget(hours, t.cfg["budget_gpu_hours"], self.unit))
         self.results.append(self._memory())
 

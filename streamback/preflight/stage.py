@@ -2,7 +2,8 @@
 process, or torchrun), and write its record only if every check passed.
 
 A passed preflight writes results/preflight/<arm>.json (every check with its figure and bound,
-the device, the software versions) and exits 0; a failed one prints one line per failed check
+the kernels its steps computed on, named as the run's summary.json names them, the device, the
+software versions) and exits 0; a failed one prints one line per failed check
 (check, figure, bound), writes its record to results/preflight/failed/<arm>.json instead, removes
 any earlier passed record of the arm, and exits 1: nothing takes a failed preflight as passed.
 """
@@ -122,6 +123,7 @@ def preflight(train_cfg: dict, model_cfg: dict, arm: str, run: str, data_dir, ch
             "steps": probe.steps,
             "unit": probe.unit,
             "processes": env.world_size,
+            "kernels": probe.trainer.kernels,  # as the run's summary.json names them
             "device": device_name(env.device),
             "software": software(env.device),
             "resources": resources,

@@ -10,6 +10,7 @@ import torch
 
 from streamback import layout
 from streamback.config import validate_config
+from streamback.model import compute, execution
 from streamback.model.formats import StreamFormat
 from streamback.model.model import ModelArgs, Transformer, count_params
 from streamback.preflight import probe, stage, table
@@ -58,6 +59,10 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     }  # bitwise on the CPU
     losses = by_name["losses"]["values"]["losses"]
     assert len(losses) == 4 and losses[-1] < losses[0]
+    kernels = execution.decide(compute.mode()).kernels("cpu")  # this process's path, as summary.json names it
+    assert record["kernels"] == dtype["kernels"] == by_name["speed"]["values"]["kernels"] == kernels
+    assert by_name["stream_dtype"]["figure"].endswith(f"(on {kernels})")
+    assert f"tokens/s on {kernels}: the run takes" in by_name["speed"]["figure"]
     speed = by_name["speed"]["values"]
     # the projection by hand: 30 steps of 8 x 32 tokens at the measured tokens/s, one process
     assert speed["projected_hours"] == pytest.approx(30 * 8 * 32 / speed["tokens_per_s"] / 3600)
@@ -73,6 +78,25 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     gaps = by_name["shadow"]["values"]["gaps"]
     assert len(gaps) == 3 and gaps[0] == 0 and max(gaps) < 1e-6  # an fp32 stream against its fp64 shadow
     assert not layout.preflight_scratch(out).exists() and not layout.preflight_failed_file(out).exists()
+
+
+@pytest.mark.parametrize("cpu_bf16", ["native", "emulated"])
+def test_the_record_names_the_kernels_its_steps_ran_on_as_the_run_does(tokens, tmp_path, cpu_bf16):
+    """The preflight runs on the execution its job decided (here `native` even on a CPU without
+    native kernels, or `emulated`): its record and its stream_dtype and speed checks name that
+    path, in the words of the run's summary.json (test_kernel_record.py)."""
+    chosen = execution.decide(cpu_bf16, threads=1)
+    with execution.applied(chosen):
+        status, out = run_preflight(tokens, tmp_path)
+    assert status == 0
+    record = json.loads(out.read_text())
+    by_name = {c["name"]: c for c in record["checks"]}
+    assert (
+        record["kernels"]
+        == chosen.kernels()
+        == ("bf16 on fp32 kernels on cpu" if cpu_bf16 == "emulated" else "native bf16 on cpu")
+    )
+    assert by_name["speed"]["values"]["kernels"] == by_name["stream_dtype"]["values"]["kernels"] == record["kernels"]
 
 
 def failed_lines(capsys) -> list[str]:
