@@ -89,6 +89,7 @@ from streamback.train.batches import num_windows, rank_micro_batches, read_windo
 from streamback.train.checkpoint import (
     TrainState,
     list_checkpoints,
+    load_checkpoint,
     load_newest,
     lock_run,
     recipe_fingerprint,
@@ -365,6 +366,7 @@ class Trainer:
         # the kernels of this process (not the recipe: a record of how the steps were computed)
         self.kernels = f"{compute.path(env.device, self.model.compute_dtype)} on {env.device.type}"
         self.kernel_changes = []  # {"step", "from", "to"} of each resume onto other kernels
+        self.elapsed = 0.0  # seconds of training steps so far (fit: from the checkpoint it resumes)
         self.tensorboard_dir = tensorboard / self.recipe_dir.name if tensorboard is not None and env.rank == 0 else None
 
     def say(self, message: str) -> None:
@@ -497,6 +499,40 @@ class Trainer:
                 self.log.close()
         self._finish(step)
         return 0
+
+    def train_step(self, step: int) -> dict:
+        """Take step `step` (0-based) outside `fit`'s loop, with no stop signal heard and no stream
+        watch, and return its record: step, tokens, loss, lr, grad_norm, tokens_per_s, elapsed_s
+        (and on a `log.stream_every` step the stream's, on a `log.shadow_every` step the shadow's)."""
+        record, _ = self._step(step, StopRequest(), None)
+        return record
+
+    def first_micro_batch(self, step: int) -> torch.Tensor:
+        """This process's first micro-batch of step `step` (0-based) on its device: windows of
+        seq_len + 1 tokens, as `train_step` reads them."""
+        windows = train_windows(self.seed, step, self.batch_size, self.n_train)
+        micro = rank_micro_batches(windows, self.env.rank, self.env.world_size, self.micro_batch_size)[0]
+        return read_windows(self.train_data, micro, self.seq_len).to(self.env.device)
+
+    def save(self, directory: Path, step: int, keep: int) -> Path:
+        """Checkpoint the model and optimizer as of step `step` into `directory` (a collective),
+        with the recipe, the elapsed seconds and the kernels, keeping the newest `keep`; returns it."""
+        return save_checkpoint(
+            directory,
+            step,
+            self.state,
+            {
+                "identity": self.identity,
+                "elapsed_s": self.elapsed,
+                "world_size": self.env.world_size,
+                **self._kernel_record(),
+            },
+            keep=keep,
+        )
+
+    def restore(self, path: Path) -> dict:
+        """Load the model and optimizer of the checkpoint `path` (a collective); returns its meta."""
+        return load_checkpoint(path, self.state)
 
     def _step(self, step: int, stop: StopRequest, watch) -> tuple[dict, bool]:
         started = time.perf_counter()
@@ -660,18 +696,7 @@ class Trainer:
     def _save(self, step: int) -> None:
         if self.log is not None:
             self.log.sync()
-        save_checkpoint(
-            self.recipe_dir,
-            step,
-            self.state,
-            {
-                "identity": self.identity,
-                "elapsed_s": self.elapsed,
-                "world_size": self.env.world_size,
-                **self._kernel_record(),
-            },
-            keep=self.cfg["checkpoint"]["keep"],
-        )
+        self.save(self.recipe_dir, step, keep=self.cfg["checkpoint"]["keep"])
 
     def _write_model(self, path: Path, step: int) -> None:
         """The model as it is now (fp32, unsharded; a collective) to `path` (rank 0), with its corpus and step."""

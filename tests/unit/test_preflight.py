@@ -135,14 +135,14 @@ def test_a_budget_below_the_projection_fails_naming_both(tokens, tmp_path, capsy
 
 def test_a_resume_that_differs_fails(tokens, tmp_path, monkeypatch, capsys):
     """A load that loses AdamW's moments (the next step then starts them again) is not the uninterrupted step."""
-    load = probe.load_checkpoint
+    restore = Trainer.restore
 
-    def forgetful(path, state):
-        meta = load(path, state)
-        state.optimizer.state.clear()
+    def forgetful(trainer, path):
+        meta = restore(trainer, path)
+        trainer.optimizer.state.clear()
         return meta
 
-    monkeypatch.setattr(probe, "load_checkpoint", forgetful)
+    monkeypatch.setattr(Trainer, "restore", forgetful)
     status, out = run_preflight(tokens, tmp_path)
     line = assert_refused(status, out, failed_lines(capsys), "resume")
     assert "(bound: bitwise equal (deterministic kernels))" in line and "weights by up to 0 " not in line
@@ -304,3 +304,27 @@ def test_the_preflight_of_a_compiled_shape_on_a_gpu(tokens, tmp_path):
     assert by_name["stream_dtype"]["values"]["forward"] == ["torch.bfloat16"] * 3
     assert by_name["shadow"]["values"]["gaps"] is not None and by_name["memory"]["values"]["peak_bytes"] > 0
     print(json.dumps({name: c["figure"] for name, c in by_name.items()}, indent=1))  # the figures, for the device's log
+
+
+def test_the_preflight_uses_only_the_trainer_s_public_names():
+    """probe.py drives the run's own Trainer through its public API (train_step, save, restore,
+    first_micro_batch, ...): no name with an underscore, read or set (issue 37)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(probe))
+    trainers = {"trainer", "t"}  # self.trainer and its local alias
+    reached = sorted(
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and (
+            (isinstance(node.value, ast.Name) and node.value.id in trainers)
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "trainer")
+        )
+    )
+    assert reached == []
+    public = {"train_step", "save", "restore", "first_micro_batch"}
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert public <= used and all(callable(getattr(Trainer, name)) for name in public)
