@@ -16,6 +16,7 @@ import contextlib
 import errno
 import importlib
 import importlib.util
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -106,18 +107,36 @@ def main(argv: list[str] | None = None) -> int:
     plain_logs()  # before the stage's module imports torch, whose torch.hub imports tqdm
     args = parse(argv)
     module = importlib.import_module(COMMANDS[args.command])
+    status = None
     try:
         with stage_execution(args):
-            return int(module.run(args) or 0)
+            status = int(module.run(args) or 0)
+        return status
     except (StreambackError, OSError) as err:  # the expected faults, one line each; any other is a bug: its traceback
         message = expected_fault(err)
         if message is None:
             raise
         print(f"streamback {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        status = 2
+        return status
     except KeyboardInterrupt:
         print(f"streamback {args.command}: interrupted", file=sys.stderr)
-        return 130
+        status = 130
+        return status
+    finally:
+        write_status(args, status)
+
+
+def write_status(args: argparse.Namespace, status: int | None) -> None:
+    """The exit status to the stage's `--status-file`, if it has one (train: for launchers such as
+    torchrun that report their own), from rank 0; none for a bug's traceback (status None)."""
+    path = getattr(args, "status_file", None)
+    if path is None or status is None or int(os.environ.get("RANK", "0")) != 0:
+        return
+    from streamback.io import write_text
+
+    with contextlib.suppress(OSError):
+        write_text(path, f"{status}\n")
 
 
 def execution_of(args: argparse.Namespace):

@@ -2,7 +2,7 @@
 
 One process (`python -m streamback train ...`) trains on the CPU or one GPU; under `torchrun`
 every process takes a share of each global batch and the model is sharded with FSDP2
-(`streamback.parallel.apply_fsdp`: bf16 parameters for compute, fp32 master weights, AdamW state
+(`streamback.train.parallel.apply_fsdp`: bf16 parameters for compute, fp32 master weights, AdamW state
 and gradient reduction; the stream keeps its format). The recipe - AdamW, warmup-stable-decay,
 gradient clipping, a global batch reached by gradient accumulation - is the `train` section; what
 is trained is `model.shapes[shape]` with the run's block and stream (`streamback.runs`).
@@ -70,7 +70,7 @@ from streamback import layout
 from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.data.shards import TokenDataset, read_record, write_record
 from streamback.errors import StreambackError
-from streamback.io import atomic_path, writable_dir, write_json, write_text
+from streamback.io import atomic_path, writable_dir, write_json
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer, count_params
 from streamback.model.weights import save_model
@@ -174,20 +174,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    status = None
-    try:
-        status = _run(args)
-        return status
-    except StreambackError:
-        status = 2
-        raise
-    finally:
-        if args.status_file is not None and status is not None and int(os.environ.get("RANK", "0")) == 0:
-            with contextlib.suppress(OSError):
-                write_text(args.status_file, f"{status}\n")
-
-
 def default_threads(args: argparse.Namespace) -> int | None:
     """The threads of a run trained without `--threads`: with `--params` torch's choice (None),
     else the run's train.resources.threads of the config, as the rule passes them."""
@@ -196,8 +182,9 @@ def default_threads(args: argparse.Namespace) -> int | None:
     return run_setting(section_from_args(args, "train"), args.run_name, "resources")["threads"]
 
 
-def _run(args: argparse.Namespace) -> int:
-    """Train as the arguments say, on the execution cli.main applied (threads, kernels)."""
+def run(args: argparse.Namespace) -> int:
+    """Train as the arguments say, on the execution cli.main applied (threads, kernels); cli.main
+    writes `--status-file`."""
     train_cfg = section_from_args(args, "train")
     # the model and data sections come from the config file unless given (as the rule does)
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
