@@ -31,7 +31,7 @@ COMMANDS = {
     "tokenize": "streamback.data.tokenize",
     "preflight": "streamback.preflight.stage",
     "preflight-table": "streamback.preflight.table",
-    "train": "streamback.train.trainer",
+    "train": "streamback.train.stage",
     "train-attempt": "streamback.train.attempt",
     "checkpoints": "streamback.train.recipes",
     "training-curves": "streamback.train.curves",

@@ -43,7 +43,7 @@ Exit statuses:
   requeues a preempted job submitted with --requeue (the profile's `slurm-requeue`), Snakemake
   resubmits a failed one (`retries`), and a site may add 75 to slurm.conf's RequeueExit; each
   way the rerun resumes from this checkpoint. torchrun reports a worker's failure as 1 whatever
-  its status: with `--status-file` the trainer also writes its status there, and the rule's
+  its status: with `--status-file` cli.main also writes the status there, and the rule's
   shell exits with it.
 - 3: the loss or the gradient norm was NaN or infinite. Nothing of that step is applied or
   saved; the newest checkpoint is the last good state.
@@ -52,12 +52,10 @@ Exit statuses:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -67,13 +65,11 @@ import numpy as np
 import torch
 
 from streamback import layout
-from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
 from streamback.data.shards import TokenDataset, read_record, write_record
 from streamback.errors import StreambackError
-from streamback.io import atomic_path, writable_dir, write_json
+from streamback.io import writable_dir
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer, count_params
-from streamback.model.weights import save_model
 from streamback.progress import Progress
 from streamback.runs import (
     RunSpec,
@@ -86,122 +82,21 @@ from streamback.runs import (
     train_steps,
 )
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
-from streamback.train.checkpoint import (
-    TrainState,
-    list_checkpoints,
-    load_checkpoint,
-    load_newest,
-    lock_run,
-    recipe_fingerprint,
-    remove_partial,
-    save_checkpoint,
-)
-from streamback.train.metrics import MetricsLog, read_metrics
+from streamback.train.checkpoint import TrainState, lock_run, recipe_fingerprint, remove_partial
+from streamback.train.checkpointing import CheckpointManager
+from streamback.train.metrics import MetricsLog
 from streamback.train.parallel import StreamDtypeWatch, apply_activation_checkpointing, apply_compile, apply_fsdp
 from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
 from streamback.train.signals import StreamRecord, shadow_format
+from streamback.train.summary import summary_record, write_outputs
 from streamback.train.tensorboard import open_writer
 from streamback.train.validation import window_losses
 from streamback.train.wandb_sink import open_run as open_wandb
 from streamback.train.watch import Watch
 
-HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
-
 EXIT_DIVERGED = 3
 EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "train")
-    parser.add_argument(
-        "--model-params",
-        default=None,
-        help="the 'model' section as a JSON object (what the rule passes; default: from --config)",
-    )
-    # not --run: torchrun parses the whole command line and takes --run for an abbreviation of its --run-path
-    parser.add_argument(
-        "--run-name", required=True, help="run name, e.g. fat-short-streamback (see `train.runs` in the config)"
-    )
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=None,
-        help="token directory of the data stage (default: the config's, results/tokens/<corpus>)",
-    )
-    parser.add_argument(
-        "--outdir",
-        type=Path,
-        default=None,
-        help="for model.pt, metrics.jsonl and summary.json (default: results/runs/<run>)",
-    )
-    parser.add_argument(
-        "--checkpoints",
-        type=Path,
-        default=None,
-        help="the run's checkpoint directory: a recipe-*/ per recipe (checkpoints, live metrics.jsonl), trainer.lock, "
-        "verified-shards.json (default: results/checkpoints/<run>)",
-    )
-    parser.add_argument(
-        "--tensorboard",
-        type=Path,
-        default=None,
-        help="the run's TensorBoard directory, an event directory per recipe in it "
-        "(default: results/tensorboard/<run>; train.log.tensorboard: false writes none)",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help=(
-            "CPU threads per process (default: with --params, torch's choice; else the run's train.resources.threads, "
-            "as the rule passes)"
-        ),
-    )
-    parser.add_argument(
-        "--snapshot-steps",
-        type=int,
-        nargs="*",
-        default=[],
-        metavar="STEP",
-        help="also write the model at these earlier steps, as <outdir>/last/step_<N>.pt (eval.last_checkpoints)",
-    )
-    parser.add_argument(
-        "--status-file",
-        type=Path,
-        default=None,
-        help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own",
-    )
-
-
-def default_threads(args: argparse.Namespace) -> int | None:
-    """The threads of a run trained without `--threads`: with `--params` torch's choice (None),
-    else the run's train.resources.threads of the config, as the rule passes them."""
-    if args.params is not None:
-        return None
-    return run_setting(section_from_args(args, "train"), args.run_name, "resources")["threads"]
-
-
-def run(args: argparse.Namespace) -> int:
-    """Train as the arguments say, on the execution cli.main applied (threads, kernels); cli.main
-    writes `--status-file`."""
-    train_cfg = section_from_args(args, "train")
-    # the model and data sections come from the config file unless given (as the rule does)
-    config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
-    if args.model_params is not None:
-        model_cfg = section_from_json(args.model_params, "model", "--model-params")
-    else:
-        model_cfg = config["model"]
-    return train(
-        train_cfg,
-        model_cfg,
-        args.run_name,
-        args.data or layout.tokens_dir(config["data"]),
-        args.outdir or layout.run_dir(args.run_name),
-        args.checkpoints or layout.checkpoint_dir(args.run_name),
-        tensorboard=args.tensorboard or layout.tensorboard_dir(args.run_name),
-        snapshot_steps=args.snapshot_steps,
-    )
 
 
 def train(
@@ -352,7 +247,17 @@ class Trainer:
         self.recipe_dir = layout.recipe_dir(ckpt_dir, recipe_fingerprint(self.identity))
         # the kernels of this process (not the recipe: a record of how the steps were computed)
         self.kernels = f"{compute.path(env.device, self.model.compute_dtype)} on {env.device.type}"
-        self.kernel_changes = []  # {"step", "from", "to"} of each resume onto other kernels
+        self.checkpoints = CheckpointManager(
+            spec.name,
+            self.recipe_dir,
+            self.state,
+            self.identity,
+            self.kernels,
+            cfg["checkpoint"],
+            self.snapshot_steps,
+            env,
+            self.say,
+        )
         self.elapsed = 0.0  # seconds of training steps so far (fit: from the checkpoint it resumes)
         self.tensorboard_dir = tensorboard / self.recipe_dir.name if tensorboard is not None and env.rank == 0 else None
 
@@ -411,9 +316,8 @@ class Trainer:
         if self.env.rank == 0:
             self.recipe_dir.mkdir(exist_ok=True)
         remove_partial(self.recipe_dir, say=self.say)
-        start_step, elapsed = self._resume()
-        self.elapsed = elapsed
-        self._check_snapshots(start_step)
+        start_step, self.elapsed = self.checkpoints.resume()
+        self.checkpoints.snapshot_at_start(start_step, self.model_args, self.train_data.manifest)
         self.log, self.watch, self.board = None, None, None
         if self.env.rank == 0:
             self.board = (
@@ -433,7 +337,10 @@ class Trainer:
                     )
                 )
             self.log = MetricsLog(
-                self.recipe_dir / layout.METRICS_FILE, start_step, mirrors=mirrors, header=self._kernel_record()
+                self.recipe_dir / layout.METRICS_FILE,
+                start_step,
+                mirrors=mirrors,
+                header=self.checkpoints.kernel_record(),
             )
             self.watch = Watch(
                 self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label
@@ -453,7 +360,7 @@ class Trainer:
                     step += 1
                     self._after_step(step, record)
                     if step in self.snapshot_steps:
-                        self._snapshot(step)
+                        self.checkpoints.snapshot(step, self.model_args, self.train_data.manifest)
                     stop_now = stop_now and step < self.steps
                     if step % self.cfg["checkpoint"]["every"] == 0 or step == self.steps or stop_now:
                         self._save(step)
@@ -504,22 +411,11 @@ class Trainer:
     def save(self, directory: Path, step: int, keep: int) -> Path:
         """Checkpoint the model and optimizer as of step `step` into `directory` (a collective),
         with the recipe, the elapsed seconds and the kernels, keeping the newest `keep`; returns it."""
-        return save_checkpoint(
-            directory,
-            step,
-            self.state,
-            {
-                "identity": self.identity,
-                "elapsed_s": self.elapsed,
-                "world_size": self.env.world_size,
-                **self._kernel_record(),
-            },
-            keep=keep,
-        )
+        return self.checkpoints.save(directory, step, keep, self.elapsed)
 
     def restore(self, path: Path) -> dict:
         """Load the model and optimizer of the checkpoint `path` (a collective); returns its meta."""
-        return load_checkpoint(path, self.state)
+        return self.checkpoints.restore(path)
 
     def _step(self, step: int, stop: StopRequest, watch) -> tuple[dict, bool]:
         started = time.perf_counter()
@@ -617,132 +513,29 @@ class Trainer:
 
     # ---- checkpoints and outputs -----------------------------------------------------------
 
-    def _resume(self) -> tuple[int, float]:
-        """(step, elapsed seconds) of the newest checkpoint that passes its check, now loaded; (0, 0) if none."""
-
-        def same_recipe(path, meta):
-            changed = sorted(k for k in self.identity if meta.get("identity", {}).get(k) != self.identity[k])
-            if changed:
-                raise StreambackError(
-                    f"checkpoint {path} belongs to another recipe ({', '.join(changed)} differ from this config) but "
-                    f"lies in "
-                    f"this recipe's directory {self.recipe_dir}: move it out"
-                )
-
-        def accept(path, meta):
-            same_recipe(path, meta)
-            self._accept_kernels(path, meta)
-
-        saved = list_checkpoints(self.recipe_dir)
-        newest = saved[-1][0] if saved else 0
-        missing = [
-            s for s in self.snapshot_steps if s < newest and not layout.snapshot_stash(self.recipe_dir, s).is_file()
-        ]
-        meta = load_newest(
-            self.recipe_dir, self.state, accept=accept, say=self.say, at_most=min(missing) if missing else None
-        )
-        if missing and meta is None:
-            raise StreambackError(
-                f"run {self.spec.name} lacks the model of step(s) {', '.join(map(str, missing))} that "
-                f"eval.last_checkpoints "
-                f"asks for (it was trained before they were asked for), and {self.recipe_dir} keeps no checkpoint at "
-                f"or "
-                f"before step {min(missing)} to train them again from: delete {self.recipe_dir} to train the run "
-                "again, or change eval.last_checkpoints / checkpoint_spacing"
-            )
-        if missing:
-            self.say(
-                f"resuming from step {meta['step']}, before step(s) {', '.join(map(str, missing))} whose model "
-                "eval.last_checkpoints asks for and this recipe directory lacks: training to the end writes them"
-            )
-        return (0, 0.0) if meta is None else (meta["step"], float(meta.get("elapsed_s", 0.0)))
-
-    def _accept_kernels(self, path: Path, meta: dict) -> None:
-        """Refuse a checkpoint trained on other kernels (StreambackError naming both and the setting
-        that allows it) unless train.checkpoint.resume_on_other_kernels; keep its record of changes."""
-        theirs = meta.get("kernels")  # None: written before checkpoints recorded their kernels
-        self.kernel_changes = list(meta.get("kernel_changes", []))
-        if theirs is None or theirs == self.kernels:
-            return
-        if not self.cfg["checkpoint"]["resume_on_other_kernels"]:
-            raise StreambackError(
-                f"checkpoint {path} was trained on {theirs}, but this process computes on {self.kernels} (cpu_bf16 "
-                f"{compute.mode()}): set cpu_bf16 to match it, or train.checkpoint.resume_on_other_kernels: true to "
-                f"resume anyway"
-            )
-        self.say(
-            f"resuming checkpoint {path}, trained on {theirs}, on {self.kernels} "
-            f"(train.checkpoint.resume_on_other_kernels)"
-        )
-        self.kernel_changes.append({"step": meta["step"], "from": theirs, "to": self.kernels})
-
-    def _kernel_record(self) -> dict:
-        """The kernels the run computes on, and each change of them at a resume (for its records)."""
-        return {"kernels": self.kernels, "kernel_changes": self.kernel_changes}
-
     def _save(self, step: int) -> None:
         if self.log is not None:
             self.log.sync()
         self.save(self.recipe_dir, step, keep=self.cfg["checkpoint"]["keep"])
 
-    def _write_model(self, path: Path, step: int) -> None:
-        """The model as it is now (fp32, unsharded; a collective) to `path` (rank 0), with its corpus and step."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.env.rank == 0:
-            manifest = self.train_data.manifest
-            data = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
-            save_model(path, self.model_args, state, self.model.compute_dtype, step=step, data=data)
-
-    def _snapshot(self, step: int) -> None:
-        """Keep the model of snapshot step `step` in the recipe directory."""
-        stash = layout.snapshot_stash(self.recipe_dir, step)
-        self._write_model(stash, step)
-        self.say(f"step {step}: kept the model for eval.last_checkpoints in {stash}")
-
-    def _check_snapshots(self, start_step: int) -> None:
-        """Before the first step: the snapshot of the resumed step itself, if it is one and not kept yet
-        (`_resume` resumes at or before every snapshot step the recipe directory lacks)."""
-        if start_step in self.snapshot_steps and not layout.snapshot_stash(self.recipe_dir, start_step).is_file():
-            self._snapshot(start_step)
-
     def _finish(self, step: int) -> None:
-        """Write the final model (fp32, unsharded), the snapshots, the metrics and the completion record."""
-        self._write_model(self.outdir / layout.MODEL_FILE, step)
+        """Write the final model (fp32, unsharded), then the snapshots, the metrics and summary.json."""
+        self.checkpoints.write_model(self.outdir / layout.MODEL_FILE, step, self.model_args, self.train_data.manifest)
         if self.env.rank != 0:
             return
-        for snapshot in self.snapshot_steps:
-            target = self.outdir / layout.SNAPSHOTS_DIR / layout.SNAPSHOT_FILE.format(step=snapshot)
-            with atomic_path(target) as tmp:
-                _link_or_copy(layout.snapshot_stash(self.recipe_dir, snapshot), tmp)
-        with atomic_path(self.outdir / layout.METRICS_FILE) as tmp:
-            shutil.copyfile(self.recipe_dir / layout.METRICS_FILE, tmp)
-        last = _last_record(self.recipe_dir / layout.METRICS_FILE)
-        gpus = self.env.world_size if self.env.device.type == "cuda" else 0
-        write_json(
-            self.outdir / layout.SUMMARY_FILE,
-            {
-                "run": self.spec.name,
-                "shape": self.spec.shape,
-                "block": self.spec.block,
-                "stream": str(self.model.stream_format.label),
-                "seed": self.spec.seed,
-                "init_seed": self.spec.init_seed,
-                "data_seed": self.spec.data_seed,
-                "steps": step,
-                "tokens": step * self.tokens_per_step,
-                "params": count_params(self.model),
-                "final_loss": last.get("loss"),
-                "final_val_loss": last.get("val_loss"),
-                "train_seconds": self.elapsed,
-                "processes": self.env.world_size,
-                "device": self.env.device.type,
-                "gpu_hours": self.elapsed * gpus / 3600,
-                "checkpoint": str(self.recipe_dir / f"step_{step:09d}"),
-                **self._kernel_record(),
-            },
+        summary = summary_record(
+            self.spec,
+            str(self.model.stream_format.label),
+            count_params(self.model),
+            step,
+            self.tokens_per_step,
+            self.elapsed,
+            self.env.world_size,
+            self.env.device.type,
+            self.recipe_dir,
+            self.checkpoints.kernel_record(),
         )
+        write_outputs(self.outdir, self.recipe_dir, self.snapshot_steps, summary)
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
     def _announce(self, start_step: int) -> None:
@@ -782,16 +575,3 @@ def _error_of(check, *args, **kwargs) -> str | None:
     except StreambackError as err:
         return str(err)
     return None
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    """`target` as a hard link to `source`, or a copy where they lie on different filesystems."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
-
-
-def _last_record(path: Path) -> dict:
-    records = read_metrics(path)
-    return records[-1] if records else {}
