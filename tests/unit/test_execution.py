@@ -12,6 +12,9 @@ from streamback.config import DEFAULT_CONFIG, read_config_file, validate_config
 from streamback.errors import StreambackError
 from streamback.model import compute, execution
 
+# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture
 def forced_native(monkeypatch):

@@ -16,6 +16,9 @@ from streamback.model.model import ModelArgs, Transformer, count_params
 from streamback.preflight import probe, stage, table
 from streamback.train.trainer import Trainer
 
+# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+pytestmark = pytest.mark.kernels
+
 MODEL = {
     "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
     "max_seq_len": 64,
