@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from streamback import layout
-from streamback.data.shards import TokenDataset, read_record, write_record
+from streamback.data.shards import TokenDataset, verify_datasets
 from streamback.errors import StreambackError
 from streamback.io import writable_dir
 from streamback.model import compute
@@ -221,7 +221,17 @@ class Trainer:
             raise StreambackError(
                 f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process"
             )
-        self._verify_data()
+        # the token shards against their manifest (the ranks share the hashing), bar those the run verified before
+        self.say(
+            verify_datasets(
+                [self.train_data, self.val_data],
+                ckpt_dir / layout.VERIFIED_SHARDS,
+                env.rank,
+                env.world_size,
+                env.gather,
+                torch.get_num_threads(),
+            )
+        )
 
         self.model_args = ModelArgs.from_config(
             model_cfg,
@@ -265,35 +275,6 @@ class Trainer:
         """A line in the run's log (rank 0)."""
         if self.env.rank == 0:
             _say(self.spec.name, message)
-
-    def _verify_data(self) -> None:
-        """Hash every token shard the run's verification record does not vouch for (the ranks share
-        them), check sha256 and vocabulary bound against the manifest, and record the good ones."""
-        started, record_path = time.perf_counter(), self.ckpt_dir / layout.VERIFIED_SHARDS
-        record = read_record(record_path)
-        problems, hashed, count, total = [], 0, 0, 0
-        for dataset in (self.train_data, self.val_data):
-            todo = dataset.unverified(record)
-            scans = {}
-            for part in self.env.gather(
-                dataset.scan(todo[self.env.rank :: self.env.world_size], torch.get_num_threads())
-            ):
-                scans.update(part)
-            problems += dataset.accept(scans)
-            hashed += sum(dataset.paths[k].stat().st_size for k in todo)
-            count, total = count + len(todo), total + len(dataset.paths)
-        if problems:
-            raise StreambackError(self.train_data.explain(problems))
-        verified = {**self.train_data.verified_record(), **self.val_data.verified_record()}
-        if verified != record and self.env.rank == 0:
-            write_record(record_path, verified)
-        seconds = time.perf_counter() - started
-        kept = f"; {total - count} unchanged since this run verified them ({record_path})" if count < total else ""
-        self.say(
-            f"token shards verified: all {total} in {self.train_data.data_dir} match manifest.json (sha256, every id "
-            f"below the vocabulary of {self.train_data.vocab_size}); hashed {count} ({hashed / 1e6:,.1f} MB) in "
-            f"{seconds:.1f} s on {self.env.world_size} process(es){kept}"
-        )
 
     def _build_model(self):
         with torch.device("meta"):
