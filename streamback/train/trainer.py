@@ -198,40 +198,7 @@ class Trainer:
             )
         self.snapshot_steps = sorted(set(snapshot_steps))
 
-        self.train_data = TokenDataset(data_dir, "train")
-        self.val_data = TokenDataset(data_dir, "val")
-        self.n_train = num_windows(self.train_data.num_tokens, self.seq_len)
-        if self.n_train < 1:
-            raise StreambackError(
-                f"{data_dir}: the train split has {self.train_data.num_tokens} tokens, fewer than train.seq_len + 1"
-            )
-        problem = token_budget_problem(cfg, self.train_data.num_tokens, f"the train split of {data_dir}")
-        if problem:
-            raise StreambackError(problem)
-        passes = data_passes(cfg, self.train_data.num_tokens)
-        if passes > 1:
-            self.say(
-                f"train.repeat_data is on: the run reads its train split {passes:.2f} times "
-                f"({self.steps * self.batch_size:,} "
-                f"windows of the {self.n_train:,} it holds), each pass in a new order"
-            )
-        n_val = num_windows(self.val_data.num_tokens, self.seq_len)
-        self.val_windows = val_windows(n_val, cfg["log"]["val_sequences"], env.rank, env.world_size)
-        if len(self.val_windows) < 1:
-            raise StreambackError(
-                f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process"
-            )
-        # the token shards against their manifest (the ranks share the hashing), bar those the run verified before
-        self.say(
-            verify_datasets(
-                [self.train_data, self.val_data],
-                ckpt_dir / layout.VERIFIED_SHARDS,
-                env.rank,
-                env.world_size,
-                env.gather,
-                torch.get_num_threads(),
-            )
-        )
+        self._open_data(Path(data_dir))
 
         self.model_args = ModelArgs.from_config(
             model_cfg,
@@ -276,6 +243,45 @@ class Trainer:
         if self.env.rank == 0:
             _say(self.spec.name, message)
 
+    def _open_data(self, data_dir: Path) -> None:
+        """The run's train and val splits, checked against its token budget and val_sequences, and
+        their shards verified against the manifest."""
+        cfg, env, ckpt_dir = self.cfg, self.env, self.ckpt_dir
+        self.train_data = TokenDataset(data_dir, "train")
+        self.val_data = TokenDataset(data_dir, "val")
+        self.n_train = num_windows(self.train_data.num_tokens, self.seq_len)
+        if self.n_train < 1:
+            raise StreambackError(
+                f"{data_dir}: the train split has {self.train_data.num_tokens} tokens, fewer than train.seq_len + 1"
+            )
+        problem = token_budget_problem(cfg, self.train_data.num_tokens, f"the train split of {data_dir}")
+        if problem:
+            raise StreambackError(problem)
+        passes = data_passes(cfg, self.train_data.num_tokens)
+        if passes > 1:
+            self.say(
+                f"train.repeat_data is on: the run reads its train split {passes:.2f} times "
+                f"({self.steps * self.batch_size:,} "
+                f"windows of the {self.n_train:,} it holds), each pass in a new order"
+            )
+        n_val = num_windows(self.val_data.num_tokens, self.seq_len)
+        self.val_windows = val_windows(n_val, cfg["log"]["val_sequences"], env.rank, env.world_size)
+        if len(self.val_windows) < 1:
+            raise StreambackError(
+                f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process"
+            )
+        # the token shards against their manifest (the ranks share the hashing), bar those the run verified before
+        self.say(
+            verify_datasets(
+                [self.train_data, self.val_data],
+                ckpt_dir / layout.VERIFIED_SHARDS,
+                env.rank,
+                env.world_size,
+                env.gather,
+                torch.get_num_threads(),
+            )
+        )
+
     def _build_model(self):
         with torch.device("meta"):
             model = Transformer(self.model_args)
@@ -299,34 +305,7 @@ class Trainer:
         remove_partial(self.recipe_dir, say=self.say)
         start_step, self.elapsed = self.checkpoints.resume()
         self.checkpoints.snapshot_at_start(start_step, self.model_args, self.train_data.manifest)
-        self.log, self.watch, self.board = None, None, None
-        if self.env.rank == 0:
-            self.board = (
-                open_writer(self.tensorboard_dir, start_step + 1, self.say)
-                if self.tensorboard_dir is not None
-                else None
-            )
-            mirrors = [self.board] if self.board is not None else []
-            if self.cfg["log"]["wandb"]["project"] is not None:
-                mirrors.append(
-                    open_wandb(
-                        self.cfg["log"]["wandb"],
-                        f"{self.spec.name}-{self.recipe_dir.name.removeprefix('recipe-')}",
-                        self.spec.name,
-                        self.recipe_dir,
-                        {"identity": self.identity},
-                    )
-                )
-            self.log = MetricsLog(
-                self.recipe_dir / layout.METRICS_FILE,
-                start_step,
-                mirrors=mirrors,
-                header=self.checkpoints.kernel_record(),
-            )
-            self.watch = Watch(
-                self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label
-            )
-            self.watch.replay(self.log.resumed)
+        self._open_logs(start_step)
         self.progress = Progress(
             self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None
         )
@@ -374,6 +353,38 @@ class Trainer:
                 self.log.close()
         self._finish(step)
         return 0
+
+    def _open_logs(self, start_step: int) -> None:
+        """Rank 0's logs of a run starting at `start_step`: the metrics log (with TensorBoard and W&B
+        behind it, as configured) and the watch over its records; None elsewhere."""
+        self.log, self.watch, self.board = None, None, None
+        if self.env.rank == 0:
+            self.board = (
+                open_writer(self.tensorboard_dir, start_step + 1, self.say)
+                if self.tensorboard_dir is not None
+                else None
+            )
+            mirrors = [self.board] if self.board is not None else []
+            if self.cfg["log"]["wandb"]["project"] is not None:
+                mirrors.append(
+                    open_wandb(
+                        self.cfg["log"]["wandb"],
+                        f"{self.spec.name}-{self.recipe_dir.name.removeprefix('recipe-')}",
+                        self.spec.name,
+                        self.recipe_dir,
+                        {"identity": self.identity},
+                    )
+                )
+            self.log = MetricsLog(
+                self.recipe_dir / layout.METRICS_FILE,
+                start_step,
+                mirrors=mirrors,
+                header=self.checkpoints.kernel_record(),
+            )
+            self.watch = Watch(
+                self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label
+            )
+            self.watch.replay(self.log.resumed)
 
     def train_step(self, step: int) -> dict:
         """Take step `step` (0-based) outside `fit`'s loop, with no stop signal heard and no stream
