@@ -25,7 +25,7 @@ from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config,
 from streamback.errors import StreambackError
 from streamback.io import write_json
 from streamback.preflight.probe import Preflight
-from streamback.runs import check_runs, run_matrix
+from streamback.runs import check_runs, run_matrix, run_setting
 from streamback.train.processes import Distributed
 
 HELP = (
@@ -63,7 +63,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the train job's resources (mem_mb, gpus, processes), as the rule passes them",
     )
     parser.add_argument("--out", type=Path, default=None, help="the record (default: results/preflight/<arm>.json)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per process (default: with --params, torch's choice; else the run's train.resources.threads, "
+        "as the rule passes)",
+    )
+
+
+def default_threads(args: argparse.Namespace) -> int | None:
+    """The threads of a preflight run without `--threads`: with `--params` torch's choice (None),
+    else its run's train.resources.threads of the config, as the rule passes them (its train job's)."""
+    if args.params is not None:
+        return None
+    train_cfg = section_from_args(args, "train")
+    runs = [name for name, spec in run_matrix(train_cfg).items() if spec.arm == args.arm]
+    return run_setting(train_cfg, runs[0], "resources")["threads"] if runs else None
 
 
 def run(args: argparse.Namespace) -> int:

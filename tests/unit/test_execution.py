@@ -76,6 +76,8 @@ def test_a_stage_takes_its_config_file_then_the_environment_then_the_default_con
     chosen = cli.execution_of(cli.parse([*train, "--config", str(native)]))
     assert (chosen.cpu_bf16, chosen.emulated, chosen.source) == ("native", False, f"cpu_bf16 of {native}")
     assert chosen.threads == 1  # the run's train.resources.threads, as the rule passes them
+    preflight = cli.execution_of(cli.parse(["preflight", "--arm", "tiny-medium-baseline"]))
+    assert (preflight.cpu_bf16, preflight.threads) == ("emulated", 1)  # the default config's, as its train job's
     assert cli.execution_of(cli.parse([*train, "--params", "{}"])).cpu_bf16 == "auto"
     assert cli.execution_of(cli.parse(train)).cpu_bf16 == "emulated"  # the default config's
     monkeypatch.setenv(compute.ENV, "native")  # what a workflow job gets (jobs.execution_environment)
