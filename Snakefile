@@ -7,12 +7,10 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from streamback.check import drop_unexported_public_models
-from streamback.config import read_config_file, validate_config
-from streamback.data.settings import tokenized_train_split
+from streamback.check import resolve
+from streamback.config import read_config_file
 from streamback.errors import StreambackError
-from streamback.eval.taskload import check_task_names
-from streamback.runs import check_runs, run_matrix, snapshot_steps
+from streamback.runs import snapshot_steps
 
 min_version("9.27")  # the rerun rules (workflow/rules/preflight.smk) are tested on 9.27
 
@@ -28,21 +26,20 @@ configfile: str(DEFAULT_CONFIG)
 report: "workflow/report/workflow.rst"
 
 
-# Before any job starts (and in a dry run): the project's own validator (one line per bad key,
+# Before any job starts (and in a dry run): the one resolution of the config that `streamback
+# check` also runs (streamback.check.resolve): the project's own validator (one line per bad key,
 # defaults filled in), the cross-key check of every run and of eval.last_checkpoints, and the
 # eval task names (lm-eval's TaskManager, offline; its own tasks' names cached); the message
-# alone, no traceback. Then a public model that is the export of a run a narrowed train.runs left
-# out is dropped, with a warning (streamback.check.drop_unexported_public_models): no job could
-# make it, and targets that never needed it still run.
+# alone, no traceback. A public model that is the export of a run a narrowed train.runs left out
+# is dropped, with a warning: no job could make it, and targets that never needed it still run.
 try:
-    config.update(validate_config(config))
-    check_runs(config["train"], config["model"], config["data"], tokenized=tokenized_train_split(config["data"]))
-    check_task_names(config["eval"]["tasks"], config["eval"]["include_path"])
+    resolved, warnings = resolve(config)
+    config.update(resolved)
     SNAPSHOT_STEPS = snapshot_steps(config["train"], config["eval"])  # eval.last_checkpoints: the runs' earlier models
 except StreambackError as err:
     merged = " merged with ".join(str(f) for f in [DEFAULT_CONFIG.relative_to(workflow.basedir), *workflow.overwrite_configfiles])
     sys.exit(f"Error in the config ({merged}): {err}")
-for warning in drop_unexported_public_models(config["analysis"], run_matrix(config["train"])):
+for warning in warnings:
     print(f"warning: {warning}", file=sys.stderr)
 
 

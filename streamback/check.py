@@ -1,8 +1,10 @@
 """`streamback check`: the config files checked as the Snakefile checks them, before any job.
 
 YAML errors with file and line, the schema, every run's model and recipe against the data, the
-eval task names, each problem on its own line; a public model that no job could make (the export
-of a run outside the matrix) is dropped with a warning, as the Snakefile drops it.
+eval task names and eval.last_checkpoints, each problem on its own line; a public model that no
+job could make (the export of a run outside the matrix) is dropped with a warning. `resolve` is
+the one resolution of a config, which the Snakefile runs on the config Snakemake merged (its
+--configfile files and --config values) and `streamback check` on the files it is given.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from streamback import layout
 from streamback.config import DEFAULT_CONFIG, ROOT, merge_config, public_models, read_config_file, validate_config
 from streamback.data.settings import tokenized_train_split
 from streamback.eval.taskload import check_task_names
-from streamback.runs import check_runs, run_matrix
+from streamback.runs import check_runs, run_matrix, snapshot_steps
 
 HELP = (
     "check config files as the Snakefile does (YAML with file and line, the schema, every run's model and recipe, the "
@@ -38,20 +40,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = read_config_file(DEFAULT_CONFIG)
-    for path in args.configfiles:
-        config = merge_config(config, read_config_file(path))
-    config = validate_config(config)
-    check_runs(config["train"], config["model"], config["data"], tokenized=tokenized_train_split(config["data"]))
-    check_task_names(config["eval"]["tasks"], config["eval"]["include_path"])
-    runs = run_matrix(config["train"])
-    for warning in drop_unexported_public_models(config["analysis"], runs):
+    config, warnings = resolve(read_files(args.configfiles))
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    runs = run_matrix(config["train"])
     print(
         f"config OK ({' + '.join(map(str, [DEFAULT_CONFIG.relative_to(ROOT), *args.configfiles]))}): {len(runs)} runs: "
         f"{', '.join(runs)}"
     )
     return 0
+
+
+def read_files(files) -> dict:
+    """The default config with `files` merged over it key by key, in order (as `snakemake --configfile`)."""
+    config = read_config_file(DEFAULT_CONFIG)
+    for path in files:
+        config = merge_config(config, read_config_file(path))
+    return config
+
+
+def resolve(config: dict) -> tuple[dict, list[str]]:
+    """The config as every job reads it, and the warnings to print: validated with defaults filled
+    in, every run's model and recipe checked against the data, the eval task names and
+    eval.last_checkpoints checked (a StreambackError names the first problem), then each public
+    model no job could make dropped (`drop_unexported_public_models`)."""
+    config = validate_config(config)
+    check_runs(config["train"], config["model"], config["data"], tokenized=tokenized_train_split(config["data"]))
+    check_task_names(config["eval"]["tasks"], config["eval"]["include_path"])
+    snapshot_steps(config["train"], config["eval"])
+    return config, drop_unexported_public_models(config["analysis"], run_matrix(config["train"]))
 
 
 def drop_unexported_public_models(analysis: dict, runs) -> list[str]:

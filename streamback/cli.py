@@ -2,16 +2,21 @@
 
 Each stage module defines `HELP` (one line), `add_arguments(parser)` and `run(args)`. Only the
 chosen stage's module is imported, so `streamback drift` does not pay for torch.distributed,
-datasets or lm-eval imports it does not use.
+datasets or lm-eval imports it does not use. A stage that runs model code (MODEL_STAGES) runs
+inside its process's execution (threads, CPU kernel path, device: streamback.model.execution),
+decided here once from the job's config and handed to it as `args.execution_context`; the
+previous one comes back when it returns, so an in-process caller leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import errno
 import importlib
 import importlib.util
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -26,7 +31,7 @@ COMMANDS = {
     "tokenize": "streamback.data.tokenize",
     "preflight": "streamback.preflight.stage",
     "preflight-table": "streamback.preflight.table",
-    "train": "streamback.train.trainer",
+    "train": "streamback.train.stage",
     "train-attempt": "streamback.train.attempt",
     "checkpoints": "streamback.train.recipes",
     "training-curves": "streamback.train.curves",
@@ -42,6 +47,9 @@ COMMANDS = {
     "evaluate": "streamback.eval.stage",
     "benchmark-table": "streamback.eval.tables",
 }
+
+# the stages that run model code: each computes on the execution cli.main decides for it
+MODEL_STAGES = ("preflight", "train", "export-hf", "bench", "memory", "analyze", "import-hf", "evaluate")
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -89,27 +97,78 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """A command line's arguments (`<stage> [options]`), as `main` parses them: argparse's exit on a bad one."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    return _parser(command if command in COMMANDS else None).parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     plain_logs()  # before the stage's module imports torch, whose torch.hub imports tqdm
     command = next((a for a in argv if not a.startswith("-")), None)
     try:  # a stage whose module cannot run here says so at import (e.g. a torch without a name it needs)
-        args = _parser(command if command in COMMANDS else None).parse_args(argv)
+        args = parse(argv)
         module = importlib.import_module(COMMANDS[args.command])
     except StreambackError as err:
         print(f"streamback {command}: error: {err}", file=sys.stderr)
         return 2
+    status = None
     try:
-        return int(module.run(args) or 0)
+        with stage_execution(args):
+            status = int(module.run(args) or 0)
+        return status
     except (StreambackError, OSError) as err:  # the expected faults, one line each; any other is a bug: its traceback
         message = expected_fault(err)
         if message is None:
             raise
         print(f"streamback {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        status = 2
+        return status
     except KeyboardInterrupt:
         print(f"streamback {args.command}: interrupted", file=sys.stderr)
-        return 130
+        status = 130
+        return status
+    finally:
+        write_status(args, status)
+
+
+def write_status(args: argparse.Namespace, status: int | None) -> None:
+    """The exit status to the stage's `--status-file`, if it has one (train: for launchers such as
+    torchrun that report their own), from rank 0; none for a bug's traceback (status None)."""
+    path = getattr(args, "status_file", None)
+    if path is None or status is None or int(os.environ.get("RANK", "0")) != 0:
+        return
+    from streamback.io import write_text
+
+    with contextlib.suppress(OSError):
+        write_text(path, f"{status}\n")
+
+
+def execution_of(args: argparse.Namespace):
+    """The execution (streamback.model.execution.Execution) a stage's parsed arguments run on, as
+    its workflow job gets it, or None for a stage that runs no model code. A stage module's
+    `default_threads(args)` gives its threads where `--threads` is not given."""
+    if args.command not in MODEL_STAGES:
+        return None
+    from streamback.model import execution
+
+    default_threads = getattr(importlib.import_module(COMMANDS[args.command]), "default_threads", None)
+    return execution.from_args(args, default_threads(args) if default_threads else None)
+
+
+@contextlib.contextmanager
+def stage_execution(args: argparse.Namespace):
+    """Decide the stage's execution (`args.execution_context`) and apply it around the block;
+    a stage that runs no model code runs as it is."""
+    args.execution_context = execution_of(args)
+    if args.execution_context is None:
+        yield
+        return
+    from streamback.model import execution
+
+    with execution.applied(args.execution_context):
+        yield
 
 
 # OS errors a user meets and fixes (a full disk or quota, permissions, a read-only filesystem): a line, not a traceback

@@ -52,6 +52,13 @@ def _pick(section: dict, keys) -> dict:
     return {key: section[key] for key in keys}
 
 
+def execution_environment(config: dict) -> dict[str, str]:
+    """The environment every job runs in, from the config: how bf16 computes on a CPU (`cpu_bf16`,
+    as STREAMBACK_CPU_BF16, which streamback.model.execution reads). An execution setting:
+    changing it reruns nothing; train's launcher hands it to each of its processes."""
+    return {"STREAMBACK_CPU_BF16": config["cpu_bf16"]}
+
+
 def corpus(config: dict) -> dict:
     """Rule corpus: the synthetic corpus's settings (seed, documents, files)."""
     return {"data": {"synthetic": config["data"]["synthetic"]}}

@@ -340,6 +340,47 @@ def within_se(groups: Sequence[Sequence[float]]) -> float:
     return float(math.sqrt(np.mean([a.var(ddof=1) / a.size if a.size > 1 else 0.0 for a in arrays])))
 
 
+def seed_row(
+    differences: Sequence[float],
+    items: Sequence[Sequence[float]],
+    baseline_values: Sequence[float],
+    confidence: float,
+    power: float,
+    targets: dict[str, float],
+    resamples: int = 10000,
+    seed: int = 0,
+    alpha: float | None = None,
+) -> tuple[dict, dict]:
+    """The fields of a comparison's row over its training seeds, the one builder of the loss and
+    task-score tables: from each seed's difference, each seed's per-item (or per-window)
+    differences and each seed's baseline value. Returns (fields, summary): fields ci_low, ci_high
+    (t over seeds), boot_low, boot_high (`hierarchical_bootstrap` over seeds then items), seeds,
+    sd, baseline_sd, p_seeds (sign flip over seeds), within_se, mde and, per name of `targets`,
+    the target and `seeds_for_<name>`; summary is `across_seeds`'s with the bootstrap interval
+    (for `seed_verdict`). `alpha`: the test's level (default 1 - confidence)."""
+    alpha = 1 - confidence if alpha is None else alpha
+    summary = across_seeds(differences, confidence)
+    _, summary["boot_low"], summary["boot_high"] = hierarchical_bootstrap(items, confidence, resamples, seed)
+    noise = within_se(items)
+    sigma = max(summary["sd"], noise)
+    fields = {
+        "ci_low": summary["low"],
+        "ci_high": summary["high"],
+        "boot_low": summary["boot_low"],
+        "boot_high": summary["boot_high"],
+        "seeds": summary["n"],
+        "sd": summary["sd"],
+        "baseline_sd": across_seeds(baseline_values, confidence)["sd"],
+        "p_seeds": summary["p"],
+        "within_se": noise,
+        "mde": seed_mde(summary["sd"], summary["n"], alpha, power, noise),
+    }
+    for name, target in targets.items():
+        fields[name] = target
+        fields[f"seeds_for_{name}"] = seeds_needed(sigma, target, alpha, power)
+    return fields, summary
+
+
 def seed_verdict(
     summary: dict, per_seed_significant: Sequence[bool], noise_sd: float, fmt, better: str, worse: str
 ) -> str:

@@ -144,16 +144,19 @@ def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, cfg: di
             )
             groups.setdefault((shape, comparison, split), []).append((a - b, float(a.mean()), real))
     for (shape, comparison, split), seeds in groups.items():
-        summary = stats.across_seeds([d.mean() for d, _, _ in seeds], confidence)
-        _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap(
-            [d for d, _, _ in seeds], confidence, BOOTSTRAP_RESAMPLES
+        fields, summary = stats.seed_row(
+            [d.mean() for d, _, _ in seeds],
+            [d for d, _, _ in seeds],
+            [m for _, m, _ in seeds],
+            confidence,
+            power,
+            {"band": cfg["band"], "target": cfg["target"]},
+            BOOTSTRAP_RESAMPLES,
+            alpha=alpha,
         )
-        baseline_sd = stats.across_seeds([m for _, m, _ in seeds], confidence)["sd"]
         text = stats.seed_verdict(
-            summary, [r for *_, r in seeds], baseline_sd, _nats, f"{comparison} lower", f"{comparison} higher"
+            summary, [r for *_, r in seeds], fields["baseline_sd"], _nats, f"{comparison} lower", f"{comparison} higher"
         )
-        noise = stats.within_se([d for d, _, _ in seeds])
-        sigma = max(summary["sd"], noise)
         rows.append(
             {
                 "shape": shape,
@@ -161,22 +164,9 @@ def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, cfg: di
                 "seed": layout.ALL_SEEDS,
                 "split": split,
                 "final_difference": summary["mean"],
-                "ci_low": summary["low"],
-                "ci_high": summary["high"],
-                "boot_low": summary["boot_low"],
-                "boot_high": summary["boot_high"],
-                "seeds": summary["n"],
-                "sd": summary["sd"],
-                "baseline_sd": baseline_sd,
                 "windows": windows,
                 "baseline_loss": float(np.mean([m for _, m, _ in seeds])),
-                "p_seeds": summary["p"],
-                "within_se": noise,
-                "mde": stats.seed_mde(summary["sd"], summary["n"], alpha, power, noise),
-                "band": cfg["band"],
-                "seeds_for_band": stats.seeds_needed(sigma, cfg["band"], alpha, power),
-                "target": cfg["target"],
-                "seeds_for_target": stats.seeds_needed(sigma, cfg["target"], alpha, power),
+                **fields,
                 "verdict": text,
             }
         )

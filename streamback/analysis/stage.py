@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from streamback import layout
 from streamback.analysis.envelope import envelope, training_envelope
@@ -45,7 +44,6 @@ from streamback.config import (
 from streamback.data.shards import TokenDataset
 from streamback.errors import StreambackError
 from streamback.io import write_csv
-from streamback.model import compute
 from streamback.progress import Progress
 from streamback.runs import comparison_name, comparisons, run_matrix
 from streamback.train.metrics import read_metrics
@@ -58,7 +56,6 @@ KINDS = tuple(layout.ANALYSIS_TABLES)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=KINDS, help="which analysis")
     add_config_arguments(parser, "analysis")
-    compute.add_argument(parser)
     parser.add_argument(
         "--train-params",
         default=None,
@@ -91,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    compute.choose_for_stage(args)
+    """Write the tables and figures of `args.kind`, on the execution cli.main applied (threads, kernels, device)."""
     cfg = section_from_args(args, "analysis")
     config = load_config(args.config or DEFAULT_CONFIG) if args.train_params is None or args.data is None else None
     train_cfg = (
@@ -123,9 +120,7 @@ def run(args: argparse.Namespace) -> int:
         todo = list(public_models(cfg))
     else:
         todo = subjects(train_cfg, runs, args.model)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.execution_context.torch_device()
     began = time.perf_counter()
     tables_of = {
         "layer-error": layer_error_tables,

@@ -22,6 +22,7 @@ import bisect
 import hashlib
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -363,3 +364,34 @@ class TokenDataset:
 
     def __len__(self) -> int:
         return self.num_tokens
+
+
+def verify_datasets(datasets: list, record_path: Path, rank: int, world_size: int, gather, threads: int) -> str:
+    """Hash every token shard of `datasets` (TokenDatasets of one token directory) that the
+    verification record at `record_path` does not vouch for, this process taking every
+    `world_size`-th from `rank` (`gather`: every process's results, a collective), check sha256 and
+    vocabulary bound against the manifest, and record the good ones (rank 0). Returns the line
+    that says what was verified; a StreambackError names each bad shard."""
+    started, record = time.perf_counter(), read_record(record_path)
+    problems, hashed, count, total = [], 0, 0, 0
+    for dataset in datasets:
+        todo = dataset.unverified(record)
+        scans = {}
+        for part in gather(dataset.scan(todo[rank::world_size], threads)):
+            scans.update(part)
+        problems += dataset.accept(scans)
+        hashed += sum(dataset.paths[k].stat().st_size for k in todo)
+        count, total = count + len(todo), total + len(dataset.paths)
+    first = datasets[0]
+    if problems:
+        raise StreambackError(first.explain(problems))
+    verified = {k: v for dataset in datasets for k, v in dataset.verified_record().items()}
+    if verified != record and rank == 0:
+        write_record(record_path, verified)
+    seconds = time.perf_counter() - started
+    kept = f"; {total - count} unchanged since this run verified them ({record_path})" if count < total else ""
+    return (
+        f"token shards verified: all {total} in {first.data_dir} match manifest.json (sha256, every id "
+        f"below the vocabulary of {first.vocab_size}); hashed {count} ({hashed / 1e6:,.1f} MB) in "
+        f"{seconds:.1f} s on {world_size} process(es){kept}"
+    )

@@ -42,7 +42,6 @@ from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config,
 from streamback.errors import StreambackError
 from streamback.eval.taskload import load_tasks, task_manager
 from streamback.io import write_csv, write_json
-from streamback.model import compute
 from streamback.progress import plain_logs
 
 HELP = "evaluate a trained run with lm-evaluation-harness (the `streamback` model): results.json and per-item samples"
@@ -50,7 +49,6 @@ HELP = "evaluate a trained run with lm-evaluation-harness (the `streamback` mode
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "eval")
-    compute.add_argument(parser)
     parser.add_argument("--run-name", required=True, help="the run, e.g. tiny-fat-short-streamback")
     parser.add_argument(
         "--model", type=Path, default=None, help="its model file (default: results/runs/<run>/model.pt)"
@@ -82,15 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     plain_logs()  # before lm-eval and datasets import tqdm
-    compute.choose_for_stage(args)
-    cfg = section_from_args(args, "eval")
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    cfg = section_from_args(args, "eval")  # threads and kernels: args.execution_context, applied by cli.main
     tokens = args.tokens or layout.tokens_dir(load_config(args.config or DEFAULT_CONFIG)["data"])
     model_file, outdir = args.model or layout.model_file(args.run_name), args.outdir or layout.eval_dir(args.run_name)
-    evaluate(cfg, model_file, tokens, outdir, args.device, snapshots=args.snapshots)
+    evaluate(cfg, model_file, tokens, outdir, args.execution_context.device, snapshots=args.snapshots)
     return 0
 
 

@@ -439,12 +439,17 @@ def across_seeds_rows(rows: list[dict], benchmarks: list[dict], pairs_cfg: dict)
         groups.setdefault((row["shape"], row["comparison"], row["task"], row["filter"], row["metric"]), []).append(row)
     out = []
     for (shape, comparison, task, filt, metric), seeds in groups.items():
-        summary = stats.across_seeds([r["diff"] for r in seeds], confidence)
-        _, summary["boot_low"], summary["boot_high"] = stats.hierarchical_bootstrap(
-            [r["_items"] for r in seeds], confidence, pairs_cfg["resamples"], pairs_cfg["seed"]
+        fields, summary = stats.seed_row(
+            [r["diff"] for r in seeds],
+            [r["_items"] for r in seeds],
+            [r["baseline_value"] for r in seeds],
+            confidence,
+            pairs_cfg["power"],
+            {"target": pairs_cfg["target"]},
+            pairs_cfg["resamples"],
+            pairs_cfg["seed"],
+            alpha=alpha,
         )
-        baseline_sd = stats.across_seeds([r["baseline_value"] for r in seeds], confidence)["sd"]
-        noise = stats.within_se([r["_items"] for r in seeds])
         first = seeds[0]
         out.append(
             {
@@ -461,20 +466,7 @@ def across_seeds_rows(rows: list[dict], benchmarks: list[dict], pairs_cfg: dict)
                 "baseline_value": sum(r["baseline_value"] for r in seeds) / len(seeds),
                 "value": sum(r["value"] for r in seeds) / len(seeds),
                 "diff": summary["mean"],
-                "ci_low": summary["low"],
-                "ci_high": summary["high"],
-                "boot_low": summary["boot_low"],
-                "boot_high": summary["boot_high"],
-                "seeds": summary["n"],
-                "sd": summary["sd"],
-                "baseline_sd": baseline_sd,
-                "p_seeds": summary["p"],
-                "within_se": noise,
-                "mde": stats.seed_mde(summary["sd"], summary["n"], alpha, pairs_cfg["power"], noise),
-                "target": pairs_cfg["target"],
-                "seeds_for_target": stats.seeds_needed(
-                    max(summary["sd"], noise), pairs_cfg["target"], alpha, pairs_cfg["power"]
-                ),
+                **fields,
                 "_summary": summary,
                 "_significant": [r["p_holm"] <= alpha for r in seeds],
             }

@@ -1,7 +1,7 @@
 """`streamback bench`: training-step throughput, MFU and memory of the model variants.
 
 For each shape x variant (`baseline`, `streamback`, `streamback-reversible`) x mode (`eager`,
-`compiled` = `streamback.parallel.apply_compile`, TorchTitan's per-block torch.compile), one
+`compiled` = `streamback.train.parallel.apply_compile`, TorchTitan's per-block torch.compile), one
 process times forward + backward (bf16 compute, fp32 master weights, cross-entropy on random
 tokens; no optimizer step) at micro-batch `--batch` x `--seq-len`, after `--warmup` untimed
 steps (compilation happens there), prints a line per configuration as it finishes, and reports:

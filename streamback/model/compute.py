@@ -19,15 +19,17 @@ gradient error no closer to native's, at a longer step time, so it is not kept.
 
 torch offers no switch for this direction (its `float32_matmul_precision` and oneDNN's fpmath
 mode make fp32 matmuls run in bf16, not the reverse; autocast picks bf16 kernels), hence the
-casts. The choice is the config's `cpu_bf16`, an execution setting that reruns nothing: a stage
-reads it as its workflow job does (`choose_for_stage`: `--cpu-bf16`, which the rules pass, else
-the config file the stage reads); a process without a config takes `STREAMBACK_CPU_BF16`, or
-`use(...)` around a block:
+casts. The choice is the config's `cpu_bf16`, an execution setting that reruns nothing. It is
+decided once per process (`streamback.model.execution`: `cli.main` decides it from the job's
+config before a stage runs and applies it around the stage) and applied with `use(...)`, which
+gives the previous path back when its block ends: nothing one caller sets outlives it. A process
+that decides nothing computes on `STREAMBACK_CPU_BF16`'s path, else `auto`'s:
 - `auto` (default): fp32 kernels on a CPU where `torch.ops.mkldnn._is_mkldnn_bf16_supported()`
   is False (torch's own test of whether bf16 matmuls get native kernels; it honours
   `ONEDNN_MAX_CPU_ISA`, so `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` makes a native
   machine behave as an AVX2 one, as `benchmarks/bench_cpu_bf16.py` does); native kernels on a
-  CPU that has them. Never on CUDA.
+  CPU that has them, or wherever `STREAMBACK_FORCE_NATIVE_BF16=1` (slow without native kernels,
+  but the same code path: the kernel-sensitive tests run under it on any CPU). Never on CUDA.
 - `native` or `emulated`: that path on every CPU (CUDA always runs native bf16).
 """
 
@@ -35,19 +37,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
-from streamback.config import DEFAULT_CONFIG, read_config_file, validate_config
 from streamback.errors import StreambackError
 
 CPU_BF16_MODES = ("auto", "native", "emulated")
 ENV = "STREAMBACK_CPU_BF16"
+FORCE_NATIVE_ENV = "STREAMBACK_FORCE_NATIVE_BF16"  # "1": auto resolves to native on every CPU
 
 
-def _check(mode: str, where: str) -> str:
+def check_mode(mode: str, where: str) -> str:
+    """`mode` if it is a CPU_BF16_MODES name, else a StreambackError naming `where`."""
     if mode not in CPU_BF16_MODES:
         raise StreambackError(f"{where}: {mode!r} is not one of {', '.join(CPU_BF16_MODES)}")
     return mode
@@ -58,14 +60,19 @@ def cpu_has_native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def _resolve(chosen: str) -> bool:
-    return chosen == "emulated" or (chosen == "auto" and not cpu_has_native_bf16())
+def resolves_to_emulated(chosen: str) -> bool:
+    """Whether the mode `chosen` computes bf16 on fp32 kernels on this CPU (auto: where torch has no
+    native bf16 kernels and STREAMBACK_FORCE_NATIVE_BF16 is not 1)."""
+    if chosen == "auto":
+        return not (cpu_has_native_bf16() or os.environ.get(FORCE_NATIVE_ENV) == "1")
+    return chosen == "emulated"
 
 
-# The mode and what it resolves to, fixed when the module is imported (the environment's) or by
-# `use`: a plain global, so that torch.compile reads it as a constant (guarded) and traces no call.
-_mode = _check(os.environ.get(ENV) or "auto", f"environment variable {ENV}")
-_emulated = _resolve(_mode)
+# The mode and what it resolves to: the environment's when the module is imported, then only
+# `use`'s block's. A plain global, so that torch.compile reads it as a constant (guarded) and
+# traces no call; `use` alone sets it, and gives the previous one back.
+_mode = check_mode(os.environ.get(ENV) or "auto", f"environment variable {ENV}")
+_emulated = resolves_to_emulated(_mode)
 
 
 def mode() -> str:
@@ -79,58 +86,32 @@ def emulated() -> bool:
 
 
 def path(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> str:
-    """The kernels `dtype` compute runs on `device` with: 'bf16 on fp32 kernels', 'native bf16' or the dtype's name."""
+    """The kernels `dtype` compute runs on `device` with in this process now (see `kernels`)."""
+    return kernels(_emulated, device, dtype)
+
+
+def kernels(on_fp32: bool, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> str:
+    """The kernels `dtype` compute runs on `device` with where bf16 on the CPU is emulated or not
+    (`on_fp32`): 'bf16 on fp32 kernels', 'native bf16' or the dtype's name."""
     device = torch.device(device)
     if dtype != torch.bfloat16:
         return str(dtype).removeprefix("torch.")
-    return "bf16 on fp32 kernels" if device.type == "cpu" and _emulated else "native bf16"
-
-
-def set_mode(chosen: str, where: str = "cpu_bf16") -> None:
-    """Make `chosen` (a CPU_BF16_MODES name) the mode of this process; `where` names it in errors."""
-    global _mode, _emulated
-    _mode, _emulated = _check(chosen, where), _resolve(chosen)
+    return "bf16 on fp32 kernels" if device.type == "cpu" and on_fp32 else "native bf16"
 
 
 @contextlib.contextmanager
-def use(chosen: str):
-    """Run the block with `chosen` (a CPU_BF16_MODES name) as the mode, whatever the environment says."""
-    previous = _mode
-    set_mode(chosen)
+def use(chosen: str, where: str = "cpu_bf16", *, emulated: bool | None = None):
+    """Run the block on the mode `chosen` (a CPU_BF16_MODES name; `where` names it in errors) and
+    give the previous mode back after it. `emulated`: what `chosen` resolved to when the process
+    decided it (streamback.model.execution), else resolved now."""
+    global _mode, _emulated
+    previous = _mode, _emulated
+    chosen = check_mode(chosen, where)
+    _mode, _emulated = chosen, resolves_to_emulated(chosen) if emulated is None else emulated
     try:
         yield
     finally:
-        set_mode(previous)
-
-
-def add_argument(parser) -> None:
-    """A stage's `--cpu-bf16` option (what the rules pass; see choose_for_stage)."""
-    parser.add_argument(
-        "--cpu-bf16",
-        choices=CPU_BF16_MODES,
-        default=None,
-        help="how bf16 compute runs on the CPU (default: the cpu_bf16 of the config file the stage reads; "
-        f"with --params, {ENV} or auto)",
-    )
-
-
-def choose_for_stage(args) -> str:
-    """Set this process's mode from a stage's arguments as its workflow job gets it, and return it:
-    `--cpu-bf16` (the rules pass the config's), else the `cpu_bf16` of the config file the stage
-    reads (`--config`, or the default config when neither `--config` nor `--params` is given),
-    else the environment's. A set STREAMBACK_CPU_BF16 that the choice overrides is named on stderr."""
-    if args.cpu_bf16 is not None:
-        chosen, source = args.cpu_bf16, "--cpu-bf16"
-    elif getattr(args, "params", None) is None:
-        path = args.config or DEFAULT_CONFIG
-        chosen, source = validate_config(read_config_file(path))["cpu_bf16"], f"cpu_bf16 of {path}"
-    else:
-        return _mode
-    env = os.environ.get(ENV)
-    if env and env != chosen:
-        print(f"warning: {ENV}={env} is ignored: {source} says {chosen}", file=sys.stderr)
-    set_mode(chosen, source)
-    return chosen
+        _mode, _emulated = previous
 
 
 def _on_fp32(x: torch.Tensor) -> bool:

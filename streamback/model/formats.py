@@ -24,7 +24,7 @@ format's grid.
   stream tensor, so it is shared by every token of the micro-batch.
 
 Stochastic rounding (any format but fp32) adds in fp32 and rounds the sum with
-`streamback.rounding.round_to(..., "stochastic")`, the package's one SR implementation; for the
+`streamback.model.rounding.round_to(..., "stochastic")`, the package's one SR implementation; for the
 block formats it rounds the elements, while the scales are always chosen deterministically (as
 in the MX spec and NVIDIA's recipe, where SR applies to element conversion only). `fp32` has no
 stochastic variant: its sum is already an fp32 rounding, and fp32 is the reference stream.

@@ -8,7 +8,7 @@ state-dict conversions (e.g. to Hugging Face, `streamback.model.export_hf`) appl
 Two blocks, one class. What differs is only the format of the residual stream `h`, the
 accumulator every sublayer adds its output to:
 - `baseline`: `h` has the compute dtype (bf16), as in TorchTitan under FSDP2's bf16 params.
-- `streamback`: `h` is held in `ModelArgs.stream` (a `streamback.formats.StreamFormat`, fp32 by
+- `streamback`: `h` is held in `ModelArgs.stream` (a `streamback.model.formats.StreamFormat`, fp32 by
   default) from right after the embedding to the final norm. Each sublayer reads its input
   through its RMSNorm, whose output is cast to the compute dtype; its bf16 output (the "delta")
   is added with `fmt.add(h, delta)`, which adds in fp32 and rounds the sum to the format.
@@ -21,7 +21,7 @@ uses it (`w.to(dtype)`): a no-op under FSDP2 with `param_dtype=bf16` (the weight
 bf16), and otherwise the same rounding FSDP2 would apply, with gradients flowing back to the
 fp32 master through the cast. So eager, `torch.compile` and FSDP2 runs compute the same thing
 with the same roundings (inductor needs `emulate_precision_casts`, which
-`streamback.parallel.apply_compile` sets; what remains between eager and compiled is the
+`streamback.train.parallel.apply_compile` sets; what remains between eager and compiled is the
 last-bit noise of fp32 reductions and transcendentals evaluated in another order, which now and
 then flips one bf16 rounding), and nothing relies on autocast or on FSDP2 casting
 forward inputs (which would cast an fp32 stream to bf16; `apply_fsdp` turns that cast off). RMSNorm computes in fp32
@@ -327,7 +327,7 @@ def _kept_for_backward(fn, *args):
 class TransformerBlock(nn.Module):
     """h -> h + attention(norm(h)) -> + feed_forward(norm(.)), both adds rounded to `fmt`.
 
-    `activation_checkpoint` (set by `streamback.parallel.apply_activation_checkpointing`)
+    `activation_checkpoint` (set by `streamback.train.parallel.apply_activation_checkpointing`)
     recomputes the block on the backward pass (torch.utils.checkpoint, non-reentrant).
     With `parts=True` the block also returns what the reversible stream needs: the residual
     between its two sublayers and the two deltas; `parts="detached"` returns them detached, so

@@ -43,7 +43,7 @@ Scope and limits:
 - With activation checkpointing (`TransformerBlock.activation_checkpoint`) autograd saves only
   each block's input (torch.utils.checkpoint's input saver runs under these hooks), which is
   dropped and rebuilt before the block is recomputed; the mid residual is recomputed.
-- torch.compile of each block (`streamback.parallel.apply_compile`, the trainer's mode): the
+- torch.compile of each block (`streamback.train.parallel.apply_compile`, the trainer's mode): the
   compiled blocks' saved tensors pass through these hooks like eager ones and both residuals of
   every layer are dropped; a compiled block unpacks them in forward order, which is why a
   rebuilt residual is kept until all its uses are unpacked (counted per slot), not just until

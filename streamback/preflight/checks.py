@@ -56,9 +56,10 @@ class Check:
         return {**asdict(self), "status": self.status}
 
 
-def stream_dtype(expected: str, forward: list[str], gradients: list[str | None]) -> Check:
+def stream_dtype(expected: str, forward: list[str], gradients: list[str | None], kernels: str) -> Check:
     """Every layer boundary (0: the embedding, l: after block l - 1) holds the stream in `expected`,
-    in the forward and in its gradient (None: no gradient reached it)."""
+    in the forward and in its gradient (None: no gradient reached it), as computed on `kernels`
+    (the run's, e.g. 'bf16 on fp32 kernels on cpu')."""
     wrong = [f"boundary {b} forward {d}" for b, d in enumerate(forward) if d != expected]
     wrong += [f"boundary {b} gradient {d}" for b, d in enumerate(gradients) if d != expected]
     figure = (
@@ -69,9 +70,9 @@ def stream_dtype(expected: str, forward: list[str], gradients: list[str | None])
     return Check(
         "stream_dtype",
         not wrong,
-        figure,
+        f"{figure} (on {kernels})",
         f"{expected} at every boundary",
-        {"expected": expected, "forward": forward, "gradients": gradients},
+        {"expected": expected, "forward": forward, "gradients": gradients, "kernels": kernels},
     )
 
 
@@ -222,13 +223,13 @@ def disk(free: int | None, needed: int, where: str) -> Check:
     )
 
 
-def speed(tokens_per_s: float, run_hours: float, unit: str) -> Check:
-    """The measured speed: positive and finite (a projection is made from it)."""
+def speed(tokens_per_s: float, run_hours: float, unit: str, kernels: str) -> Check:
+    """The measured speed on `kernels` (the run's): positive and finite (a projection is made from it)."""
     passed = math.isfinite(tokens_per_s) and tokens_per_s > 0
     return Check(
         "speed",
         passed,
-        f"{tokens_per_s:,.0f} tokens/s: the run takes {run_hours:,.2f} {unit}",
+        f"{tokens_per_s:,.0f} tokens/s on {kernels}: the run takes {run_hours:,.2f} {unit}",
         "positive and finite",
-        {"tokens_per_s": tokens_per_s, "projected_hours": run_hours},
+        {"tokens_per_s": tokens_per_s, "projected_hours": run_hours, "kernels": kernels},
     )

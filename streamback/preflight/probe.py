@@ -25,9 +25,7 @@ from streamback.io import free_bytes, remove, tree_bytes, writable_dir
 from streamback.model.model import count_params
 from streamback.preflight import checks
 from streamback.runs import RunSpec, train_steps
-from streamback.train.batches import rank_micro_batches, read_windows, train_windows
-from streamback.train.checkpoint import load_checkpoint, save_checkpoint
-from streamback.train.processes import Distributed, StopRequest
+from streamback.train.processes import Distributed
 from streamback.train.signals import shadow_gap_bound
 from streamback.train.trainer import Diverged, Trainer, clip_gradients
 from streamback.train.validation import next_token_loss
@@ -59,7 +57,6 @@ class Preflight:
         writable_dir(self.checkpoints, "checkpoint directory")
         # the run's own checkpoint directory holds the record of the shards hashed: the run then skips them
         self.trainer = Trainer(spec, cfg, model_cfg, Path(data_dir), self.scratch / "out", self.checkpoints, env)
-        self.trainer.elapsed = 0.0
         self.results: list[checks.Check] = []
 
     @property
@@ -73,7 +70,7 @@ class Preflight:
         if self.env.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.env.device)  # the training steps' peak, not the probe's
         try:
-            records = [self._step(step) for step in range(self.steps - 1)]
+            records = [self.trainer.train_step(step) for step in range(self.steps - 1)]
         except Diverged as err:
             self.results.append(checks.Check("losses", False, str(err), "finite steps", {}))
             return self.results
@@ -87,10 +84,6 @@ class Preflight:
         """Did `check` pass on every rank."""
         failed = self.env.all_reduce(torch.tensor(float(not check.passed), device=self.env.device)).item()
         return failed == 0
-
-    def _step(self, step: int) -> dict:
-        record, _ = self.trainer._step(step, StopRequest(), None)
-        return record
 
     def disk(self, estimate: bool, checkpoint_bytes: int | None = None) -> checks.Check:
         """Room under the checkpoint directory for train.checkpoint.keep checkpoints, the one being
@@ -110,20 +103,22 @@ class Preflight:
     def stream_dtype(self) -> None:
         """One micro-batch of step 1 forward and backward, the stream captured at every boundary."""
         t = self.trainer
-        batch = self._fixed_batch()
+        batch = t.first_micro_batch(0)
         with t.model.capture(("residual",), grad=True) as seen:
             t.model(batch[:, :-1], targets=batch[:, 1:]).backward()
             forward = [str(h.dtype) for h in seen["residual"]]
             gradients = [None if h.grad is None else str(h.grad.dtype) for h in seen["residual"]]
         t.optimizer.zero_grad(set_to_none=True)
-        self.results.append(checks.stream_dtype(str(t.model.stream_format.container_dtype), forward, gradients))
+        self.results.append(
+            checks.stream_dtype(str(t.model.stream_format.container_dtype), forward, gradients, t.kernels)
+        )
 
     def speed_and_memory(self, records: list[dict]) -> None:
         t = self.trainer
         timed = [r["tokens_per_s"] for r in records[WARMUP_STEPS:]] or [records[-1]["tokens_per_s"]]
         tokens_per_s = statistics.median(timed)
         hours = train_steps(t.cfg) * t.tokens_per_step / tokens_per_s / 3600 * self.env.world_size
-        self.results.append(checks.speed(tokens_per_s, hours, self.unit))
+        self.results.append(checks.speed(tokens_per_s, hours, self.unit, t.kernels))
         self.results.append(checks.budget(hours, t.cfg["budget_gpu_hours"], self.unit))
         self.results.append(self._memory())
 
@@ -139,7 +134,7 @@ class Preflight:
         lr = t.cfg["optimizer"]["lr"]
         for group in t.optimizer.param_groups:
             group["lr"] = lr
-        batch = self._fixed_batch()
+        batch = t.first_micro_batch(0)
         before = self._token_loss_stats(batch)
         after, taken = before["mean"], 0
         while True:
@@ -154,13 +149,6 @@ class Preflight:
             taken += 1
         t.optimizer.zero_grad(set_to_none=True)
         return checks.losses([r["loss"] for r in records], before, after, taken, lr)
-
-    def _fixed_batch(self) -> torch.Tensor:
-        """This rank's first micro-batch of step 1, [B, T + 1] tokens on the device."""
-        t = self.trainer
-        windows = train_windows(t.seed, 0, t.batch_size, t.n_train)
-        micro = rank_micro_batches(windows, self.env.rank, self.env.world_size, t.micro_batch_size)[0]
-        return read_windows(t.train_data, micro, t.seq_len).to(self.env.device)
 
     @torch.no_grad()
     def _token_loss_stats(self, batch: torch.Tensor) -> dict:
@@ -199,14 +187,14 @@ class Preflight:
         t, last = self.trainer, self.steps - 1
         if self.env.rank == 0:
             self.scratch.mkdir(parents=True, exist_ok=True)
-        path = save_checkpoint(self.scratch, last, t.state, {"identity": t.identity, "elapsed_s": t.elapsed}, keep=1)
+        path = t.save(self.scratch, last, keep=1)
         size = float(tree_bytes(path)) if self.env.rank == 0 else 0.0  # every rank's files (one filesystem)
         size = self.env.all_reduce(torch.tensor(size, dtype=torch.float64, device=self.env.device)).item()
         self.disk(estimate=False, checkpoint_bytes=int(size))
-        first = self._step(last)
+        first = t.train_step(last)
         after = _local_weights(t.params)
-        load_checkpoint(path, t.state)
-        again = self._step(last)
+        t.restore(path)
+        again = t.train_step(last)
         diffs = [(a - b).abs() for a, b in zip(after, _local_weights(t.params))]
         top = max((float(d.max()) for d in diffs if d.numel()), default=0.0)
         top = self.env.all_reduce(torch.tensor([top], dtype=torch.float64, device=self.env.device), op=_MAX).item()

@@ -2,7 +2,8 @@
 process, or torchrun), and write its record only if every check passed.
 
 A passed preflight writes results/preflight/<arm>.json (every check with its figure and bound,
-the device, the software versions) and exits 0; a failed one prints one line per failed check
+the kernels its steps computed on, named as the run's summary.json names them, the device, the
+software versions) and exits 0; a failed one prints one line per failed check
 (check, figure, bound), writes its record to results/preflight/failed/<arm>.json instead, removes
 any earlier passed record of the arm, and exits 1: nothing takes a failed preflight as passed.
 """
@@ -24,7 +25,7 @@ from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config,
 from streamback.errors import StreambackError
 from streamback.io import write_if_changed, write_json
 from streamback.preflight.probe import Preflight
-from streamback.runs import check_runs, run_matrix
+from streamback.runs import check_runs, run_matrix, run_setting
 from streamback.train.processes import Distributed
 
 HELP = (
@@ -68,12 +69,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the verdict the train jobs wait for, written where it changes (default: results/preflight/<arm>.pass)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per process (default: with --params, torch's choice; else the run's train.resources.threads, "
+        "as the rule passes)",
+    )
+
+
+def default_threads(args: argparse.Namespace) -> int | None:
+    """The threads of a preflight run without `--threads`: with `--params` torch's choice (None),
+    else its run's train.resources.threads of the config, as the rule passes them (its train job's)."""
+    if args.params is not None:
+        return None
+    train_cfg = section_from_args(args, "train")
+    runs = [name for name, spec in run_matrix(train_cfg).items() if spec.arm == args.arm]
+    return run_setting(train_cfg, runs[0], "resources")["threads"] if runs else None
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:
-        raise StreambackError(f"--threads must be at least 1, got {args.threads}")
+    """Check the arm as the arguments say, on the execution cli.main applied (threads, kernels)."""
     train_cfg = section_from_args(args, "train")
     config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
     model_cfg = (
@@ -85,8 +101,6 @@ def run(args: argparse.Namespace) -> int:
         resources = json.loads(args.resources)
     except json.JSONDecodeError as err:
         raise StreambackError(f"--resources is not a JSON object: {err}") from None
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     runs = [name for name, spec in run_matrix(train_cfg).items() if spec.arm == args.arm]
     if not runs:
         raise StreambackError(f"run arm {args.arm!r} is not in the train.runs matrix")
@@ -135,6 +149,7 @@ def preflight(
             "steps": probe.steps,
             "unit": probe.unit,
             "processes": env.world_size,
+            "kernels": probe.trainer.kernels,  # as the run's summary.json names them
             "device": device_name(env.device),
             "software": software(env.device),
             "resources": resources,

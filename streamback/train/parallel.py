@@ -1,4 +1,4 @@
-"""How a `streamback.model.Transformer` is laid on hardware: checkpointing, compile, FSDP2.
+"""How a `streamback.model.model.Transformer` is laid on hardware: checkpointing, compile, FSDP2.
 
 Kept apart from the model as in TorchTitan; apply in TorchTitan's order, after
 `model.init_weights(seed)`: `apply_activation_checkpointing` (optional), `apply_compile`

@@ -2,7 +2,7 @@
 
 One process (`python -m streamback train ...`) trains on the CPU or one GPU; under `torchrun`
 every process takes a share of each global batch and the model is sharded with FSDP2
-(`streamback.parallel.apply_fsdp`: bf16 parameters for compute, fp32 master weights, AdamW state
+(`streamback.train.parallel.apply_fsdp`: bf16 parameters for compute, fp32 master weights, AdamW state
 and gradient reduction; the stream keeps its format). The recipe - AdamW, warmup-stable-decay,
 gradient clipping, a global batch reached by gradient accumulation - is the `train` section; what
 is trained is `model.shapes[shape]` with the run's block and stream (`streamback.runs`).
@@ -43,7 +43,7 @@ Exit statuses:
   requeues a preempted job submitted with --requeue (the profile's `slurm-requeue`), Snakemake
   resubmits a failed one (`retries`), and a site may add 75 to slurm.conf's RequeueExit; each
   way the rerun resumes from this checkpoint. torchrun reports a worker's failure as 1 whatever
-  its status: with `--status-file` the trainer also writes its status there, and the rule's
+  its status: with `--status-file` cli.main also writes the status there, and the rule's
   shell exits with it.
 - 3: the loss or the gradient norm was NaN or infinite. Nothing of that step is applied or
   saved; the newest checkpoint is the last good state.
@@ -52,12 +52,10 @@ Exit statuses:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -67,13 +65,11 @@ import numpy as np
 import torch
 
 from streamback import layout
-from streamback.config import DEFAULT_CONFIG, add_config_arguments, load_config, section_from_args, section_from_json
-from streamback.data.shards import TokenDataset, read_record, write_record
+from streamback.data.shards import TokenDataset, verify_datasets
 from streamback.errors import StreambackError
-from streamback.io import atomic_path, writable_dir, write_json, write_text
+from streamback.io import writable_dir
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer, count_params
-from streamback.model.weights import save_model
 from streamback.progress import Progress
 from streamback.runs import (
     RunSpec,
@@ -86,133 +82,21 @@ from streamback.runs import (
     train_steps,
 )
 from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
-from streamback.train.checkpoint import (
-    TrainState,
-    list_checkpoints,
-    load_newest,
-    lock_run,
-    recipe_fingerprint,
-    remove_partial,
-    save_checkpoint,
-)
-from streamback.train.metrics import MetricsLog, copy_log, read_metrics
+from streamback.train.checkpoint import TrainState, lock_run, recipe_fingerprint, remove_partial
+from streamback.train.checkpointing import CheckpointManager
+from streamback.train.metrics import MetricsLog
 from streamback.train.parallel import StreamDtypeWatch, apply_activation_checkpointing, apply_compile, apply_fsdp
 from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
 from streamback.train.signals import StreamRecord, shadow_format
+from streamback.train.summary import summary_record, write_outputs
 from streamback.train.tensorboard import open_writer
 from streamback.train.validation import window_losses
 from streamback.train.wandb_sink import open_run as open_wandb
 from streamback.train.watch import Watch
 
-HELP = "train one run of the matrix (resumes from its newest checkpoint; torchrun for several processes)"
-
 EXIT_DIVERGED = 3
 EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "train")
-    compute.add_argument(parser)
-    parser.add_argument(
-        "--model-params",
-        default=None,
-        help="the 'model' section as a JSON object (what the rule passes; default: from --config)",
-    )
-    # not --run: torchrun parses the whole command line and takes --run for an abbreviation of its --run-path
-    parser.add_argument(
-        "--run-name", required=True, help="run name, e.g. fat-short-streamback (see `train.runs` in the config)"
-    )
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=None,
-        help="token directory of the data stage (default: the config's, results/tokens/<corpus>)",
-    )
-    parser.add_argument(
-        "--outdir",
-        type=Path,
-        default=None,
-        help="for model.pt, metrics.jsonl and summary.json (default: results/runs/<run>)",
-    )
-    parser.add_argument(
-        "--checkpoints",
-        type=Path,
-        default=None,
-        help="the run's checkpoint directory: a recipe-*/ per recipe (checkpoints, live metrics.jsonl), trainer.lock, "
-        "verified-shards.json (default: results/checkpoints/<run>)",
-    )
-    parser.add_argument(
-        "--tensorboard",
-        type=Path,
-        default=None,
-        help="the run's TensorBoard directory, an event directory per recipe in it "
-        "(default: results/tensorboard/<run>; train.log.tensorboard: false writes none)",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help=(
-            "CPU threads per process (default: with --params, torch's choice; else the run's train.resources.threads, "
-            "as the rule passes)"
-        ),
-    )
-    parser.add_argument(
-        "--snapshot-steps",
-        type=int,
-        nargs="*",
-        default=[],
-        metavar="STEP",
-        help="also write the model at these earlier steps, as <outdir>/last/step_<N>.pt (eval.last_checkpoints)",
-    )
-    parser.add_argument(
-        "--status-file",
-        type=Path,
-        default=None,
-        help="also write the exit status to this file (rank 0), for launchers such as torchrun that report their own",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    status = None
-    try:
-        status = _run(args)
-        return status
-    except StreambackError:
-        status = 2
-        raise
-    finally:
-        if args.status_file is not None and status is not None and int(os.environ.get("RANK", "0")) == 0:
-            with contextlib.suppress(OSError):
-                write_text(args.status_file, f"{status}\n")
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:
-        raise StreambackError(f"--threads must be at least 1, got {args.threads}")
-    compute.choose_for_stage(args)
-    train_cfg = section_from_args(args, "train")
-    if args.threads is None and args.params is None:  # as the rule, which passes the run's resources
-        args.threads = run_setting(train_cfg, args.run_name, "resources")["threads"]
-    # the model and data sections come from the config file unless given (as the rule does)
-    config = load_config(args.config or DEFAULT_CONFIG) if args.model_params is None or args.data is None else None
-    if args.model_params is not None:
-        model_cfg = section_from_json(args.model_params, "model", "--model-params")
-    else:
-        model_cfg = config["model"]
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    return train(
-        train_cfg,
-        model_cfg,
-        args.run_name,
-        args.data or layout.tokens_dir(config["data"]),
-        args.outdir or layout.run_dir(args.run_name),
-        args.checkpoints or layout.checkpoint_dir(args.run_name),
-        tensorboard=args.tensorboard or layout.tensorboard_dir(args.run_name),
-        snapshot_steps=args.snapshot_steps,
-    )
 
 
 def train(
@@ -314,30 +198,7 @@ class Trainer:
             )
         self.snapshot_steps = sorted(set(snapshot_steps))
 
-        self.train_data = TokenDataset(data_dir, "train")
-        self.val_data = TokenDataset(data_dir, "val")
-        self.n_train = num_windows(self.train_data.num_tokens, self.seq_len)
-        if self.n_train < 1:
-            raise StreambackError(
-                f"{data_dir}: the train split has {self.train_data.num_tokens} tokens, fewer than train.seq_len + 1"
-            )
-        problem = token_budget_problem(cfg, self.train_data.num_tokens, f"the train split of {data_dir}")
-        if problem:
-            raise StreambackError(problem)
-        passes = data_passes(cfg, self.train_data.num_tokens)
-        if passes > 1:
-            self.say(
-                f"train.repeat_data is on: the run reads its train split {passes:.2f} times "
-                f"({self.steps * self.batch_size:,} "
-                f"windows of the {self.n_train:,} it holds), each pass in a new order"
-            )
-        n_val = num_windows(self.val_data.num_tokens, self.seq_len)
-        self.val_windows = val_windows(n_val, cfg["log"]["val_sequences"], env.rank, env.world_size)
-        if len(self.val_windows) < 1:
-            raise StreambackError(
-                f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process"
-            )
-        self._verify_data()
+        self._open_data(Path(data_dir))
 
         self.model_args = ModelArgs.from_config(
             model_cfg,
@@ -363,7 +224,18 @@ class Trainer:
         self.recipe_dir = layout.recipe_dir(ckpt_dir, recipe_fingerprint(self.identity))
         # the kernels of this process (not the recipe: a record of how the steps were computed)
         self.kernels = f"{compute.path(env.device, self.model.compute_dtype)} on {env.device.type}"
-        self.kernel_changes = []  # {"step", "from", "to"} of each resume onto other kernels
+        self.checkpoints = CheckpointManager(
+            spec.name,
+            self.recipe_dir,
+            self.state,
+            self.identity,
+            self.kernels,
+            cfg["checkpoint"],
+            self.snapshot_steps,
+            env,
+            self.say,
+        )
+        self.elapsed = 0.0  # seconds of training steps so far (fit: from the checkpoint it resumes)
         self.tensorboard_dir = tensorboard / self.recipe_dir.name if tensorboard is not None and env.rank == 0 else None
 
     def say(self, message: str) -> None:
@@ -371,33 +243,43 @@ class Trainer:
         if self.env.rank == 0:
             _say(self.spec.name, message)
 
-    def _verify_data(self) -> None:
-        """Hash every token shard the run's verification record does not vouch for (the ranks share
-        them), check sha256 and vocabulary bound against the manifest, and record the good ones."""
-        started, record_path = time.perf_counter(), self.ckpt_dir / layout.VERIFIED_SHARDS
-        record = read_record(record_path)
-        problems, hashed, count, total = [], 0, 0, 0
-        for dataset in (self.train_data, self.val_data):
-            todo = dataset.unverified(record)
-            scans = {}
-            for part in self.env.gather(
-                dataset.scan(todo[self.env.rank :: self.env.world_size], torch.get_num_threads())
-            ):
-                scans.update(part)
-            problems += dataset.accept(scans)
-            hashed += sum(dataset.paths[k].stat().st_size for k in todo)
-            count, total = count + len(todo), total + len(dataset.paths)
-        if problems:
-            raise StreambackError(self.train_data.explain(problems))
-        verified = {**self.train_data.verified_record(), **self.val_data.verified_record()}
-        if verified != record and self.env.rank == 0:
-            write_record(record_path, verified)
-        seconds = time.perf_counter() - started
-        kept = f"; {total - count} unchanged since this run verified them ({record_path})" if count < total else ""
+    def _open_data(self, data_dir: Path) -> None:
+        """The run's train and val splits, checked against its token budget and val_sequences, and
+        their shards verified against the manifest."""
+        cfg, env, ckpt_dir = self.cfg, self.env, self.ckpt_dir
+        self.train_data = TokenDataset(data_dir, "train")
+        self.val_data = TokenDataset(data_dir, "val")
+        self.n_train = num_windows(self.train_data.num_tokens, self.seq_len)
+        if self.n_train < 1:
+            raise StreambackError(
+                f"{data_dir}: the train split has {self.train_data.num_tokens} tokens, fewer than train.seq_len + 1"
+            )
+        problem = token_budget_problem(cfg, self.train_data.num_tokens, f"the train split of {data_dir}")
+        if problem:
+            raise StreambackError(problem)
+        passes = data_passes(cfg, self.train_data.num_tokens)
+        if passes > 1:
+            self.say(
+                f"train.repeat_data is on: the run reads its train split {passes:.2f} times "
+                f"({self.steps * self.batch_size:,} "
+                f"windows of the {self.n_train:,} it holds), each pass in a new order"
+            )
+        n_val = num_windows(self.val_data.num_tokens, self.seq_len)
+        self.val_windows = val_windows(n_val, cfg["log"]["val_sequences"], env.rank, env.world_size)
+        if len(self.val_windows) < 1:
+            raise StreambackError(
+                f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process"
+            )
+        # the token shards against their manifest (the ranks share the hashing), bar those the run verified before
         self.say(
-            f"token shards verified: all {total} in {self.train_data.data_dir} match manifest.json (sha256, every id "
-            f"below the vocabulary of {self.train_data.vocab_size}); hashed {count} ({hashed / 1e6:,.1f} MB) in "
-            f"{seconds:.1f} s on {self.env.world_size} process(es){kept}"
+            verify_datasets(
+                [self.train_data, self.val_data],
+                ckpt_dir / layout.VERIFIED_SHARDS,
+                env.rank,
+                env.world_size,
+                env.gather,
+                torch.get_num_threads(),
+            )
         )
 
     def _build_model(self):
@@ -421,34 +303,9 @@ class Trainer:
         if self.env.rank == 0:
             self.recipe_dir.mkdir(exist_ok=True)
         remove_partial(self.recipe_dir, say=self.say)
-        start_step, elapsed = self._resume()
-        self.elapsed = elapsed
-        self._check_snapshots(start_step)
-        self.log, self.watch, self.board = None, None, None
-        if self.env.rank == 0:
-            self.board = (
-                open_writer(self.tensorboard_dir, start_step + 1, self.say)
-                if self.tensorboard_dir is not None
-                else None
-            )
-            mirrors = [self.board] if self.board is not None else []
-            if self.cfg["log"]["wandb"]["project"] is not None:
-                mirrors.append(
-                    open_wandb(
-                        self.cfg["log"]["wandb"],
-                        f"{self.spec.name}-{self.recipe_dir.name.removeprefix('recipe-')}",
-                        self.spec.name,
-                        self.recipe_dir,
-                        {"identity": self.identity},
-                    )
-                )
-            self.log = MetricsLog(
-                self.recipe_dir / layout.METRICS_FILE, start_step, mirrors=mirrors, header=self._kernel_record()
-            )
-            self.watch = Watch(
-                self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label
-            )
-            self.watch.replay(self.log.resumed)
+        start_step, self.elapsed = self.checkpoints.resume()
+        self.checkpoints.snapshot_at_start(start_step, self.model_args, self.train_data.manifest)
+        self._open_logs(start_step)
         self.progress = Progress(
             self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None
         )
@@ -463,7 +320,7 @@ class Trainer:
                     step += 1
                     self._after_step(step, record)
                     if step in self.snapshot_steps:
-                        self._snapshot(step)
+                        self.checkpoints.snapshot(step, self.model_args, self.train_data.manifest)
                     stop_now = stop_now and step < self.steps
                     if step % self.cfg["checkpoint"]["every"] == 0 or step == self.steps or stop_now:
                         self._save(step)
@@ -496,6 +353,61 @@ class Trainer:
                 self.log.close()
         self._finish(step)
         return 0
+
+    def _open_logs(self, start_step: int) -> None:
+        """Rank 0's logs of a run starting at `start_step`: the metrics log (with TensorBoard and W&B
+        behind it, as configured) and the watch over its records; None elsewhere."""
+        self.log, self.watch, self.board = None, None, None
+        if self.env.rank == 0:
+            self.board = (
+                open_writer(self.tensorboard_dir, start_step + 1, self.say)
+                if self.tensorboard_dir is not None
+                else None
+            )
+            mirrors = [self.board] if self.board is not None else []
+            if self.cfg["log"]["wandb"]["project"] is not None:
+                mirrors.append(
+                    open_wandb(
+                        self.cfg["log"]["wandb"],
+                        f"{self.spec.name}-{self.recipe_dir.name.removeprefix('recipe-')}",
+                        self.spec.name,
+                        self.recipe_dir,
+                        {"identity": self.identity},
+                    )
+                )
+            self.log = MetricsLog(
+                self.recipe_dir / layout.METRICS_FILE,
+                start_step,
+                mirrors=mirrors,
+                header=self.checkpoints.kernel_record(),
+            )
+            self.watch = Watch(
+                self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label
+            )
+            self.watch.replay(self.log.resumed)
+
+    def train_step(self, step: int) -> dict:
+        """Take step `step` (0-based) outside `fit`'s loop, with no stop signal heard and no stream
+        watch, and return its record: step, tokens, loss, lr, grad_norm, tokens_per_s, elapsed_s
+        (and on a `log.stream_every` step the stream's, on a `log.shadow_every` step the shadow's)."""
+        record, _ = self._step(step, StopRequest(), None)
+        return record
+
+    def first_micro_batch(self, step: int) -> torch.Tensor:
+        """This process's first micro-batch of step `step` (0-based) on its device: windows of
+        seq_len + 1 tokens, as `train_step` reads them."""
+        windows = train_windows(self.seed, step, self.batch_size, self.n_train)
+        micro = rank_micro_batches(windows, self.env.rank, self.env.world_size, self.micro_batch_size)[0]
+        return read_windows(self.train_data, micro, self.seq_len).to(self.env.device)
+
+    def save(self, directory: Path, step: int, keep: int) -> Path:
+        """Checkpoint the model and optimizer as of step `step` into `directory` (a collective),
+        with the recipe, the elapsed seconds and the kernels, keeping the newest `keep`; returns it."""
+        return self.checkpoints.save(directory, step, keep, self.elapsed)
+
+    def restore(self, path: Path) -> dict:
+        """Load the model and optimizer of the checkpoint `path` (a collective); returns its meta."""
+        return self.checkpoints.restore(path)
 
     def _step(self, step: int, stop: StopRequest, watch) -> tuple[dict, bool]:
         started = time.perf_counter()
@@ -593,142 +505,29 @@ class Trainer:
 
     # ---- checkpoints and outputs -----------------------------------------------------------
 
-    def _resume(self) -> tuple[int, float]:
-        """(step, elapsed seconds) of the newest checkpoint that passes its check, now loaded; (0, 0) if none."""
-
-        def same_recipe(path, meta):
-            changed = sorted(k for k in self.identity if meta.get("identity", {}).get(k) != self.identity[k])
-            if changed:
-                raise StreambackError(
-                    f"checkpoint {path} belongs to another recipe ({', '.join(changed)} differ from this config) but "
-                    f"lies in "
-                    f"this recipe's directory {self.recipe_dir}: move it out"
-                )
-
-        def accept(path, meta):
-            same_recipe(path, meta)
-            self._accept_kernels(path, meta)
-
-        saved = list_checkpoints(self.recipe_dir)
-        newest = saved[-1][0] if saved else 0
-        missing = [
-            s for s in self.snapshot_steps if s < newest and not layout.snapshot_stash(self.recipe_dir, s).is_file()
-        ]
-        meta = load_newest(
-            self.recipe_dir, self.state, accept=accept, say=self.say, at_most=min(missing) if missing else None
-        )
-        if missing and meta is None:
-            raise StreambackError(
-                f"run {self.spec.name} lacks the model of step(s) {', '.join(map(str, missing))} that "
-                f"eval.last_checkpoints "
-                f"asks for (it was trained before they were asked for), and {self.recipe_dir} keeps no checkpoint at "
-                f"or "
-                f"before step {min(missing)} to train them again from: delete {self.recipe_dir} to train the run "
-                "again, or change eval.last_checkpoints / checkpoint_spacing"
-            )
-        if missing:
-            self.say(
-                f"resuming from step {meta['step']}, before step(s) {', '.join(map(str, missing))} whose model "
-                "eval.last_checkpoints asks for and this recipe directory lacks: training to the end writes them"
-            )
-        return (0, 0.0) if meta is None else (meta["step"], float(meta.get("elapsed_s", 0.0)))
-
-    def _accept_kernels(self, path: Path, meta: dict) -> None:
-        """Refuse a checkpoint trained on other kernels (StreambackError naming both and the setting
-        that allows it) unless train.checkpoint.resume_on_other_kernels; keep its record of changes."""
-        theirs = meta.get("kernels")  # None: written before checkpoints recorded their kernels
-        self.kernel_changes = list(meta.get("kernel_changes", []))
-        if theirs is None or theirs == self.kernels:
-            return
-        if not self.cfg["checkpoint"]["resume_on_other_kernels"]:
-            raise StreambackError(
-                f"checkpoint {path} was trained on {theirs}, but this process computes on {self.kernels} (cpu_bf16 "
-                f"{compute.mode()}): set cpu_bf16 to match it, or train.checkpoint.resume_on_other_kernels: true to "
-                f"resume anyway"
-            )
-        self.say(
-            f"resuming checkpoint {path}, trained on {theirs}, on {self.kernels} "
-            f"(train.checkpoint.resume_on_other_kernels)"
-        )
-        self.kernel_changes.append({"step": meta["step"], "from": theirs, "to": self.kernels})
-
-    def _kernel_record(self) -> dict:
-        """The kernels the run computes on, and each change of them at a resume (for its records)."""
-        return {"kernels": self.kernels, "kernel_changes": self.kernel_changes}
-
     def _save(self, step: int) -> None:
         if self.log is not None:
             self.log.sync()
-        save_checkpoint(
-            self.recipe_dir,
-            step,
-            self.state,
-            {
-                "identity": self.identity,
-                "elapsed_s": self.elapsed,
-                "world_size": self.env.world_size,
-                **self._kernel_record(),
-            },
-            keep=self.cfg["checkpoint"]["keep"],
-        )
-
-    def _write_model(self, path: Path, step: int) -> None:
-        """The model as it is now (fp32, unsharded; a collective) to `path` (rank 0), with its corpus and step."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.env.rank == 0:
-            manifest = self.train_data.manifest
-            data = {"fingerprint": manifest["fingerprint"], "tokenizer_sha256": manifest["tokenizer"]["sha256"]}
-            save_model(path, self.model_args, state, self.model.compute_dtype, step=step, data=data)
-
-    def _snapshot(self, step: int) -> None:
-        """Keep the model of snapshot step `step` in the recipe directory."""
-        stash = layout.snapshot_stash(self.recipe_dir, step)
-        self._write_model(stash, step)
-        self.say(f"step {step}: kept the model for eval.last_checkpoints in {stash}")
-
-    def _check_snapshots(self, start_step: int) -> None:
-        """Before the first step: the snapshot of the resumed step itself, if it is one and not kept yet
-        (`_resume` resumes at or before every snapshot step the recipe directory lacks)."""
-        if start_step in self.snapshot_steps and not layout.snapshot_stash(self.recipe_dir, start_step).is_file():
-            self._snapshot(start_step)
+        self.save(self.recipe_dir, step, keep=self.cfg["checkpoint"]["keep"])
 
     def _finish(self, step: int) -> None:
-        """Write the final model (fp32, unsharded), the snapshots, the metrics and the completion record."""
-        self._write_model(self.outdir / layout.MODEL_FILE, step)
+        """Write the final model (fp32, unsharded), then the snapshots, the metrics and summary.json."""
+        self.checkpoints.write_model(self.outdir / layout.MODEL_FILE, step, self.model_args, self.train_data.manifest)
         if self.env.rank != 0:
             return
-        for snapshot in self.snapshot_steps:
-            target = self.outdir / layout.SNAPSHOTS_DIR / layout.SNAPSHOT_FILE.format(step=snapshot)
-            with atomic_path(target) as tmp:
-                _link_or_copy(layout.snapshot_stash(self.recipe_dir, snapshot), tmp)
-        copy_log(self.recipe_dir / layout.METRICS_FILE, self.outdir / layout.METRICS_FILE)  # and its header
-        last = _last_record(self.recipe_dir / layout.METRICS_FILE)
-        gpus = self.env.world_size if self.env.device.type == "cuda" else 0
-        write_json(
-            self.outdir / layout.SUMMARY_FILE,
-            {
-                "run": self.spec.name,
-                "shape": self.spec.shape,
-                "block": self.spec.block,
-                "stream": str(self.model.stream_format.label),
-                "seed": self.spec.seed,
-                "init_seed": self.spec.init_seed,
-                "data_seed": self.spec.data_seed,
-                "steps": step,
-                "tokens": step * self.tokens_per_step,
-                "params": count_params(self.model),
-                "final_loss": last.get("loss"),
-                "final_val_loss": last.get("val_loss"),
-                "train_seconds": self.elapsed,
-                "processes": self.env.world_size,
-                "device": self.env.device.type,
-                "gpu_hours": self.elapsed * gpus / 3600,
-                "checkpoint": str(self.recipe_dir / f"step_{step:09d}"),
-                **self._kernel_record(),
-            },
+        summary = summary_record(
+            self.spec,
+            str(self.model.stream_format.label),
+            count_params(self.model),
+            step,
+            self.tokens_per_step,
+            self.elapsed,
+            self.env.world_size,
+            self.env.device.type,
+            self.recipe_dir,
+            self.checkpoints.kernel_record(),
         )
+        write_outputs(self.outdir, self.recipe_dir, self.snapshot_steps, summary)
         self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
 
     def _announce(self, start_step: int) -> None:
@@ -768,16 +567,3 @@ def _error_of(check, *args, **kwargs) -> str | None:
     except StreambackError as err:
         return str(err)
     return None
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    """`target` as a hard link to `source`, or a copy where they lie on different filesystems."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
-
-
-def _last_record(path: Path) -> dict:
-    records = read_metrics(path)
-    return records[-1] if records else {}

@@ -62,6 +62,24 @@ def test_check_names_the_file_and_line_of_invalid_yaml(tmp_path, capsys):
     )
 
 
+def test_check_and_the_snakefile_resolve_a_config_one_way(tmp_path, capsys):
+    """`streamback check` and the Snakefile both run check.resolve: eval.last_checkpoints reaching
+    back past step 0, which only the Snakefile used to refuse, is refused by both."""
+    from conftest import ROOT
+
+    from streamback.check import read_files, resolve
+
+    snakefile = (ROOT / "Snakefile").read_text()
+    assert "resolved, warnings = resolve(config)" in snakefile and "validate_config" not in snakefile
+    bad = tmp_path / "far.yaml"
+    bad.write_text("eval: {last_checkpoints: 4, checkpoint_spacing: 100}\n")
+    assert main(["check", str(bad)]) == 2
+    message = "eval.last_checkpoints (4) and eval.checkpoint_spacing (100) reach back (k-1) x spacing = 300 steps"
+    assert message in capsys.readouterr().err
+    config, warnings = resolve(read_files([]))
+    assert warnings == [] and config["cpu_bf16"] == "emulated" and config["train"]["seq_len"] == 128
+
+
 def test_a_public_model_exported_from_a_run_left_out_of_the_matrix_is_dropped(tmp_path, monkeypatch, capsys):
     """The default public model is the export of tiny-skinny-tall-baseline (rule export_hf): a train.runs without
     that run could not make it, so it is dropped (set to null) with a warning naming the key, the run and the fix;

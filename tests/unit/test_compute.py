@@ -21,7 +21,10 @@ import torch.nn.functional as F
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.kernels,
+]  # kernels: CI reruns under STREAMBACK_FORCE_NATIVE_BF16=1
 ERROR_BUDGET = 0.02  # |error / native error - 1| for the same rounding points
 
 

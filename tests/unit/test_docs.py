@@ -178,3 +178,46 @@ def test_stream_traffic_s_example_step_time_is_the_measured_reference_s():
         r"--shapes fat-short --step-ms ([\d.]+)", (ROOT / "benchmarks" / "stream_traffic.py").read_text()
     )
     assert float(step_ms) == round(4 * 2048 / _number(tps) * 1e3, 1)
+
+
+# `streamback.<module>[.<name>]` in prose, not inside a longer dotted name or a host (synthetic.streamback.invalid)
+DOTTED = re.compile(r"(?<![\w./-])streamback(?:\.[A-Za-z_]\w*)+")
+
+
+def _docstrings(path) -> str:
+    """Every docstring of a module: its own, its classes' and its functions'."""
+    tree = ast.parse(path.read_text())
+    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef))]
+    return "\n".join(ast.get_docstring(n) or "" for n in nodes)
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether `dotted` is an importable streamback module, or a name defined in one."""
+    import importlib
+
+    parts = dotted.split(".")
+    thing = importlib.import_module(parts[0])
+    for cut in range(1, len(parts)):
+        if hasattr(thing, parts[cut]):
+            thing = getattr(thing, parts[cut])
+            continue
+        if not hasattr(thing, "__path__"):  # not a package: no submodule to import
+            return False
+        try:
+            thing = importlib.import_module(".".join(parts[: cut + 1]))
+        except ModuleNotFoundError:
+            return False
+    return True
+
+
+def test_every_streamback_name_in_a_docstring_or_a_page_imports():
+    named = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for dotted in DOTTED.findall(_docstrings(path)):
+            named.setdefault(dotted, path.relative_to(ROOT))
+    for path in PAGES:
+        for dotted in DOTTED.findall(path.read_text()):
+            named.setdefault(dotted, path.relative_to(ROOT))
+    assert len(named) > 40  # the scan found the package's own names
+    missing = sorted(f"{where}: {dotted}" for dotted, where in named.items() if not _resolves(dotted))
+    assert missing == []

@@ -17,6 +17,9 @@ from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import header_file, read_header, read_metrics
 
+# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+pytestmark = pytest.mark.kernels
+
 RUN = "micro-baseline"
 EMULATED, NATIVE = "bf16 on fp32 kernels on cpu", "native bf16 on cpu"
 

@@ -12,10 +12,14 @@ import torch
 
 from streamback import layout
 from streamback.config import validate_config
+from streamback.model import compute, execution
 from streamback.model.formats import StreamFormat
 from streamback.model.model import ModelArgs, Transformer, count_params
 from streamback.preflight import checks, probe, stage, table
 from streamback.train.trainer import Trainer
+
+# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+pytestmark = pytest.mark.kernels
 
 MODEL = {
     "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
@@ -65,6 +69,10 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     assert before["tokens"] == 4 * 32 and losses["threshold"] == pytest.approx(2 * before["sd"] / math.sqrt(128))
     assert losses["drop"] == pytest.approx(before["mean"] - losses["after"]) and losses["drop"] > losses["threshold"]
     assert 1 <= losses["steps_taken"] <= checks.LEARN_STEPS and losses["lr"] == 3e-3
+    kernels = execution.decide(compute.mode()).kernels("cpu")  # this process's path, as summary.json names it
+    assert record["kernels"] == dtype["kernels"] == by_name["speed"]["values"]["kernels"] == kernels
+    assert by_name["stream_dtype"]["figure"].endswith(f"(on {kernels})")
+    assert f"tokens/s on {kernels}: the run takes" in by_name["speed"]["figure"]
     speed = by_name["speed"]["values"]
     # the projection by hand: 30 steps of 8 x 32 tokens at the measured tokens/s, one process
     assert speed["projected_hours"] == pytest.approx(30 * 8 * 32 / speed["tokens_per_s"] / 3600)
@@ -83,6 +91,25 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     assert [checks.shadow_floor(b) for b in (0, 2, 40)] == [1e-6, 1e-6, pytest.approx(81 * 2e-7)]
     assert not layout.preflight_scratch(out).exists() and not layout.preflight_failed_file(out).exists()
     assert out.with_suffix(".pass").read_text() == layout.PASSED  # the verdict the train jobs wait for
+
+
+@pytest.mark.parametrize("cpu_bf16", ["native", "emulated"])
+def test_the_record_names_the_kernels_its_steps_ran_on_as_the_run_does(tokens, tmp_path, cpu_bf16):
+    """The preflight runs on the execution its job decided (here `native` even on a CPU without
+    native kernels, or `emulated`): its record and its stream_dtype and speed checks name that
+    path, in the words of the run's summary.json (test_kernel_record.py)."""
+    chosen = execution.decide(cpu_bf16, threads=1)
+    with execution.applied(chosen):
+        status, out = run_preflight(tokens, tmp_path)
+    assert status == 0
+    record = json.loads(out.read_text())
+    by_name = {c["name"]: c for c in record["checks"]}
+    assert (
+        record["kernels"]
+        == chosen.kernels()
+        == ("bf16 on fp32 kernels on cpu" if cpu_bf16 == "emulated" else "native bf16 on cpu")
+    )
+    assert by_name["speed"]["values"]["kernels"] == by_name["stream_dtype"]["values"]["kernels"] == record["kernels"]
 
 
 def failed_lines(capsys) -> list[str]:
@@ -212,14 +239,14 @@ def test_a_budget_below_the_projection_fails_naming_both(tokens, tmp_path, capsy
 
 def test_a_resume_that_differs_fails(tokens, tmp_path, monkeypatch, capsys):
     """A load that loses AdamW's moments (the next step then starts them again) is not the uninterrupted step."""
-    load = probe.load_checkpoint
+    restore = Trainer.restore
 
-    def forgetful(path, state):
-        meta = load(path, state)
-        state.optimizer.state.clear()
+    def forgetful(trainer, path):
+        meta = restore(trainer, path)
+        trainer.optimizer.state.clear()
         return meta
 
-    monkeypatch.setattr(probe, "load_checkpoint", forgetful)
+    monkeypatch.setattr(Trainer, "restore", forgetful)
     status, out = run_preflight(tokens, tmp_path)
     line = assert_refused(status, out, failed_lines(capsys), "resume")
     assert "(bound: bitwise equal (deterministic kernels))" in line and "weights by up to 0 " not in line
@@ -388,3 +415,27 @@ def test_the_preflight_of_a_compiled_shape_on_a_gpu(tokens, tmp_path):
     assert by_name["stream_dtype"]["values"]["forward"] == ["torch.bfloat16"] * 3
     assert by_name["shadow"]["values"]["gaps"] is not None and by_name["memory"]["values"]["peak_bytes"] > 0
     print(json.dumps({name: c["figure"] for name, c in by_name.items()}, indent=1))  # the figures, for the device's log
+
+
+def test_the_preflight_uses_only_the_trainer_s_public_names():
+    """probe.py drives the run's own Trainer through its public API (train_step, save, restore,
+    first_micro_batch, ...): no name with an underscore, read or set (issue 37)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(probe))
+    trainers = {"trainer", "t"}  # self.trainer and its local alias
+    reached = sorted(
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and (
+            (isinstance(node.value, ast.Name) and node.value.id in trainers)
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "trainer")
+        )
+    )
+    assert reached == []
+    public = {"train_step", "save", "restore", "first_micro_batch"}
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert public <= used and all(callable(getattr(Trainer, name)) for name in public)

@@ -232,3 +232,19 @@ def test_depth_trend_of_the_paper_s_depths_and_its_verdicts():
     assert single["verdict"] == "no trend this tier resolves"
     with pytest.raises(ValueError, match="distinct depths"):
         stats.depth_trend([8, 8], [[1.0], [2.0]])
+
+
+def test_the_across_seed_row_is_built_in_one_place_from_the_seeds():
+    """stats.seed_row, which the loss and the task-score tables both use: three seeds' differences
+    1, 2, 3 give mean 2, sd 1 and the t interval 2 -+ t(0.975, 2) / sqrt 3 = 2 -+ 2.4841."""
+    items = [[0.5, 1.5], [1.0, 3.0], [2.0, 4.0]]
+    fields, summary = stats.seed_row([1.0, 2.0, 3.0], items, [4.0, 4.5, 5.0], 0.95, 0.8, {"target": 0.5, "band": 2.0})
+    assert summary["mean"] == pytest.approx(2.0) and fields["sd"] == pytest.approx(1.0)
+    assert (fields["ci_low"], fields["ci_high"]) == pytest.approx((2 - 2.4841377, 2 + 2.4841377))
+    assert fields["seeds"] == 3 and fields["baseline_sd"] == pytest.approx(0.5) and fields["p_seeds"] == 0.25
+    assert fields["boot_low"] <= 2.0 <= fields["boot_high"] and summary["boot_low"] == fields["boot_low"]
+    assert fields["within_se"] == pytest.approx(stats.within_se(items))
+    sigma = max(1.0, fields["within_se"])
+    assert fields["target"] == 0.5 and fields["seeds_for_target"] == stats.seeds_needed(sigma, 0.5, 0.05, 0.8)
+    assert fields["band"] == 2.0 and fields["seeds_for_band"] == stats.seeds_needed(sigma, 2.0, 0.05, 0.8)
+    assert fields["mde"] == stats.seed_mde(1.0, 3, 0.05, 0.8, fields["within_se"])

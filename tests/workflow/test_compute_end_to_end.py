@@ -13,6 +13,9 @@ from streamback.model import compute
 
 from conftest import ROOT
 
+# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+pytestmark = pytest.mark.kernels
+
 
 def test_auto_takes_fp32_kernels_exactly_where_torch_has_no_native_bf16_matmul():
     """auto follows torch's own test (oneDNN's bf16 kernels, which ONEDNN_MAX_CPU_ISA caps); the

@@ -15,6 +15,9 @@ from streamback.model.weights import read_model
 
 from conftest import ROOT
 
+# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+pytestmark = pytest.mark.kernels
+
 RUN = "tiny-fat-short-baseline"
 # the default config, tiny: one run of 10 steps on a small corpus
 TINY = {

@@ -20,6 +20,10 @@ from streamback.io import remove
 
 from conftest import ROOT
 
+# kernels: its in-process stages (cli.main) must leave the caller's kernel path as they found it;
+# CI runs it with the kernel-sensitive tests under STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+pytestmark = pytest.mark.kernels
+
 MARK = "PWNED"  # every injected command would create a file whose name holds it
 HOSTILE_DIR = f"tok $(touch {MARK}1); 'x' \"y\" `touch {MARK}2`"
 HOSTILE_FILES = [f"in/a.jsonl;touch {MARK}3;.jsonl", f"in/b $(touch {MARK}4) 'q' \"d\".jsonl"]

@@ -29,6 +29,9 @@ from test_train import (  # noqa: F401  (fixtures and helpers shared with the un
     run_inprocess,
 )
 
+# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+pytestmark = pytest.mark.kernels
+
 
 @pytest.mark.slow
 def test_sigkill_at_a_random_step_then_rerun_equals_uninterrupted(reference, tokens, tmp_path):

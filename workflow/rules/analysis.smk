@@ -17,7 +17,7 @@ COMPARED_RUNS = list(dict.fromkeys(run for _, *pair in COMPARED for run in pair)
 COMPARED_SHAPES = list(dict.fromkeys(shape for shape, _, _ in COMPARED))
 ANALYSIS_SHELL = (
     "OMP_NUM_THREADS={threads} streamback analyze {params.kind:q} --params {params.analysis} --train-params {params.train} "
-    "--data {params.tokens:q} --runs {params.runs} --device {params.device:q} --cpu-bf16 {params.cpu_bf16:q} --threads {threads} > {log:q} 2>&1 || log_tail {log:q}"
+    "--data {params.tokens:q} --runs {params.runs} --device {params.device:q} --threads {threads} > {log:q} 2>&1 || log_tail {log:q}"
 )
 
 

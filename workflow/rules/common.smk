@@ -25,11 +25,14 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
     PYTHON = "python"
 else:
     PYTHON = shlex.quote(sys.executable)
-# The jobs that compute with the model (train, evaluate, analyze) are given config["cpu_bf16"] (how bf16
-# runs on a CPU, streamback/model/compute.py) as `--cpu-bf16`, an untracked param: changing it
-# reruns nothing, and `streamback <stage> --config FILE` reads the same key from FILE.
+# Every job runs with the execution environment of the config (jobs.execution_environment: its
+# cpu_bf16, how bf16 runs on a CPU, streamback/model/compute.py): each stage that runs model code
+# decides its kernels from it once (streamback/model/execution.py); changing it reruns nothing,
+# and `streamback <stage> --config FILE` reads the same key from FILE.
+EXECUTION_ENV = " ".join(f"{name}={shlex.quote(value)}" for name, value in jobs.execution_environment(config).items())
 shell.prefix(
-    f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}} STREAMBACK_PYTHON={PYTHON}; "
+    f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}} STREAMBACK_PYTHON={PYTHON} "
+    f"{EXECUTION_ENV.replace('{', '{{').replace('}', '}}')}; "
     'streamback() {{ "$STREAMBACK_PYTHON" -m streamback "$@"; }}; '
     'log_tail() {{ local status=$?; echo "--- the end of $1:" >&2; tail -n 5 "$1" >&2; return "$status"; }}; set -euo pipefail; '
 )
@@ -237,7 +240,6 @@ def analysis_params(kind, runs):
         "tokens": lambda wildcards, input: Path(input.manifest).parent,
         "runs": shell_words(runs),
         "device": untracked("cuda" if resources["gpus"] else "cpu"),
-        "cpu_bf16": untracked(config["cpu_bf16"]),
     }
 
 

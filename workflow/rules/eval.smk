@@ -73,10 +73,9 @@ rule evaluate:
         tokens=lambda wildcards, input: Path(input.manifest).parent,
         snapshots=lambda wildcards, input: shell_words(["--snapshots", *input.snapshots] if input.snapshots else []),
         outdir=lambda wildcards, output: Path(output.results).parent,
-        cpu_bf16=untracked(config["cpu_bf16"]),
     shell:
         "OMP_NUM_THREADS={threads} streamback evaluate --params {params.eval} --run-name {wildcards.run:q} --model {input.model:q} "
-        "--tokens {params.tokens:q} {params.snapshots} --outdir {params.outdir:q} --cpu-bf16 {params.cpu_bf16:q} --threads {threads} > {log:q} 2>&1 || log_tail {log:q}"
+        "--tokens {params.tokens:q} {params.snapshots} --outdir {params.outdir:q} --threads {threads} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 rule benchmark_table:

@@ -101,7 +101,6 @@ rule train:
         execution=untracked(lambda wildcards: as_json(jobs.train_execution(config, wildcards.run)["train"])),
         launch=untracked(train_launcher),
         threads=untracked(lambda wildcards: train_resources(wildcards.run)["threads"]),
-        cpu_bf16=untracked(config["cpu_bf16"]),
         snapshots=untracked(shell_words(["--snapshot-steps", *SNAPSHOT_STEPS] if SNAPSHOT_STEPS else [])),
         tokens=lambda wildcards, input: Path(input.manifest).parent,
         outdir=lambda wildcards, output: Path(output.model).parent,
@@ -111,7 +110,7 @@ rule train:
         "trap : TERM USR1; streamback train-attempt --launch {params.launch:q} --checkpoints {params.checkpoints:q} "
         "--history {params.history:q} --log {log:q} -- --params {params.train} --model-params {params.model} "
         "--execution {params.execution} --run-name {wildcards.run:q} --data {params.tokens:q} --outdir {params.outdir:q} "
-        "--cpu-bf16 {params.cpu_bf16:q} --threads {params.threads:q} {params.snapshots}"
+        "--threads {params.threads:q} {params.snapshots}"
 
 
 
