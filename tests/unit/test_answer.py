@@ -72,7 +72,7 @@ def built(tmp_path_factory):
 
 
 @pytest.fixture
-def study(built, tmp_path, monkeypatch):
+def tables(built, tmp_path, monkeypatch):
     """The built tables in a fresh copy of their directory, as the working directory."""
     import shutil
 
@@ -81,8 +81,8 @@ def study(built, tmp_path, monkeypatch):
     return built[1]
 
 
-def test_the_rows_over_seeds_carry_the_resolution(study):
-    _, loss, bench = study
+def test_the_rows_over_seeds_carry_the_resolution(tables):
+    _, loss, bench = tables
     row = loss[(loss.seed == "all") & (loss.split == "val")].iloc[0]
     seeds = loss[(loss.seed != "all") & (loss.split == "val")]
     sd = seeds.final_difference.std(ddof=1)
@@ -103,8 +103,8 @@ def test_the_rows_over_seeds_carry_the_resolution(study):
     assert won.verdict.startswith("consistent across seeds: better by 22.0 points")
 
 
-def test_the_answer_says_what_the_tier_resolves_and_opens_with_the_forest_plot(study):
-    config, loss, _ = study
+def test_the_answer_says_what_the_tier_resolves_and_opens_with_the_forest_plot(tables):
+    config, loss, _ = tables
     row = loss[(loss.seed == "all") & (loss.split == "val")].iloc[0]
     text = " ".join(map(str, answer.loss(config)))
     assert (
@@ -149,10 +149,10 @@ def test_the_answer_says_what_the_tier_resolves_and_opens_with_the_forest_plot(s
     assert svg.lstrip().startswith("<svg") and "final val loss" in svg and "won acc" in svg
 
 
-def test_the_benchmark_answer_leads_with_the_tasks_that_can_rank(study):
+def test_the_benchmark_answer_leads_with_the_tasks_that_can_rank(tables):
     from streamback.report.seeds import task_snr
 
-    config, _, _ = study
+    config, _, _ = tables
     matrix = run_matrix(config["train"])
     wobble = {0: -1.0, 1: 0.0, 2: 1.0}
     rows = []
@@ -185,10 +185,10 @@ def test_the_benchmark_answer_leads_with_the_tasks_that_can_rank(study):
     assert words[0].index("clear acc") < words[0].index("Cannot rank at this scale (SNR below 2.77): coin acc (SNR 0.2")
 
 
-def test_the_mechanisms_get_intervals_and_resolution(study):
+def test_the_mechanisms_get_intervals_and_resolution(tables):
     """layer error, sign flips, swallowed share and envelope on constructed per-run tables: each
     sentence gives the t interval over runs (or seeds) and what they resolve, from streamback.stats."""
-    config, _, _ = study
+    config, _, _ = tables
     matrix = run_matrix(config["train"])
     runs = list(matrix)
     ratios = dict(zip(runs, [10.0, 12.0, 8.0, 11.0, 9.0, 14.0]))
