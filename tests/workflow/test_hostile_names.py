@@ -204,7 +204,7 @@ def test_every_value_in_a_rule_s_shell_line_is_quoted_there_or_by_construction()
     for name, key, value in definitions:
         if key in quoted:
             assert re.match(
-                r"(\*\*)?(untracked\()?(lambda wildcards(, input| output)?: )?(as_json|shell_words|train_settings|CORPUS_SEED)",
+                r"(\*\*)?(untracked\()?(lambda wildcards(, input|, output)?: )?(as_json|shell_words|train_settings|CORPUS_SEED)",
                 value,
             ), (name, key, value)
     assert "CORPUS_SEED = shell_words(" in sources["eval.smk"]
