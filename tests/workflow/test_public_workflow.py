@@ -31,8 +31,10 @@ def test_the_default_study_analyses_its_own_exported_run(run_snakemake, tmp_path
         "corpus",
         "export_hf",
         "preflight_run",
+        "preflight_unbounded",
         "tokenize",
         "train",
+        "train_recipe",
     ]
     result = run_snakemake(*targets, "--cores", "2", *common, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
