@@ -31,14 +31,19 @@ def test_auto_takes_fp32_kernels_exactly_where_torch_has_no_native_bf16_matmul()
         )
         return out.returncode, (out.stdout + out.stderr).strip().splitlines()[-1]
 
-    native = compute.cpu_has_native_bf16()
+    # where CI runs it again with the switch on (.ci/run), auto takes native kernels on every CPU
+    native = compute.cpu_has_native_bf16() or os.environ.get(compute.FORCE_NATIVE_ENV) == "1"
     assert child(STREAMBACK_CPU_BF16="auto") == (
         0,
         f"auto {not native} {'bf16 on fp32 kernels' if not native else 'native bf16'} native bf16",
     )
-    assert child(STREAMBACK_CPU_BF16="auto", ONEDNN_MAX_CPU_ISA="AVX2") == (
+    assert child(STREAMBACK_CPU_BF16="auto", ONEDNN_MAX_CPU_ISA="AVX2", **{compute.FORCE_NATIVE_ENV: "0"}) == (
         0,
         "auto True bf16 on fp32 kernels native bf16",
+    )
+    assert child(STREAMBACK_CPU_BF16="auto", ONEDNN_MAX_CPU_ISA="AVX2", **{compute.FORCE_NATIVE_ENV: "1"}) == (
+        0,
+        "auto False native bf16 native bf16",
     )
     assert child(STREAMBACK_CPU_BF16="native", ONEDNN_MAX_CPU_ISA="AVX2") == (0, "native False native bf16 native bf16")
     assert child(STREAMBACK_CPU_BF16="emulated") == (0, "emulated True bf16 on fp32 kernels native bf16")
