@@ -63,7 +63,8 @@ def _block(block: Block, index: int) -> str:
         )
     if isinstance(block, alt.TopLevelMixin):
         # a "<" in the data could close the <script> early; JSON's "\u003c" means the same to the parser
-        spec = json.dumps(block.to_dict()).replace("<", "\\u003c")
+        with alt.data_transformers.disable_max_rows():  # an offline page: every row (the guard is lifted here only)
+            spec = json.dumps(block.to_dict()).replace("<", "\\u003c")
         return (
             f'<div class="chart" id="chart{index}"></div>\n<script type="text/javascript">'
             f'vegaEmbed("#chart{index}", {spec}, {{"mode": "vega-lite", "actions": false}}).catch(console.error);'

@@ -80,3 +80,16 @@ def test_text_columns_align_left_and_names_stay_whole():
         "#table1 td:nth-child(3), #table1 th:nth-child(3) { text-align: left; min-width: 20rem; }"
     )
     assert "<style>" not in render_report("t", [("s", [pd.DataFrame({"x": [1.0]})])]).split("</style>", 1)[1]
+
+
+def test_a_chart_over_altair_s_5000_rows_is_drawn_whole_and_the_guard_stays(tmp_path):
+    """The depth tier's envelope has 5,720 rows: the figure and the page draw every one (6,000 points
+    here: the SVG holds 6,000 marks, the page's spec 6,000 values), and Altair's guard is back after."""
+    frame = pd.DataFrame({"x": range(6000), "y": [i % 7 for i in range(6000)]})
+    chart = alt.Chart(frame).mark_point().encode(x="x:Q", y="y:Q")
+    save_chart(chart, tmp_path / "big.svg")
+    assert (tmp_path / "big.svg").read_text().count("<path") >= 6000
+    page = render_report("big", [("chart", [chart])])
+    assert page.count('"x": 5999') == 1 and page.count('"y": ') >= 6000
+    with pytest.raises(alt.MaxRowsError):
+        chart.to_dict()
