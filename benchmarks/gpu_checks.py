@@ -288,6 +288,8 @@ def run_tests(report: Report, device, sizes: Sizes, work: Path) -> None:
         "pytest",
         "-p",
         "no:cacheprovider",
+        "-o",
+        "addopts=",  # the repository's addopts ask for pytest-xdist, which this machine may lack
         "-v",
         "-rfE",
         "--color=no",

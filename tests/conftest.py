@@ -7,9 +7,11 @@ that needs CUDA alone is marked `@pytest.mark.gpu` itself. `pytest -m gpu` selec
 runs a GPU machine adds (`benchmarks/gpu_checks.py` runs them there).
 """
 
+import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ SMALL = {
     "eval": {"local": {"pairs": 30, "documents": 30}},
     "drift": {"coords": 256, "seeds": [0], "steps": 1000},
 }
+STUDY_TIMEOUT = 1500  # seconds: the study, smaller, on a loaded 2-core machine takes about 10 minutes
 # what `--profile slurm` needs on the local test cluster (a real one sets them in the profile): no accounting, quick
 # status checks
 SLURM_SITE = [
@@ -47,20 +50,6 @@ def device(request):
     import torch
 
     return torch.device(request.param)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Skip every test marked `gpu` where torch sees no CUDA device."""
-    gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if not gpu:
-        return
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="no CUDA device")
-    for item in gpu:
-        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -113,19 +102,67 @@ class Study:
     slurm: bool  # whether every job went through sbatch
 
 
+def _reads_study(item) -> bool:
+    return "study" in item.fixturenames
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Skip every test marked `gpu` where torch sees no CUDA device; put every test that reads the
+    study in one xdist group (one worker runs them one after another: some run Snakemake in it)."""
+    for item in items:
+        if _reads_study(item):
+            item.add_marker(pytest.mark.xdist_group("study"))
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in gpu:
+        item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's work units: a test module, or an `xdist_group` across modules (the study's
+    readers). A module's tests stay on one worker, so its module-scoped fixtures (trained runs) are
+    computed once, as without xdist."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleOrGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # loadgroup's suffix (not an @ in a parameter)
+                return nodeid.rsplit("@", 1)[-1]
+            return nodeid.split("::", 1)[0]
+
+    return ModuleOrGroup(config, log)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _study_build(request, tmp_path_factory):
     """Start the study's Snakemake when the session starts, if a selected test reads `study`: its
     jobs (and, through Slurm, the executor's waits between status checks) then overlap the tests
-    that run before the first one that reads it."""
+    that run before the first one that reads it. Under pytest-xdist the first worker builds it in
+    the workers' shared temporary directory and the others wait for its return code there."""
+    import threading
+
     import yaml
 
-    if not any("study" in item.fixturenames for item in request.session.items):
+    if not any(_reads_study(item) for item in request.session.items):
         yield None
         return
-    root = tmp_path_factory.mktemp("study")
-    (root / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if worker else base) / "study"
     slurm = shutil.which("sbatch") is not None
+    if worker not in (None, "gw0"):
+        yield root, slurm
+        return
+    root.mkdir()
+    (root / "small.yaml").write_text(yaml.safe_dump(SMALL))
     if slurm:
         start_slurm()
     how = ["--profile", "slurm", *SLURM_SITE] if slurm else ["--cores", "2"]
@@ -143,8 +180,18 @@ def _study_build(request, tmp_path_factory):
     ]
     with open(root / "snakemake.out", "w") as out:
         workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+    def record_status():  # for every worker: Snakemake's return code, written once it exits
+        status = workflow.wait()
+        (root / "returncode.part").write_text(str(status))
+        (root / "returncode.part").rename(root / "returncode")
+
+    waiter = threading.Thread(target=record_status, daemon=True)
+    waiter.start()
     try:
-        yield root, slurm, workflow
+        yield root, slurm
+        if worker is not None:  # another worker may still be waiting for the study
+            waiter.join(timeout=STUDY_TIMEOUT)
     finally:
         if workflow.poll() is None:  # the session stopped before the study ended: Snakemake cancels its jobs on SIGTERM
             workflow.terminate()
@@ -156,12 +203,12 @@ def study(_study_build):
     """The whole default study with SMALL merged over it, built once for every test that reads it
     (started with the session, `_study_build`): through `--profile slurm` where Slurm is installed
     (as .ci/run does), else `--cores 2`."""
-    root, slurm, workflow = _study_build
-    try:
-        workflow.wait(timeout=1500)
-    except subprocess.TimeoutExpired:
-        workflow.kill()
-        raise
+    root, slurm = _study_build
+    status = root / "returncode"
+    deadline = time.monotonic() + STUDY_TIMEOUT
+    while not status.exists():
+        assert time.monotonic() < deadline, f"the study did not end within {STUDY_TIMEOUT} s: {root}/snakemake.out"
+        time.sleep(1)
     output = (root / "snakemake.out").read_text()
-    assert workflow.returncode == 0, output[-6000:]
+    assert status.read_text() == "0", output[-6000:]
     return Study(root, output, slurm)
