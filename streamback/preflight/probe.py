@@ -25,9 +25,10 @@ from streamback.io import free_bytes, remove, tree_bytes, writable_dir
 from streamback.model.model import count_params
 from streamback.preflight import checks
 from streamback.runs import RunSpec, train_steps
+from streamback.train.optim import Diverged, clip_gradients
 from streamback.train.processes import Distributed
 from streamback.train.signals import shadow_gap_bound
-from streamback.train.trainer import Diverged, Trainer, clip_gradients
+from streamback.train.trainer import Trainer
 from streamback.train.validation import next_token_loss
 
 WARMUP_STEPS = 2  # steps not timed: the first compiles (torch.compile) and fills the allocator's caches
