@@ -28,7 +28,7 @@ from streamback.config import DEFAULT_CONFIG, load_config
 from streamback.measure.step import random_tokens, training_step
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer
-from streamback.train.trainer import adamw, clip_gradients
+from streamback.train.optim import adamw, clip_gradients
 
 AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 PATHS = {  # name -> (compute dtype, cpu_bf16 mode)

@@ -223,13 +223,15 @@ def disk(free: int | None, needed: int, where: str) -> Check:
     )
 
 
-def speed(tokens_per_s: float, run_hours: float, unit: str, kernels: str) -> Check:
-    """The measured speed on `kernels` (the run's): positive and finite (a projection is made from it)."""
+def speed(tokens_per_s: float, run_hours: float, unit: str, kernels: str, timed_steps: int) -> Check:
+    """The measured speed on `kernels` (the run's), the median over `timed_steps` steps: positive and
+    finite (a projection is made from it)."""
     passed = math.isfinite(tokens_per_s) and tokens_per_s > 0
     return Check(
         "speed",
         passed,
-        f"{tokens_per_s:,.0f} tokens/s on {kernels}: the run takes {run_hours:,.2f} {unit}",
+        f"{tokens_per_s:,.0f} tokens/s on {kernels}: the run takes {run_hours:,.2f} {unit} "
+        f"(the median of {timed_steps} timed steps)",
         "positive and finite",
-        {"tokens_per_s": tokens_per_s, "projected_hours": run_hours, "kernels": kernels},
+        {"tokens_per_s": tokens_per_s, "projected_hours": run_hours, "kernels": kernels, "timed_steps": timed_steps},
     )

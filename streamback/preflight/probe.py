@@ -8,6 +8,12 @@ layer boundary (`Transformer.capture` with gradients); `train.preflight.steps - 
 (the losses; the tokens/s of all but the first two, which warm up, and the peak memory); a
 checkpoint of them; the next step, with the full-precision shadow; the checkpoint loaded and that
 step again, which must match it.
+
+The tokens/s is the run's own: each step's `tokens_per_s` is the record `Trainer.train_step`
+returns, the field the run writes to its metrics.jsonl (a step's tokens over the seconds of the
+step: its batches read, forward and backward, the stream's record on a `log.stream_every` step,
+clipping and the optimizer; not validation, logging or checkpoints), and the preflight's figure is
+their median over the timed steps (`timed_tokens_per_s`), as a run's is over its steps.
 """
 
 from __future__ import annotations
@@ -25,12 +31,21 @@ from streamback.io import free_bytes, remove, tree_bytes, writable_dir
 from streamback.model.model import count_params
 from streamback.preflight import checks
 from streamback.runs import RunSpec, train_steps
+from streamback.train.optim import Diverged, clip_gradients
 from streamback.train.processes import Distributed
 from streamback.train.signals import shadow_gap_bound
-from streamback.train.trainer import Diverged, Trainer, clip_gradients
+from streamback.train.trainer import Trainer
 from streamback.train.validation import next_token_loss
 
 WARMUP_STEPS = 2  # steps not timed: the first compiles (torch.compile) and fills the allocator's caches
+
+
+def timed_tokens_per_s(records: list[dict]) -> tuple[float, int]:
+    """The preflight's tokens/s from the records of `Trainer.train_step` (steps 1, 2, ... of the
+    run): the median of their `tokens_per_s` after the first WARMUP_STEPS (the last record's
+    alone where there are no more), and the number of steps it is the median of."""
+    timed = [r["tokens_per_s"] for r in records[WARMUP_STEPS:]] or [records[-1]["tokens_per_s"]]
+    return statistics.median(timed), len(timed)
 
 
 class Preflight:
@@ -58,6 +73,7 @@ class Preflight:
         # the run's own checkpoint directory holds the record of the shards hashed: the run then skips them
         self.trainer = Trainer(spec, cfg, model_cfg, Path(data_dir), self.scratch / "out", self.checkpoints, env)
         self.results: list[checks.Check] = []
+        self.records: list[dict] = []  # the records of the training steps (not the one run twice)
 
     @property
     def unit(self) -> str:
@@ -70,14 +86,15 @@ class Preflight:
         if self.env.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.env.device)  # the training steps' peak, not the probe's
         try:
-            records = [self.trainer.train_step(step) for step in range(self.steps - 1)]
+            for step in range(self.steps - 1):
+                self.records.append(self.trainer.train_step(step))
         except Diverged as err:
             self.results.append(checks.Check("losses", False, str(err), "finite steps", {}))
             return self.results
-        self.speed_and_memory(records)
-        self.resume_and_shadow(records)
+        self.speed_and_memory(self.records)
+        self.resume_and_shadow(self.records)
         at = next(i for i, c in enumerate(self.results) if c.name == "speed")
-        self.results.insert(at, self.learning(records))  # last: its steps leave the state changed
+        self.results.insert(at, self.learning(self.records))  # last: its steps leave the state changed
         return self.results
 
     def _agreed(self, check: checks.Check) -> bool:
@@ -115,10 +132,9 @@ class Preflight:
 
     def speed_and_memory(self, records: list[dict]) -> None:
         t = self.trainer
-        timed = [r["tokens_per_s"] for r in records[WARMUP_STEPS:]] or [records[-1]["tokens_per_s"]]
-        tokens_per_s = statistics.median(timed)
+        tokens_per_s, timed_steps = timed_tokens_per_s(records)
         hours = train_steps(t.cfg) * t.tokens_per_step / tokens_per_s / 3600 * self.env.world_size
-        self.results.append(checks.speed(tokens_per_s, hours, self.unit, t.kernels))
+        self.results.append(checks.speed(tokens_per_s, hours, self.unit, t.kernels, timed_steps))
         self.results.append(checks.budget(hours, t.cfg["budget_gpu_hours"], self.unit))
         self.results.append(self._memory())
 

@@ -13,15 +13,23 @@ history, so a resumed run reads exactly the batches an uninterrupted one would.
 
 Rank r of R takes the contiguous slice j in [r * B / R, (r + 1) * B / R) of the global batch and
 cuts it into micro-batches; the loss is the mean over the global batch whatever R is.
+
+`open_splits` opens a run's train and val splits, checks them against its recipe and verifies
+their shards.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import torch
 
+from streamback.data.shards import TokenDataset, verify_datasets
 from streamback.errors import StreambackError
-from streamback.runs import num_windows  # noqa: F401  (defined with the run checks; read here with the windows)
+from streamback.runs import data_passes, num_windows, token_budget_problem
 
 _ROUNDS = 4
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -92,3 +100,44 @@ def val_windows(n: int, count: int, rank: int, world_size: int) -> np.ndarray:
     """
     share = min(count, n) // world_size
     return np.arange(rank * share, (rank + 1) * share, dtype=np.int64)
+
+
+@dataclasses.dataclass
+class Splits:
+    """A run's data: its train and val splits, the train split's window count and this rank's val windows."""
+
+    train: TokenDataset
+    val: TokenDataset
+    n_train: int
+    val_windows: np.ndarray
+
+
+def open_splits(data_dir: Path, cfg: dict, steps: int, env, verified: Path, say: Callable[[str], None]) -> Splits:
+    """The train and val splits of `data_dir` for a run of `steps` steps of the `train` section `cfg`
+    on `env` (a `Distributed`), checked against its token budget and val_sequences, and their
+    shards verified against the manifest (the ranks share the hashing), bar those the record
+    `verified` vouches for; `say`: a line in the run's log."""
+    seq_len = cfg["seq_len"]
+    train, val = TokenDataset(data_dir, "train"), TokenDataset(data_dir, "val")
+    n_train = num_windows(train.num_tokens, seq_len)
+    if n_train < 1:
+        raise StreambackError(
+            f"{data_dir}: the train split has {train.num_tokens} tokens, fewer than train.seq_len + 1"
+        )
+    problem = token_budget_problem(cfg, train.num_tokens, f"the train split of {data_dir}")
+    if problem:
+        raise StreambackError(problem)
+    passes = data_passes(cfg, train.num_tokens)
+    if passes > 1:
+        say(
+            f"train.repeat_data is on: the run reads its train split {passes:.2f} times "
+            f"({steps * cfg['batch_size']:,} windows of the {n_train:,} it holds), each pass in a new order"
+        )
+    n_val = num_windows(val.num_tokens, seq_len)
+    windows = val_windows(n_val, cfg["log"]["val_sequences"], env.rank, env.world_size)
+    if len(windows) < 1:
+        raise StreambackError(
+            f"{data_dir}: the val split has {val.num_tokens} tokens, too few for one sequence per process"
+        )
+    say(verify_datasets([train, val], verified, env.rank, env.world_size, env.gather, torch.get_num_threads()))
+    return Splits(train, val, n_train, windows)

@@ -2,19 +2,90 @@
 run's recipe that passes its check, computed on the run's kernels unless
 train.checkpoint.resume_on_other_kernels, at or before any snapshot step the recipe directory
 lacks), saving with the run's record (recipe, elapsed seconds, kernels), and the snapshots of
-eval.last_checkpoints. The files themselves are `streamback.train.checkpoint`'s."""
+eval.last_checkpoints; and before all that, the recipe's identity (`recipe_identity`) and
+`claim_run`: the directories checked for writing and the run's lock taken. The files themselves are `streamback.train.checkpoint`'s."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 from streamback import layout
 from streamback.errors import StreambackError
+from streamback.io import writable_dir
 from streamback.model import compute
 from streamback.model.weights import save_model
-from streamback.train.checkpoint import TrainState, list_checkpoints, load_checkpoint, load_newest, save_checkpoint
+from streamback.train.checkpoint import (
+    TrainState,
+    list_checkpoints,
+    load_checkpoint,
+    load_newest,
+    lock_run,
+    save_checkpoint,
+)
 from streamback.train.processes import Distributed
+
+
+def recipe_identity(spec, model_args, cfg: dict, manifest: dict) -> dict:
+    """The identity of run `spec`'s recipe, which its checkpoints must match and its recipe
+    directory is named by: the model's arguments, the seeds, the token budget, batch, optimizer
+    and schedule of the `train` section `cfg`, and the data (the token `manifest`'s fingerprint)."""
+    return {
+        "run": spec.name,
+        "model_args": dataclasses.asdict(model_args),
+        "seed": spec.data_seed,
+        **({"init_seed": spec.init_seed} if spec.init_seed != spec.data_seed else {}),
+        **{key: cfg[key] for key in ("tokens", "seq_len", "batch_size", "optimizer", "schedule")},
+        "data": manifest["fingerprint"],  # what the data stage tokenized, and how
+    }
+
+
+def snapshot_steps_of(requested, steps: int) -> list[int]:
+    """The snapshot steps `requested` (--snapshot-steps) of a run of `steps` steps, sorted and
+    unique; StreambackError naming any outside (0, steps)."""
+    outside = [s for s in requested if not 0 < s < steps]
+    if outside:
+        raise StreambackError(
+            f"--snapshot-steps {' '.join(map(str, outside))}: a snapshot step lies between 0 "
+            f"and the run's {steps} steps (the final model is written anyway)"
+        )
+    return sorted(set(requested))
+
+
+def claim_run(env: Distributed, checkpoints: Path, outdir: Path, say: Callable[[str], None]):
+    """Before a run's first step, found on every rank (StreambackError): the checkpoint directory
+    `checkpoints` writable (every rank writes checkpoints), the output directory `outdir` too
+    (rank 0 writes the outputs), and the run's lock taken by rank 0 (a second trainer on the run
+    is refused, naming the PID and host of the first). Returns the lock, to close when the run
+    ends (an open file; None on the other ranks)."""
+    env.agree(_error_of(writable_dir, checkpoints, "checkpoint directory"), "the checkpoint directory check")
+    env.agree(
+        _error_of(writable_dir, outdir, "output directory", keep=False) if env.rank == 0 else None,
+        "the output directory check",
+    )
+    lock, error = None, None
+    if env.rank == 0:
+        try:
+            lock = lock_run(checkpoints, say)
+        except StreambackError as err:
+            error = str(err)
+    try:
+        env.agree(error, "locking the run")
+    except StreambackError:
+        if lock is not None:
+            lock.close()
+        raise
+    return lock
+
+
+def _error_of(check, *args, **kwargs) -> str | None:
+    """The message of the StreambackError `check(*args, **kwargs)` raises, or None."""
+    try:
+        check(*args, **kwargs)
+    except StreambackError as err:
+        return str(err)
+    return None
 
 
 class CheckpointManager:

@@ -19,6 +19,9 @@ last line), so the log has every step exactly once. The log is flushed and fsync
 checkpoint is committed, so the records up to a checkpoint's step always survive a crash. A
 mirror (the run's TensorBoard writer, `streamback.train.tensorboard`, and its W&B run,
 `streamback.train.wandb_sink`) gets every record appended.
+
+`RunMetrics` is what a training run keeps of its steps as it trains (TorchTitan's
+MetricsProcessor): the log with its mirrors, the watch over its records, and the progress line.
 """
 
 from __future__ import annotations
@@ -29,8 +32,13 @@ import os
 import shutil
 from pathlib import Path
 
+from streamback import layout
 from streamback.errors import StreambackError
 from streamback.io import atomic_path, write_json, write_text
+from streamback.progress import Progress
+from streamback.train.tensorboard import open_writer
+from streamback.train.wandb_sink import open_run as open_wandb
+from streamback.train.watch import Watch
 
 DETERMINISTIC = (
     "step",
@@ -141,6 +149,74 @@ class MetricsLog:
         self._file.close()
         for mirror in self.mirrors:
             mirror.close()
+
+
+class RunMetrics:
+    """The records of run `run` (`steps` steps, from `start_step`) as it trains. On rank 0: the
+    metrics log in `recipe_dir` with `header`, mirrored to TensorBoard (`tensorboard_dir`; None:
+    none) and to W&B as the `train` section `cfg` sets them, and the watch over its records; on
+    every rank the progress line, printed by rank 0. `identity`: the recipe, for W&B; `say`: a
+    line in the run's log."""
+
+    def __init__(
+        self,
+        run: str,
+        steps: int,
+        start_step: int,
+        rank: int,
+        cfg: dict,
+        recipe_dir: Path,
+        tensorboard_dir: Path | None,
+        identity: dict,
+        header: dict,
+        stream_label: str,
+        say,
+    ):
+        self.run, self.steps, self.every = run, steps, cfg["log"]["every"]
+        self.log, self.watch, self.board = None, None, None
+        if rank == 0:
+            self.board = open_writer(tensorboard_dir, start_step + 1, say) if tensorboard_dir is not None else None
+            mirrors = [self.board] if self.board is not None else []
+            if cfg["log"]["wandb"]["project"] is not None:
+                name = f"{run}-{recipe_dir.name.removeprefix('recipe-')}"
+                mirrors.append(open_wandb(cfg["log"]["wandb"], name, run, recipe_dir, {"identity": identity}))
+            self.log = MetricsLog(recipe_dir / layout.METRICS_FILE, start_step, mirrors=mirrors, header=header)
+            self.watch = Watch(cfg["log"]["warnings"], cfg["schedule"]["warmup_steps"], stream_label)
+            self.watch.replay(self.log.resumed)
+        self.progress = Progress(run, steps, unit="step", initial=start_step, active=rank == 0, every_s=None)
+
+    def append(self, step: int, record: dict) -> None:
+        """Step `step`'s record (1-based) with the watch's warnings on it (each also a line) to the
+        log, and the progress line (printed every `log.every` steps, at a validation and at the end)."""
+        if self.watch is not None:
+            events = self.watch.observe(record)
+            if events:
+                record["warnings"] = events
+            for event in events:
+                self.progress.write(f"[{self.run}] {event['message']}")
+        if self.log is not None:
+            self.log.append(record)
+        val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
+        self.progress.update(
+            1,
+            f"loss {record['loss']:.4f}{val} lr {record['lr']:.3e} grad_norm {record['grad_norm']:.3f} "
+            f"{record['tokens_per_s']:,.0f} tok/s",
+            log=step % self.every == 0 or step == self.steps or bool(val),
+        )
+
+    def write(self, line: str) -> None:
+        """A line in the run's log (rank 0), beside the progress line."""
+        self.progress.write(line)
+
+    def sync(self) -> None:
+        """Make every appended record durable (before a checkpoint is committed)."""
+        if self.log is not None:
+            self.log.sync()
+
+    def close(self) -> None:
+        self.progress.close()
+        if self.log is not None:
+            self.log.close()
 
 
 def _line(record: dict) -> str:

@@ -82,6 +82,13 @@ class StopRequest(contextlib.AbstractContextManager):
     def _handle(self, signum, frame):
         self.signal = signum
 
+    def message(self, run: str, step: int, status: int) -> str:
+        """The line of run `run` stopping on this request after saving the checkpoint of `step`, with exit `status`."""
+        heard = signal.Signals(self.signal).name if self.signal else "a stop signal"
+        return (
+            f"[{run}] {heard} received: saved the checkpoint of step {step}; exiting with status {status} to be resumed"
+        )
+
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)

@@ -1,7 +1,8 @@
-"""A finished run's outputs besides its model: the snapshots of eval.last_checkpoints put into
-the output directory (last/step_<N>.pt), the metrics log copied there, and summary.json (what
-was trained, how long it took, on which kernels). The live metrics log is
-`streamback.train.metrics`'s."""
+"""What a run says of itself besides its step records: the lines that open its log (`start_lines`:
+what it trains, where, from which step), and once finished its outputs besides its model: the
+snapshots of eval.last_checkpoints put into the output directory (last/step_<N>.pt), the metrics
+log copied there, and summary.json (what was trained, how long it took, on which kernels). The
+live metrics log is `streamback.train.metrics`'s."""
 
 from __future__ import annotations
 
@@ -13,6 +14,43 @@ from streamback import layout
 from streamback.io import atomic_path, write_json
 from streamback.runs import RunSpec
 from streamback.train.metrics import copy_log, read_metrics
+
+
+def start_lines(
+    spec: RunSpec,
+    start_step: int,
+    steps: int,
+    batch: str,
+    params: int,
+    device: str,
+    stream: str,
+    recipe_dir: Path,
+    tensorboard_dir: Path | None,
+) -> list[str]:
+    """The lines that open the log of run `spec` starting (or resuming) at `start_step` of `steps`:
+    its `batch` (its tokens, shape and split over processes, in words), `params` on `device` (its
+    type and kernel path, in words), block and `stream`, its checkpoints (`recipe_dir`) and event
+    files (`tensorboard_dir`; None: none); a recipe trained to its end, and the run's other recipes
+    kept beside it, each add a line."""
+    what = f"resuming from step {start_step}" if start_step else "starting"
+    lines = [
+        f"[{spec.name}] {what}: {steps} steps of {batch}; {params:,} parameters on {device}; "
+        f"block {spec.block}, stream {stream}; checkpoints in {recipe_dir}"
+        + (f"; TensorBoard event files in {tensorboard_dir}" if tensorboard_dir is not None else "")
+    ]
+    if start_step == steps:
+        lines.append(
+            f"[{spec.name}] this recipe was trained to its end: its outputs are written again from its last "
+            "checkpoint, the same weights and metrics as before (training is deterministic). To train it again "
+            f"from its first step, delete {recipe_dir} and rerun"
+        )
+    others = [p.name for p in layout.recipe_dirs(recipe_dir.parent) if p != recipe_dir]
+    if others:
+        lines.append(
+            f"[{spec.name}] the checkpoints of this run's other recipes are kept ({', '.join(others)}); "
+            "`streamback checkpoints` says how they differ, `streamback checkpoints --prune` removes them"
+        )
+    return lines
 
 
 def summary_record(

@@ -53,47 +53,29 @@ Exit statuses:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from streamback import layout
-from streamback.data.shards import TokenDataset, verify_datasets
-from streamback.errors import StreambackError
-from streamback.io import writable_dir
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer, count_params
-from streamback.progress import Progress
-from streamback.runs import (
-    RunSpec,
-    check_runs,
-    data_passes,
-    is_reversible,
-    run_matrix,
-    run_setting,
-    token_budget_problem,
-    train_steps,
-)
-from streamback.train.batches import num_windows, rank_micro_batches, read_windows, train_windows, val_windows
-from streamback.train.checkpoint import TrainState, lock_run, recipe_fingerprint, remove_partial
-from streamback.train.checkpointing import CheckpointManager
-from streamback.train.metrics import MetricsLog
+from streamback.runs import RunSpec, check_runs, is_reversible, run_matrix, run_setting, train_steps
+from streamback.train.batches import open_splits, rank_micro_batches, read_windows, train_windows
+from streamback.train.checkpoint import TrainState, recipe_fingerprint, remove_partial
+from streamback.train.checkpointing import CheckpointManager, claim_run, recipe_identity, snapshot_steps_of
+from streamback.train.metrics import RunMetrics
+from streamback.train.optim import Diverged, adamw, clip_gradients, diverged_message, step_seed
 from streamback.train.parallel import StreamDtypeWatch, apply_activation_checkpointing, apply_compile, apply_fsdp
 from streamback.train.processes import Distributed, StopRequest
 from streamback.train.schedule import wsd_lr
 from streamback.train.signals import StreamRecord, shadow_format
-from streamback.train.summary import summary_record, write_outputs
-from streamback.train.tensorboard import open_writer
+from streamback.train.summary import start_lines, summary_record, write_outputs
 from streamback.train.validation import window_losses
-from streamback.train.wandb_sink import open_run as open_wandb
-from streamback.train.watch import Watch
 
 EXIT_DIVERGED = 3
 EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL
@@ -109,19 +91,8 @@ def train(
     env = Distributed.start()
     outdir, checkpoints, lock = Path(outdir), Path(checkpoints), None
     try:
-        # found now, not after the last step: every rank writes checkpoints, rank 0 the outputs
-        env.agree(_error_of(writable_dir, checkpoints, "checkpoint directory"), "the checkpoint directory check")
-        env.agree(
-            _error_of(writable_dir, outdir, "output directory", keep=False) if env.rank == 0 else None,
-            "the output directory check",
-        )
-        error = None
-        if env.rank == 0:  # rank 0 holds the run's lock (an open file) while it trains
-            try:
-                lock = lock_run(checkpoints, lambda message: _say(run_name, message))
-            except StreambackError as err:
-                error = str(err)
-        env.agree(error, "locking the run")
+        # found now, not after the last step; rank 0 holds the run's lock while it trains
+        lock = claim_run(env, checkpoints, outdir, lambda message: _say(run_name, message))
         board = Path(tensorboard) if tensorboard is not None and train_cfg["log"]["tensorboard"] else None
         trainer = Trainer(
             run_matrix(train_cfg)[run_name],
@@ -143,29 +114,6 @@ def train(
 
 def _say(run_name: str, message: str) -> None:
     print(f"[{run_name}] {message}", file=sys.stderr, flush=True)
-
-
-class Diverged(Exception):
-    """The loss or gradient norm of a step is NaN or infinite."""
-
-
-def _seed(*parts: int) -> int:
-    """A 63-bit seed for torch from integers (seed, step, rank, purpose), well mixed by numpy."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
-
-
-def adamw(params, opt: dict) -> torch.optim.AdamW:
-    """The optimizer of `train.optimizer` over `params`: AdamW, fused (one kernel per parameter
-    group on CUDA and the CPU alike; on the CPU faster than foreach in a tiny step)."""
-    return torch.optim.AdamW(
-        params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"], fused=True
-    )
-
-
-def clip_gradients(params, opt: dict) -> torch.Tensor:
-    """Clip the gradients' global norm to `train.optimizer.grad_clip` (0: no clipping); the norm before
-    clipping (a DTensor under FSDP2)."""
-    return torch.nn.utils.clip_grad_norm_(params, opt["grad_clip"] or math.inf, foreach=True)
 
 
 class Trainer:
@@ -190,15 +138,11 @@ class Trainer:
         self.accum = self.batch_size // (self.micro_batch_size * env.world_size)
         self.tokens_per_step = self.batch_size * self.seq_len
         self.steps = train_steps(cfg)
-        outside = [s for s in snapshot_steps if not 0 < s < self.steps]
-        if outside:
-            raise StreambackError(
-                f"--snapshot-steps {' '.join(map(str, outside))}: a snapshot step lies between 0 "
-                f"and the run's {self.steps} steps (the final model is written anyway)"
-            )
-        self.snapshot_steps = sorted(set(snapshot_steps))
+        self.snapshot_steps = snapshot_steps_of(snapshot_steps, self.steps)
 
-        self._open_data(Path(data_dir))
+        splits = open_splits(Path(data_dir), cfg, self.steps, env, ckpt_dir / layout.VERIFIED_SHARDS, self.say)
+        self.train_data, self.val_data = splits.train, splits.val
+        self.n_train, self.val_windows = splits.n_train, splits.val_windows
 
         self.model_args = ModelArgs.from_config(
             model_cfg,
@@ -213,14 +157,7 @@ class Trainer:
         self.params = list(self.model.parameters())
         self.optimizer = adamw(self.params, cfg["optimizer"])
         self.state = TrainState(self.model, self.optimizer)
-        self.identity = {
-            "run": spec.name,
-            "model_args": dataclasses.asdict(self.model_args),
-            "seed": spec.data_seed,
-            **({"init_seed": spec.init_seed} if spec.init_seed != spec.data_seed else {}),
-            **{key: cfg[key] for key in ("tokens", "seq_len", "batch_size", "optimizer", "schedule")},
-            "data": self.train_data.manifest["fingerprint"],  # what the data stage tokenized, and how
-        }
+        self.identity = recipe_identity(spec, self.model_args, cfg, self.train_data.manifest)
         self.recipe_dir = layout.recipe_dir(ckpt_dir, recipe_fingerprint(self.identity))
         # the kernels of this process (not the recipe: a record of how the steps were computed)
         self.kernels = f"{compute.path(env.device, self.model.compute_dtype)} on {env.device.type}"
@@ -243,45 +180,6 @@ class Trainer:
         if self.env.rank == 0:
             _say(self.spec.name, message)
 
-    def _open_data(self, data_dir: Path) -> None:
-        """The run's train and val splits, checked against its token budget and val_sequences, and
-        their shards verified against the manifest."""
-        cfg, env, ckpt_dir = self.cfg, self.env, self.ckpt_dir
-        self.train_data = TokenDataset(data_dir, "train")
-        self.val_data = TokenDataset(data_dir, "val")
-        self.n_train = num_windows(self.train_data.num_tokens, self.seq_len)
-        if self.n_train < 1:
-            raise StreambackError(
-                f"{data_dir}: the train split has {self.train_data.num_tokens} tokens, fewer than train.seq_len + 1"
-            )
-        problem = token_budget_problem(cfg, self.train_data.num_tokens, f"the train split of {data_dir}")
-        if problem:
-            raise StreambackError(problem)
-        passes = data_passes(cfg, self.train_data.num_tokens)
-        if passes > 1:
-            self.say(
-                f"train.repeat_data is on: the run reads its train split {passes:.2f} times "
-                f"({self.steps * self.batch_size:,} "
-                f"windows of the {self.n_train:,} it holds), each pass in a new order"
-            )
-        n_val = num_windows(self.val_data.num_tokens, self.seq_len)
-        self.val_windows = val_windows(n_val, cfg["log"]["val_sequences"], env.rank, env.world_size)
-        if len(self.val_windows) < 1:
-            raise StreambackError(
-                f"{data_dir}: the val split has {self.val_data.num_tokens} tokens, too few for one sequence per process"
-            )
-        # the token shards against their manifest (the ranks share the hashing), bar those the run verified before
-        self.say(
-            verify_datasets(
-                [self.train_data, self.val_data],
-                ckpt_dir / layout.VERIFIED_SHARDS,
-                env.rank,
-                env.world_size,
-                env.gather,
-                torch.get_num_threads(),
-            )
-        )
-
     def _build_model(self):
         with torch.device("meta"):
             model = Transformer(self.model_args)
@@ -300,25 +198,23 @@ class Trainer:
     # ---- the loop -------------------------------------------------------------------------
 
     def fit(self) -> int:
+        """Train from the newest checkpoint of the recipe to the end or to a stop signal; the exit status."""
         if self.env.rank == 0:
             self.recipe_dir.mkdir(exist_ok=True)
         remove_partial(self.recipe_dir, say=self.say)
         start_step, self.elapsed = self.checkpoints.resume()
         self.checkpoints.snapshot_at_start(start_step, self.model_args, self.train_data.manifest)
-        self._open_logs(start_step)
-        self.progress = Progress(
-            self.spec.name, self.steps, unit="step", initial=start_step, active=self.env.rank == 0, every_s=None
-        )
-        self._announce(start_step)
+        self.metrics = self._open_metrics(start_step)
         step, last_saved = start_step, start_step if start_step else None
         watch = StreamDtypeWatch(self.model)
         try:
             with StopRequest() as stop:
                 while step < self.steps:
                     record, stop_now = self._step(step, stop, watch)
-                    watch = None
-                    step += 1
-                    self._after_step(step, record)
+                    watch, step = None, step + 1
+                    if step % self.cfg["log"]["val_every"] == 0 or step == self.steps:
+                        record["val_loss"] = self.validate(step)
+                    self.metrics.append(step, record)
                     if step in self.snapshot_steps:
                         self.checkpoints.snapshot(step, self.model_args, self.train_data.manifest)
                     stop_now = stop_now and step < self.steps
@@ -326,65 +222,48 @@ class Trainer:
                         self._save(step)
                         last_saved = step
                     if stop_now:
-                        self.progress.write(
-                            f"[{self.spec.name}] "
-                            f"{signal.Signals(stop.signal).name if stop.signal else 'a stop signal'} "
-                            f"received: saved the checkpoint of step {step}; exiting with status {EXIT_REQUEUE} to be "
-                            f"resumed"
-                        )
+                        self.metrics.write(stop.message(self.spec.name, step, EXIT_REQUEUE))
                         return EXIT_REQUEUE
         except Diverged as err:
-            where = (
-                f"{self.recipe_dir}/step_{last_saved:09d} (step {last_saved})"
-                if last_saved
-                else "none (the run diverged before its first checkpoint)"
-            )
-            self.progress.write(
-                f"[{self.spec.name}] stopped: {err}. Nothing of this step was applied or saved; the last good "
-                f"checkpoint is {where}. "
-                "A rerun resumes from it and meets the same batches again: change the recipe (e.g. a lower "
-                "train.optimizer.lr), "
-                "which trains from its first step in a directory of its own."
-            )
+            self.metrics.write(diverged_message(self.spec.name, err, self.recipe_dir, last_saved))
             return EXIT_DIVERGED
         finally:
-            self.progress.close()
-            if self.log is not None:
-                self.log.close()
+            self.metrics.close()
         self._finish(step)
         return 0
 
-    def _open_logs(self, start_step: int) -> None:
-        """Rank 0's logs of a run starting at `start_step`: the metrics log (with TensorBoard and W&B
-        behind it, as configured) and the watch over its records; None elsewhere."""
-        self.log, self.watch, self.board = None, None, None
-        if self.env.rank == 0:
-            self.board = (
-                open_writer(self.tensorboard_dir, start_step + 1, self.say)
-                if self.tensorboard_dir is not None
-                else None
-            )
-            mirrors = [self.board] if self.board is not None else []
-            if self.cfg["log"]["wandb"]["project"] is not None:
-                mirrors.append(
-                    open_wandb(
-                        self.cfg["log"]["wandb"],
-                        f"{self.spec.name}-{self.recipe_dir.name.removeprefix('recipe-')}",
-                        self.spec.name,
-                        self.recipe_dir,
-                        {"identity": self.identity},
-                    )
-                )
-            self.log = MetricsLog(
-                self.recipe_dir / layout.METRICS_FILE,
-                start_step,
-                mirrors=mirrors,
-                header=self.checkpoints.kernel_record(),
-            )
-            self.watch = Watch(
-                self.cfg["log"]["warnings"], self.cfg["schedule"]["warmup_steps"], self.model.stream_format.label
-            )
-            self.watch.replay(self.log.resumed)
+    def _open_metrics(self, start_step: int) -> RunMetrics:
+        """The run's records from `start_step` on (`streamback.train.metrics.RunMetrics`), its start announced."""
+        metrics = RunMetrics(
+            self.spec.name,
+            self.steps,
+            start_step,
+            self.env.rank,
+            self.cfg,
+            self.recipe_dir,
+            self.tensorboard_dir,
+            self.identity,
+            self.checkpoints.kernel_record(),
+            self.model.stream_format.label,
+            self.say,
+        )
+        batch = (
+            f"{self.tokens_per_step:,} tokens ({self.batch_size} x {self.seq_len}; {self.env.world_size} "
+            f"process(es) x {self.accum} micro-batches of {self.micro_batch_size})"
+        )
+        for line in start_lines(
+            self.spec,
+            start_step,
+            self.steps,
+            batch,
+            count_params(self.model),
+            f"{self.env.device.type} ({compute.path(self.env.device)})",
+            self.model.stream_format.label,
+            self.recipe_dir,
+            self.tensorboard_dir if metrics.board is not None else None,
+        ):
+            metrics.write(line)
+        return metrics
 
     def train_step(self, step: int) -> dict:
         """Take step `step` (0-based) outside `fit`'s loop, with no stop signal heard and no stream
@@ -417,7 +296,7 @@ class Trainer:
         )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        torch.manual_seed(_seed(self.seed, step, env.rank, 0))
+        torch.manual_seed(step_seed(self.seed, step, env.rank, 0))
         shadow = (
             self.shadow_format if cfg["log"]["shadow_every"] and (step + 1) % cfg["log"]["shadow_every"] == 0 else None
         )
@@ -473,28 +352,9 @@ class Trainer:
             record.update(stream_record.finish(env))
         return record, stop_now
 
-    def _after_step(self, step: int, record: dict) -> None:
-        if step % self.cfg["log"]["val_every"] == 0 or step == self.steps:
-            record["val_loss"] = self.validate(step)
-        if self.watch is not None:
-            events = self.watch.observe(record)
-            if events:
-                record["warnings"] = events
-            for event in events:
-                self.progress.write(f"[{self.spec.name}] {event['message']}")
-        if self.log is not None:
-            self.log.append(record)
-        val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
-        self.progress.update(
-            1,
-            f"loss {record['loss']:.4f}{val} lr {record['lr']:.3e} grad_norm {record['grad_norm']:.3f} "
-            f"{record['tokens_per_s']:,.0f} tok/s",
-            log=step % self.cfg["log"]["every"] == 0 or step == self.steps or bool(val),
-        )
-
     def validate(self, step: int) -> float:
         """Mean next-token loss over the first `val_sequences` windows of the val split (a collective)."""
-        torch.manual_seed(_seed(self.seed, step, self.env.rank, 1))
+        torch.manual_seed(step_seed(self.seed, step, self.env.rank, 1))
         losses = window_losses(
             self.model, self.val_data, self.val_windows, self.seq_len, self.micro_batch_size, self.env.device
         )
@@ -506,8 +366,7 @@ class Trainer:
     # ---- checkpoints and outputs -----------------------------------------------------------
 
     def _save(self, step: int) -> None:
-        if self.log is not None:
-            self.log.sync()
+        self.metrics.sync()
         self.save(self.recipe_dir, step, keep=self.cfg["checkpoint"]["keep"])
 
     def _finish(self, step: int) -> None:
@@ -528,42 +387,4 @@ class Trainer:
             self.checkpoints.kernel_record(),
         )
         write_outputs(self.outdir, self.recipe_dir, self.snapshot_steps, summary)
-        self.progress.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")
-
-    def _announce(self, start_step: int) -> None:
-        what = f"resuming from step {start_step}" if start_step else "starting"
-        self.progress.write(
-            f"[{self.spec.name}] {what}: {self.steps} steps of {self.tokens_per_step:,} tokens "
-            f"({self.batch_size} x {self.seq_len}; {self.env.world_size} process(es) x {self.accum} micro-batches of "
-            f"{self.micro_batch_size}); {count_params(self.model):,} parameters on {self.env.device.type} "
-            f"({compute.path(self.env.device)}); "
-            f"block {self.spec.block}, stream {self.model.stream_format.label}; checkpoints in {self.recipe_dir}"
-            + (
-                f"; TensorBoard event files in {self.tensorboard_dir}"
-                if self.log is not None and self.board is not None
-                else ""
-            )
-        )
-        if start_step == self.steps:
-            self.progress.write(
-                f"[{self.spec.name}] this recipe was trained to its end: its outputs are written again from its last "
-                f"checkpoint, "
-                "the same weights and metrics as before (training is deterministic). To train it again from its first "
-                f"step, "
-                f"delete {self.recipe_dir} and rerun"
-            )
-        others = [p.name for p in layout.recipe_dirs(self.ckpt_dir) if p != self.recipe_dir]
-        if others:
-            self.progress.write(
-                f"[{self.spec.name}] the checkpoints of this run's other recipes are kept ({', '.join(others)}); "
-                "`streamback checkpoints` says how they differ, `streamback checkpoints --prune` removes them"
-            )
-
-
-def _error_of(check, *args, **kwargs) -> str | None:
-    """The message of the StreambackError `check(*args, **kwargs)` raises, or None."""
-    try:
-        check(*args, **kwargs)
-    except StreambackError as err:
-        return str(err)
-    return None
+        self.metrics.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")

@@ -2,6 +2,7 @@
 (a stream cast behind the model's back, a budget below the projection, a resume that differs, a
 full disk) fails its check in one line that names it, with no passed record left behind."""
 
+import itertools
 import json
 import math
 import os
@@ -110,6 +111,36 @@ def test_the_record_names_the_kernels_its_steps_ran_on_as_the_run_does(tokens, t
         == ("bf16 on fp32 kernels on cpu" if cpu_bf16 == "emulated" else "native bf16 on cpu")
     )
     assert by_name["speed"]["values"]["kernels"] == by_name["stream_dtype"]["values"]["kernels"] == record["kernels"]
+
+
+def test_the_speed_is_the_median_of_the_trainer_s_own_records_over_the_timed_steps(tokens, tmp_path):
+    """The preflight's tokens/s is the run's metrics.jsonl figure: each step's `tokens_per_s` is
+    the record `Trainer.train_step` returns (the step's tokens over its seconds, which `elapsed_s`
+    adds up), and the figure is their median over the steps after the two that warm up, the
+    `log.stream_every` steps among them as the run takes them (issue 37)."""
+    from streamback.runs import run_matrix
+    from streamback.train.processes import Distributed
+
+    cfg = validate_config({"model": MODEL, "train": {**TRAIN, "preflight": {"steps": 14}}})["train"]
+    torch.set_num_threads(1)
+    env = Distributed.start()
+    spec = next(s for s in run_matrix(cfg).values() if s.arm == "micro-streamback")
+    preflight = probe.Preflight(
+        spec, cfg, validate_config({"model": MODEL})["model"], tokens, tmp_path / "ckpt", tmp_path / "scratch", env,
+        4000, 1,
+    )  # fmt: skip
+    speed = next(c for c in preflight.run() if c.name == "speed")
+    records = preflight.records
+    assert [r["step"] for r in records] == list(range(1, 14))  # the run's steps 1..13; step 14 is run twice
+    assert [r["step"] for r in records if "stream_absmax" in r] == [4, 8, 12]  # stream_every 4, as the run
+    # by hand: a step's seconds are what it added to elapsed_s, its tokens 8 windows of 32
+    elapsed = [0.0] + [r["elapsed_s"] for r in records]
+    by_hand = [8 * 32 / (b - a) for a, b in itertools.pairwise(elapsed)]
+    assert [r["tokens_per_s"] for r in records] == pytest.approx(by_hand, rel=1e-6)
+    timed = sorted(by_hand[2:])  # steps 3..13: 11 of them, after the two that warm up
+    assert speed.values["timed_steps"] == 11 and speed.values["tokens_per_s"] == pytest.approx(timed[5], rel=1e-6)
+    assert speed.values["tokens_per_s"] == probe.timed_tokens_per_s(records)[0]
+    assert "(the median of 11 timed steps)" in speed.figure
 
 
 def failed_lines(capsys) -> list[str]:
