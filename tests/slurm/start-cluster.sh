@@ -4,7 +4,7 @@
 #   <hostname>      partition `debug` (the default): every job of the tests but the 2-node one
 #   node1, node2    partition `multinode`: two more slurmd daemons on this host (`slurmd -N`,
 #                   each with its own port, spool directory, pid and log file), so that a job on
-#                   two nodes runs one srun task on each, as on a real cluster (tests/workflow/test_slurm.py)
+#                   two nodes runs one srun task on each, as on a real cluster (tests/workflow/test_slurm_nodes.py)
 # Idempotent: a cluster running this configuration is left as it is; one running another (e.g.
 # the one-node cluster of an older checkout) is shut down (scontrol shutdown) and started again
 # with this one; slurmctld keeps its jobs across the restart. Used by .ci/run (before the tests)

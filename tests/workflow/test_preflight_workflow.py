@@ -9,8 +9,12 @@ import pytest
 import yaml
 
 from streamback import layout
+from streamback.config import load_config
 
 from conftest import ROOT
+
+# the default's train.preflight.steps: a preflight's runtime is sized from them
+PREFLIGHT_STEPS = load_config(ROOT / "config" / "config.yaml")["train"]["preflight"]["steps"]
 
 TINY = {
     "data": {"synthetic": {"documents": 2000, "files": 1}},
@@ -64,7 +68,9 @@ def test_every_train_job_has_a_preflight_ahead_on_the_same_resources(run_snakema
         )
         # the same GPUs, nodes, memory and partition (slurm_extra); its own runtime, sized from its steps
         train_resources, preflight_resources = (resources_of(j) for j in (train, preflights[arm]))
-        assert int(preflight_resources.pop("runtime")) == min(int(train_resources.pop("runtime")), 15 + 2 * 6), arm
+        assert int(preflight_resources.pop("runtime")) == min(
+            int(train_resources.pop("runtime")), 15 + 2 * PREFLIGHT_STEPS
+        ), arm
         assert train_resources == preflight_resources, (train["wildcards"], arm)
         assert train["wildcards"].removeprefix("run=").startswith(arm)
     assert all(f"results/preflight/{arm}.json" in table["input"] for arm in preflights)
