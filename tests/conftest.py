@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# the helpers' asserts explain a failure as a test module's do (register before any test module imports them)
+pytest.register_assert_rewrite("helpers")
+
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # the default study, smaller: every stage and every run of config/config.yaml, on less data, fewer steps and two seeds

@@ -26,8 +26,7 @@ from streamback.train.dcp_safe import (
 )
 
 from conftest import ROOT
-
-from test_train import _linear_state
+from helpers.train import linear_state
 
 
 class RunsACommand:
@@ -49,9 +48,9 @@ def _reseal(path, name):
 
 
 def test_a_genuine_checkpoint_loads_bit_for_bit(tmp_path):
-    model, optimizer, state = _linear_state(0)
+    model, optimizer, state = linear_state(0)
     ckpt.save_checkpoint(tmp_path, 5, state, {}, keep=2)
-    fresh_model, fresh_opt, fresh_state = _linear_state(1)
+    fresh_model, fresh_opt, fresh_state = linear_state(1)
     assert not torch.equal(fresh_model.weight, model.weight)
     assert ckpt.load_newest(tmp_path, fresh_state)["step"] == 5
     for p, q in zip(model.parameters(), fresh_model.parameters()):
@@ -62,7 +61,7 @@ def test_a_genuine_checkpoint_loads_bit_for_bit(tmp_path):
 
 
 def test_a_metadata_that_would_run_a_command_is_refused_and_runs_nothing(tmp_path):
-    _, _, state = _linear_state(0)
+    _, _, state = linear_state(0)
     path = ckpt.save_checkpoint(tmp_path / "ckpt", 5, state, {}, keep=2)
     marker = tmp_path / "ran"
     with open(path / ".metadata", "rb") as f:
@@ -72,7 +71,7 @@ def test_a_metadata_that_would_run_a_command_is_refused_and_runs_nothing(tmp_pat
         pickle.dump(metadata, f)
     _reseal(path, ".metadata")
     assert ckpt.verify_checkpoint(path)  # the seal holds: only the unpickler tells
-    _, _, fresh_state = _linear_state(1)
+    _, _, fresh_state = linear_state(1)
     with pytest.raises(UnsafeCheckpoint) as err:
         ckpt.load_newest(tmp_path / "ckpt", fresh_state)
     message = str(err.value)

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer
 
+from helpers.data import windows
+
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
     pytest.mark.kernels,
@@ -40,15 +42,6 @@ def micro(block="baseline", stream="fp32", vocab=300):
         block=block,
         stream=stream,
     )
-
-
-def windows(tokens_dir, count, seq, seed=0):
-    """`count` training windows [count, seq + 1] of the data stage's shards, drawn as the trainer draws a batch."""
-    from streamback.data.shards import TokenDataset
-    from streamback.train.batches import num_windows, read_windows, train_windows
-
-    data = TokenDataset(tokens_dir, "train")
-    return read_windows(data, train_windows(seed, 0, count, num_windows(data.num_tokens, seq)), seq)
 
 
 def trained(tokens_dir, steps=40, **kw):

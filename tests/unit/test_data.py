@@ -33,8 +33,7 @@ from streamback.data.tokenize import tokenize
 from streamback.errors import StreambackError
 
 from conftest import ROOT
-
-SHARD = 4096  # small shards, so every split spans several
+from helpers.data import SHARD
 
 
 def config(**overrides) -> dict:

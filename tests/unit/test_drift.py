@@ -3,7 +3,6 @@ loop in torch's native narrow dtypes, and the compiled step against the eager on
 
 import math
 
-import pandas as pd
 import pytest
 import torch
 
@@ -12,20 +11,7 @@ from streamback.drift import simulate as drift
 from streamback.drift.simulate import PATHS, simulate, spacing_table, summary_table
 from streamback.model.rounding import BF16, FP8_E4M3, FP8_E5M2, FP16
 
-ALL_PATHS = list(PATHS)
-
-
-def config(**changes):
-    cfg = dict(
-        coords=64,
-        start=600.0,
-        steps=200,
-        settings=[{"mu": 0.2, "sigma": 0.5}],
-        seeds=[0],
-        paths=ALL_PATHS,
-        trajectory_every=10,
-    )
-    return cfg | changes
+from helpers.drift import assert_same_simulation, config
 
 
 def finals(cfg):
@@ -166,13 +152,6 @@ def test_summary_rows_ratios_and_the_skipped_e4m3():
     assert small.set_index("path").drift.notna()["fp8_e4m3"]
 
 
-def _assert_same_simulation(a, b):
-    assert a.paths == b.paths and a.steps_recorded == b.steps_recorded
-    for path in a.paths:
-        assert torch.equal(a.final[path], b.final[path]), path
-    assert torch.equal(a.traj_mean, b.traj_mean) and torch.equal(a.traj_std, b.traj_std)
-
-
 def test_failed_compile_falls_back_to_the_eager_step(monkeypatch):
     def broken(*args):
         raise RuntimeError("no C++ compiler")
@@ -182,7 +161,7 @@ def test_failed_compile_falls_back_to_the_eager_step(monkeypatch):
     with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
         sim = simulate(cfg, compiled=True)
     assert not sim.compiled
-    _assert_same_simulation(sim, simulate(cfg, compiled=False))
+    assert_same_simulation(sim, simulate(cfg, compiled=False))
 
 
 def test_cli_rejects_duplicate_settings_before_writing(tmp_path, capsys):
@@ -192,28 +171,7 @@ def test_cli_rejects_duplicate_settings_before_writing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-# --- the note's findings (used by the workflow test on the pipeline's own output) ----------
-
-# bf16 (round to nearest) keeps this fraction of the fp32 drift in the note: (low, high) bands
-# around 0.3%, 43% and 21% wide enough for 256 coordinates x 2 seeds (seed noise is far smaller).
-NOTE_BF16_RATIO = {(0.2, 0.5): (0.002, 0.0045), (0.2, 1.0): (0.40, 0.47), (0.5, 1.0): (0.195, 0.23)}
-
-
-def assert_note_findings(summary: pd.DataFrame) -> None:
-    """The drift note's findings, within seed noise, on a drift summary table."""
-    mean = summary.groupby(["mu", "sigma", "path"]).mean(numeric_only=True)
-    n = summary.coords.iloc[0] * summary.seed.nunique()
-    start = summary.start.iloc[0]
-    for (mu, sigma), (low, high) in NOTE_BF16_RATIO.items():
-        assert low < mean.loc[(mu, sigma, "bf16"), "drift_ratio"] < high, (mu, sigma)
-        # bf16-rounded updates into an fp32 sum cost almost nothing
-        assert abs(mean.loc[(mu, sigma, "fp32_bf16_updates"), "drift_ratio"] - 1) < 1e-3
-        # stochastic rounding recovers the fp32 drift, within its own added noise
-        sr, ref = mean.loc[(mu, sigma, "bf16_sr")], mean.loc[(mu, sigma, "fp32")]
-        standard_error = math.sqrt(max(sr.drift_std**2 - ref.drift_std**2, 0.0) / n)
-        assert abs(sr.drift - ref.drift) < 5 * standard_error, (mu, sigma, sr.drift, ref.drift)
-    # at (0.5, 1.0) the bf16 sum freezes just past 1024, where the gap doubles to 8
-    assert 1024 <= start + mean.loc[(0.5, 1.0, "bf16"), "drift"] < 1040
+# --- figures -----------------------------------------------------------------------------------
 
 
 def test_figures_tell_every_path_apart_and_name_what_is_not_drawn():

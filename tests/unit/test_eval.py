@@ -23,34 +23,11 @@ from streamback.eval import stage, tables, taskdata, taskload
 from streamback.eval.scoring import Scorer, open_run, rolling_windows
 from streamback.model.export_hf import export
 from streamback.model.weights import read_model, save_model
-from streamback.train import trainer
 
 from conftest import ROOT
 
-MODEL = {
-    "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
-    "max_seq_len": 64,
-}
-TRAIN = {
-    "runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "streams": [], "seeds": None},
-    "seed": 7,
-    "tokens": 30 * 8 * 32,
-    "seq_len": 32,
-    "batch_size": 8,
-    "micro_batch_size": 8,
-    "optimizer": {"lr": 3e-3},
-    "schedule": {"warmup_steps": 4, "decay_steps": 8},
-    "checkpoint": {"every": 30, "keep": 1},
-    "log": {"every": 10, "stream_every": 10, "val_every": 30, "val_sequences": 8},
-}
-RUNS = ("micro-baseline", "micro-streamback")
-SMALL = {"local": {"seed": 1000, "pairs": 6, "documents": 8}, "bootstrap_iters": 100, "batch_size": 16}
-TEXTS = [
-    "The dog runs.",
-    "Mia counts to five: one, two, three, four, five.",
-    "A cat",
-    "Four dark friends [and three shelves (blue and heavy)] miss every song.",
-]
+# evaluated, no_scoring, runs: fixtures
+from helpers.eval import MODEL, RUNS, SMALL, TEXTS, TRAIN, evaluated, no_scoring, run_stage, runs, scorer  # noqa: F401
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,17 +36,6 @@ def own_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         yield
-
-
-@pytest.fixture(scope="module")
-def runs(tokens, tmp_path_factory):
-    """{run: model file} of the two micro runs, trained on conftest's token shards."""
-    root = tmp_path_factory.mktemp("eval-runs")
-    cfg = validate_config({"model": MODEL, "train": TRAIN})
-    torch.set_num_threads(1)
-    for run in RUNS:
-        assert trainer.train(cfg["train"], cfg["model"], run, tokens, root / "runs" / run, root / "ckpt" / run) == 0
-    return {run: root / "runs" / run / layout.MODEL_FILE for run in RUNS}
 
 
 @pytest.fixture(scope="module")
@@ -88,26 +54,6 @@ def other_corpora(tmp_path_factory):
         tokenize(data, root / f"tokens-{vocab}", inputs=[root / "part.parquet"], progress=False)
         out[vocab] = root / f"tokens-{vocab}"
     return out
-
-
-@pytest.fixture(scope="module")
-def evaluated(runs, tokens, tmp_path_factory):
-    """Both runs through `stage.evaluate` on the five local tasks, in a working directory of their own."""
-    root = tmp_path_factory.mktemp("evaluated")
-    cfg = validate_config({"eval": SMALL})["eval"]
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        taskdata.write_tasks(cfg["tasks"], cfg["local"], corpus_seed=0)
-        results = {run: stage.evaluate(cfg, runs[run], tokens, layout.eval_dir(run)) for run in RUNS}
-    finally:
-        os.chdir(cwd)
-    return {"root": root, "cfg": cfg, "results": results}
-
-
-def scorer(runs, tokens, run="micro-baseline", dtype=torch.float32, batch_size=4):
-    opened = open_run(runs[run], tokens)
-    return Scorer(opened.model(compute_dtype=dtype), opened.tokenizer, opened.eos_id, batch_size=batch_size), opened
 
 
 def direct_loglikelihood(model, context, continuation):
@@ -563,22 +509,6 @@ def test_tokenizer_takes_the_token_directory_its_tokenizer_file_or_a_directory_h
 
 
 # ---- bad input: named before any scoring ---------------------------------------------------------
-
-
-@pytest.fixture
-def no_scoring(monkeypatch):
-    """Scoring raises: a check that passes too late shows up as this error instead of its own."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("scored before the bad input was caught")
-
-    monkeypatch.setattr(Scorer, "loglikelihood", refuse)
-    monkeypatch.setattr(Scorer, "generate", refuse)
-
-
-def run_stage(cfg_overrides, model, tokens, outdir):
-    cfg = validate_config({"eval": {**SMALL, **cfg_overrides}})["eval"]
-    return stage.evaluate(cfg, model, tokens, outdir)
 
 
 def test_bad_model_files_are_named(evaluated, runs, tokens, tmp_path, monkeypatch, no_scoring):

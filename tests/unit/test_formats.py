@@ -1,6 +1,5 @@
 """Residual-stream formats: hand-computed MX/NVFP4 values, peer references, SR bias, dtypes, gradients."""
 
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -8,20 +7,14 @@ import pytest
 import torch
 
 from streamback.errors import StreambackError
-from streamback.model.formats import STREAM_LABELS, StreamFormat, quantize_mx, quantize_nvfp4
+from streamback.model.formats import StreamFormat, quantize_mx, quantize_nvfp4
 from streamback.model.rounding import FP8_E4M3, FP8_E5M2, round_to
 
-ALL = [StreamFormat.parse(label) for label in STREAM_LABELS]
+from helpers.formats import ALL, one_block, sr_inputs, sr_verdict
+
 STOCHASTIC = [f for f in ALL if f.rounding == "stochastic"]
 IDS = [f.label for f in ALL]
 NAN = float("nan")
-
-
-def _block(values, size):
-    """One block of `size` holding `values` then zeros."""
-    x = torch.zeros(size)
-    x[: len(values)] = torch.tensor(values, dtype=torch.float32)
-    return x
 
 
 # ---------------------------------------------------------------- parsing
@@ -75,7 +68,7 @@ def test_mx_hand_values_shared_exponent_and_ties():
     #   0.3 / X = 1.2 -> [1, 2) has step 1/8: 1.125 | 1.25 -> 1.25 -> 0.3125
     #  -2.5 / X = -10 -> exact -> -2.5
     #   100 / X = 400 -> [256, 512) has step 32: 384 | 416, a tie -> even mantissa (384 = 1.100b * 2^8) -> 96
-    out = quantize_mx(_block([1.0, 0.3, -2.5, 100.0], 32))
+    out = quantize_mx(one_block([1.0, 0.3, -2.5, 100.0], 32))
     assert out[:4].tolist() == [1.0, 0.3125, -2.5, 96.0]
     assert out[4:].eq(0).all()
 
@@ -86,7 +79,7 @@ def test_mx_hand_values_saturation_and_subnormal_elements():
     #   470 -> nearest 3-bit-mantissa neighbour is 480, which E4M3 lacks -> 448
     #   0.01 -> E4M3 subnormal grid 2^-9: 0.01 / 2^-9 = 5.12 -> 5 * 2^-9 = 0.009765625
     #   0.0009 -> 0.46 * 2^-9 -> 0
-    out = quantize_mx(_block([500.0, -500.0, 470.0, 0.01, 0.0009], 32))
+    out = quantize_mx(one_block([500.0, -500.0, 470.0, 0.01, 0.0009], 32))
     assert out[:5].tolist() == [448.0, -448.0, 448.0, 5 * 2.0**-9, 0.0]
 
 
@@ -94,23 +87,25 @@ def test_mx_shared_exponent_is_exact_below_a_power_of_two():
     # amax = 32 - ulp: floor(log2) = 4 (fp32 log2 would round to 5), X = 2^-4;
     # amax / X = 512 - 2^-5 -> saturates to 448 -> 28. With X = 2^-3 it would be 32.
     below_32 = float(np.nextafter(np.float32(32), np.float32(0)))
-    assert quantize_mx(_block([below_32], 32))[0].item() == 28.0
+    assert quantize_mx(one_block([below_32], 32))[0].item() == 28.0
 
 
 def test_mx_e8m0_range():
     # amax = 2^-120: shared exponent -128 is below E8M0's -127, so X = 2^-127.
     #   2^-120 / X = 128 -> 2^-120; 3 * 2^-137 / X = 1.5 * 2^-9 (E4M3 subnormal) -> tie -> 2 * 2^-9 -> 2^-135
     #   (with the unclamped X = 2^-128 the second would have stayed 3 * 2^-137)
-    out = quantize_mx(_block([2.0**-120, 3 * 2.0**-137], 32))
+    out = quantize_mx(one_block([2.0**-120, 3 * 2.0**-137], 32))
     assert out[:2].tolist() == [2.0**-120, 2.0**-135]
     # amax = 3e38: floor(log2) = 127, X = 2^119 (largest reachable scale); 3e38 / X = 451.4 -> 448;
     # 1.0 / X = 2^-119 -> flushes to 0
-    out = quantize_mx(_block([3e38, 1.0], 32))
+    out = quantize_mx(one_block([3e38, 1.0], 32))
     assert out[:2].tolist() == [448 * 2.0**119, 0.0]
 
 
 def test_mx_zeros_nan_and_inf_blocks():
-    x = torch.cat([_block([], 32), _block([NAN, 1.0], 32), _block([float("inf"), 1.0], 32), _block([-6.0, 0.75], 32)])
+    x = torch.cat(
+        [one_block([], 32), one_block([NAN, 1.0], 32), one_block([float("inf"), 1.0], 32), one_block([-6.0, 0.75], 32)]
+    )
     out = quantize_mx(x)
     assert out[:32].eq(0).all() and not out[:32].isnan().any()  # all-zero block
     assert out[32:96].isnan().all()  # NaN / Inf amax -> NaN scale -> every element NaN
@@ -150,7 +145,14 @@ def test_nvfp4_hand_values_unit_tensor_scale():
     # block 2: amax 100 -> 100/6 = 16.67 -> E4M3 step 2 in [16, 32) -> 16 (rounded down);
     #          100/16 = 6.25 -> clips to 6 -> 96;  20/16 = 1.25, tie 1 | 1.5 -> even 1 -> 16
     # block 3: amax 1e-4 -> 1e-4/6 = 1.7e-5 < half E4M3's smallest subnormal 2^-9 -> scale 0 -> zeros
-    x = torch.cat([_block([2688.0], 16), _block([30, 7, -12, 2.5, 1.2], 16), _block([100, 20], 16), _block([1e-4], 16)])
+    x = torch.cat(
+        [
+            one_block([2688.0], 16),
+            one_block([30, 7, -12, 2.5, 1.2], 16),
+            one_block([100, 20], 16),
+            one_block([1e-4], 16),
+        ]
+    )
     out = quantize_nvfp4(x)
     assert out[0].item() == 2688.0 and out[1:16].eq(0).all()
     assert out[16:21].tolist() == [30.0, 7.5, -10.0, 2.5, 0.0]
@@ -166,7 +168,7 @@ def test_nvfp4_hand_values_fractional_tensor_scale():
     #          1 / (448 s) = 0.99999 -> 1 -> 448 s
     # block 1: amax 0.9 -> 0.9 / 6 / s = 67.2 -> E4M3 step 8 in [64, 128) -> 64;
     #          0.9 / (64 s) = 6.3 -> 6 -> 384 s;  -0.3 / (64 s) = -2.1 -> -2 -> -128 s
-    x = torch.cat([_block([6.0, 1.0], 16), _block([0.9, -0.3], 16)])
+    x = torch.cat([one_block([6.0, 1.0], 16), one_block([0.9, -0.3], 16)])
     out = quantize_nvfp4(x)
     assert out[:2].tolist() == [float(2688 * s), float(448 * s)]
     assert out[16:18].tolist() == [float(384 * s), float(-128 * s)]
@@ -175,7 +177,7 @@ def test_nvfp4_hand_values_fractional_tensor_scale():
 def test_nvfp4_zeros_nan_and_tiny_blocks():
     assert quantize_nvfp4(torch.zeros(3, 32)).eq(0).all()
     # NaN / Inf blocks become NaN and stay out of the tensor amax (3 here: scale 3/2688 etc.)
-    x = torch.cat([_block([NAN, 1.0], 16), _block([0.5, float("inf")], 16), _block([3.0, -1.5], 16)])
+    x = torch.cat([one_block([NAN, 1.0], 16), one_block([0.5, float("inf")], 16), one_block([3.0, -1.5], 16)])
     out = quantize_nvfp4(x)
     assert out[:32].isnan().all()
     torch.testing.assert_close(out[32:34], torch.tensor([3.0, -1.5]), rtol=2.0**-17, atol=0)
@@ -244,46 +246,11 @@ def test_nvfp4_matches_nvidias_recipe(device):
 # ---------------------------------------------------------------- stochastic rounding
 
 
-def _sr_rows(fmt):
-    """A row whose exact values lie between grid points; the first element fixes the block scales."""
-    if fmt.name == "mxfp8":  # X = 1 (amax 256): E4M3 grid at scale 1
-        return [256.0, 1.3, -7.77, 0.0123, 100.5, -300.0, 0.6]
-    if fmt.name == "nvfp4":  # tensor amax 10.5: scale 2^-8; block scales 448 and 256 -> steps of 1.75 and 1
-        return [10.5, 1.3, -0.7, 2.6, 5.1, 0.2, -4.4] + [0] * 9 + [6.0, 3.3, -0.3, 0.2]
-    return [1.3, -7.77, 0.0123, 100.5, -300.0, 0.6, 1.0 + 2.0**-10]
-
-
-def _sr_verdict(fmt, draws, exact):
-    """Draws of `exact` [n, width] rounded stochastically: each bracketed by its draws, both
-    neighbours drawn where it is off the grid, the mean within 5 standard errors of it."""
-    n, width = exact.shape
-    draws = draws.double()
-    low, high = draws.min(0).values, draws.max(0).values
-    mean = draws.mean(0)
-    target = exact[0].double()
-    assert (low <= target).all() and (target <= high).all()
-    # both neighbours drawn wherever the value is off the grid
-    off_grid = (
-        StreamFormat(fmt.name).add(fmt.enter(torch.zeros(1, width, device=exact.device)), exact[:1])[0].double()
-        != target
-    )
-    assert (high > low)[off_grid].all()
-    # a Bernoulli choice between neighbours `gap` apart has sd <= gap / 2
-    tolerance = 5 * (high - low) / 2 / math.sqrt(n)
-    assert ((mean - target).abs() <= tolerance).all(), (mean - target, tolerance)
-
-
-def _sr_inputs(fmt, n, device):
-    width = 32 if fmt.name == "mxfp8" else 16 * 2
-    exact = _block(_sr_rows(fmt), width).to(device).expand(n, width)
-    return fmt.enter(torch.zeros(n, width, device=device)), exact
-
-
 @pytest.mark.parametrize("fmt", STOCHASTIC, ids=[f.label for f in STOCHASTIC])
 def test_stochastic_rounding_is_unbiased(fmt, device):
     torch.manual_seed(3)
-    h, exact = _sr_inputs(fmt, 4000, device)
-    _sr_verdict(fmt, fmt.add(h, exact), exact)
+    h, exact = sr_inputs(fmt, 4000, device)
+    sr_verdict(fmt, fmt.add(h, exact), exact)
 
 
 def test_nearest_is_deterministic():
@@ -332,16 +299,11 @@ def test_container_dtype_choice():
         on_grid = round_to(x, spec)
         assert torch.equal(on_grid.bfloat16().float(), on_grid)
     # ... but not every MXFP8 value (scale 2^-127 puts elements down to 2^-136, below bf16's 2^-133)
-    mx = quantize_mx(_block([2.0**-120, 2.0**-136], 32))
+    mx = quantize_mx(one_block([2.0**-120, 2.0**-136], 32))
     assert mx[1].item() == 2.0**-136 and not torch.equal(mx.bfloat16().float(), mx)
     # ... nor NVFP4's (element x block scale x an 18-bit tensor scale)
     nv = quantize_nvfp4(torch.randn(4, 64))
     assert not torch.equal(nv.bfloat16().float(), nv)
-
-
-def _two_steps(fmt, x, d, d16):
-    # d16 is a graph input: Inductor would fold an in-graph d.bfloat16() into the fused add
-    return fmt.add(fmt.add(fmt.enter(x), d), d16)
 
 
 # ---------------------------------------------------------------- straight-through gradient

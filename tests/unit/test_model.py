@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from streamback.cli import main as cli_main
 from streamback.config import DEFAULT_CONFIG, ROOT, load_config
 from streamback.errors import StreambackError
-from streamback.model.formats import STREAM_LABELS, StreamFormat
+from streamback.model.formats import StreamFormat
 from streamback.model.model import (
     STREAM_POINTS,
     ModelArgs,
@@ -23,18 +23,7 @@ from streamback.model.model import (
     rope_tables,
 )
 
-# every stream format, with each rounding it has (fp32 has no stochastic variant)
-STREAMS = list(STREAM_LABELS)
-
-
-def tiny(**kw) -> ModelArgs:
-    base = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, vocab_size=97, multiple_of=32, max_seq_len=64)
-    return ModelArgs(**{**base, **kw})
-
-
-def tokens(args, batch=2, seq=16, seed=0):
-    return torch.randint(0, args.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
-
+from helpers.model import STREAMS, assert_stream, tiny, tokens
 
 # --- shapes -----------------------------------------------------------------------------------
 
@@ -221,14 +210,6 @@ def test_fp32_stream_is_closer_to_fp32_compute_than_bf16_stream():
 # --- the stream's dtype at every layer boundary -----------------------------------------------
 
 
-def assert_stream(seen, fmt, n_layers):
-    """`seen`: the residuals of a forward, h_0 .. h_L (`Transformer.capture`)."""
-    assert len(seen) == n_layers + 1
-    for h in seen:
-        assert h.dtype == fmt.container_dtype, (fmt, h.dtype)
-        assert fmt.is_representable(h.detach()), fmt
-
-
 @pytest.mark.parametrize("stream", STREAMS)
 def test_stream_dtype_eager(stream, device):
     with torch.device(device):
@@ -246,31 +227,6 @@ def test_baseline_stream_dtype_is_the_compute_dtype():
         with model.capture(("residual",)) as seen:
             model(tokens(model.args))
         assert {h.dtype for h in seen["residual"]} == {compute}
-
-
-# streams whose compiled blocks are checked against eager ones; on the CPU only the paper's two
-# blocks (Inductor's C++ code generation takes ~10 s a model there)
-COMPILED_STREAMS = ["baseline", "fp32", "bf16", "mxfp8", "nvfp4", "nvfp4_sr"]
-
-
-@pytest.fixture
-def process_group(tmp_path, device):
-    """A one-process group on `device`: gloo on the CPU (FSDP2 runs there with it), NCCL on CUDA
-    (the trainer's backend); torn down afterwards."""
-    import torch.distributed as dist
-
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())  # NCCL's device_id needs the index
-        dist.init_process_group(
-            "nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, device_id=device
-        )
-    else:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        with torch.device(device):
-            yield device
-    finally:
-        dist.destroy_process_group()
 
 
 def test_apply_fsdp_refuses_a_param_dtype_other_than_the_compute_dtype():

@@ -12,7 +12,7 @@ from streamback.runs import comparison_name, comparisons, run_matrix
 from streamback.train.batches import num_windows, train_windows
 from streamback.train.processes import Distributed
 
-from test_train import MODEL, TRAIN
+from helpers.train import MODEL, TRAIN
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,10 +5,6 @@ import torch
 
 from streamback.measure.traffic import Traffic
 
-from conftest import ROOT
-
-SCRIPT = ROOT / "benchmarks" / "stream_traffic.py"
-
 
 def test_bytes_counted_by_hand():
     a, b = torch.ones(1000), torch.ones(1000, dtype=torch.bfloat16)

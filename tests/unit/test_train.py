@@ -13,14 +13,12 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from streamback import layout
 from streamback.config import validate_config
@@ -30,95 +28,22 @@ from streamback.runs import check_wsd, run_matrix
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
-from streamback.train.metrics import DETERMINISTIC, MetricsLog, header_file, read_header, read_metrics
+from streamback.train.metrics import MetricsLog, header_file, read_header, read_metrics
 from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.schedule import wsd_lr
 
-from conftest import ROOT
-
-STEPS = 30
-MODEL = {
-    "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
-    "max_seq_len": 64,
-}
-TRAIN = {
-    "runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "streams": ["bf16_sr"]},
-    "seed": 7,
-    "tokens": STEPS * 8 * 32,
-    "seq_len": 32,
-    "batch_size": 8,
-    "micro_batch_size": 4,  # two micro-batches per step on one process, one each on two
-    "optimizer": {"lr": 3e-3},
-    "schedule": {"warmup_steps": 4, "decay_steps": 8},
-    "checkpoint": {"every": 5, "keep": 2},
-    "log": {"every": 10, "stream_every": 4, "shadow_every": 4, "val_every": 10, "val_sequences": 16},
-}
-
-
-def config(**train_overrides) -> dict:
-    cfg = validate_config({"model": MODEL, "train": {**TRAIN, **train_overrides}})
-    return cfg
-
-
-def deterministic(records):
-    return [{k: r[k] for k in DETERMINISTIC if k in r} for r in records]
-
-
-def final_weights(path):
-    return read_model(path).state
-
-
-def recipe_of(root):
-    """The one recipe directory of the run trained with root / "ckpt" as its checkpoint directory."""
-    (only,) = layout.recipe_dirs(root / "ckpt")
-    return only
-
-
-def run_inprocess(data_dir, root, run="micro-streamback", **overrides):
-    cfg = config(**overrides)
-    torch.set_num_threads(1)
-    return train_module.train(cfg["train"], cfg["model"], run, data_dir, root / "out", root / "ckpt")
-
-
-def cli(data_dir, root, run="micro-streamback", launcher=(sys.executable,), env=None, **overrides):
-    """Start `streamback train` in a subprocess (the way the rule does)."""
-    path = root / "config.yaml"
-    path.write_text(yaml.safe_dump(config(**overrides)))
-    cmd = [
-        *launcher,
-        "-m",
-        "streamback",
-        "train",
-        "--config",
-        str(path),
-        "--run-name",
-        run,
-        "--data",
-        str(data_dir),
-        "--outdir",
-        str(root / "out"),
-        "--checkpoints",
-        str(root / "ckpt"),
-        "--tensorboard",
-        str(root / "tb"),
-        "--threads",
-        "1",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-@pytest.fixture(scope="module")
-def reference(tokens, tmp_path_factory):
-    """An uninterrupted run of micro-streamback: its metrics and final parameters."""
-    root = tmp_path_factory.mktemp("reference")
-    assert run_inprocess(tokens, root) == 0
-    return {
-        "root": root,
-        "metrics": read_metrics(root / "out" / layout.METRICS_FILE),
-        "model": final_weights(root / "out" / layout.MODEL_FILE),
-    }
-
+from helpers.train import (  # noqa: F401  (reference: the module's reference run, a fixture)
+    STEPS,
+    TRAIN,
+    cli,
+    config,
+    deterministic,
+    final_weights,
+    linear_state,
+    recipe_of,
+    reference,
+    run_inprocess,
+)
 
 # ---- pieces ---------------------------------------------------------------------------------
 
@@ -225,17 +150,8 @@ def test_metrics_log_holds_steps_alone_and_its_header_lies_beside_it(tmp_path):
         read_header(path)
 
 
-def _linear_state(seed):
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(4, 3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.randn(2, 4)).sum().backward()
-    optimizer.step()
-    return model, optimizer, ckpt.TrainState(model, optimizer)
-
-
 def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
-    model, optimizer, state = _linear_state(0)
+    model, optimizer, state = linear_state(0)
     for step in (5, 10, 15):
         ckpt.save_checkpoint(tmp_path, step, state, {"tag": step}, keep=2)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [10, 15]
@@ -253,7 +169,7 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
     ).exists()  # a save that fails removes its partial directory (a killed one: remove_partial)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [10, 15]
 
-    fresh_model, fresh_opt, fresh_state = _linear_state(1)
+    fresh_model, fresh_opt, fresh_state = linear_state(1)
     path = ckpt.checkpoint_dir(tmp_path, 15)
     meta = ckpt.load_newest(tmp_path, fresh_state)  # step 15, the newest
     assert (meta["tag"], meta["step"]) == (15, 15)
@@ -332,32 +248,6 @@ def test_a_stochastically_rounded_stream_resumes_exactly(tokens, tmp_path):
     resumed = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
     assert json.loads((tmp_path / "out" / layout.SUMMARY_FILE).read_text())["stream"] == "bf16_sr"
-
-
-def _wait_for_step(proc, metrics, step, timeout=120):
-    start = time.time()
-    while time.time() - start < timeout:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= step:
-            return
-        assert proc.poll() is None, f"the run ended before step {step}: {proc.communicate()[1][-2000:]}"
-        time.sleep(0.005)
-    raise AssertionError(f"no step {step} after {timeout} s")
-
-
-def live_recipe(reference, root):
-    """Where a run of the reference's recipe under `root` keeps its checkpoints and live metrics."""
-    return root / "ckpt" / recipe_of(reference["root"]).name
-
-
-def _resume_matches(reference, tokens, root):
-    proc = cli(tokens, root)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    assert "resuming from step" in err
-    records = read_metrics(root / "out" / layout.METRICS_FILE)
-    assert deterministic(records) == deterministic(reference["metrics"])  # every step once, same values
-    model = final_weights(root / "out" / layout.MODEL_FILE)
-    assert all(torch.equal(model[k], reference["model"][k]) for k in model)
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tokens, tmp_path, monkeypatch, capsys):

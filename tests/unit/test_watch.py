@@ -26,7 +26,7 @@ from streamback.train.metrics import read_metrics
 from streamback.train.signals import SHADOW_KEYS, SIGNAL_KEYS
 from streamback.train.watch import Watch, layer_ranges, steady_rise
 
-from test_train import MODEL, TRAIN, deterministic
+from helpers.train import MODEL, TRAIN, deterministic
 
 WARNINGS = validate_config({})["train"]["log"]["warnings"]  # the schema's defaults
 

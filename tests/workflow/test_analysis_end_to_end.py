@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 import yaml
 
-# fixtures and helpers shared with the unit tests
-from test_analysis import SHAPES, analyze, matrix, matrix_tokens, pytestmark  # noqa: F401
-
 from streamback import layout
 from streamback.train.metrics import read_metrics
+
+from helpers.analysis import SHAPES, analyze, matrix, matrix_tokens  # noqa: F401  (matrix: a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.slow

@@ -7,11 +7,12 @@ import sys
 
 import pytest
 import torch
-from test_compute import pytestmark, windows  # noqa: F401  (fixtures and helpers shared with the unit tests)
 
 from streamback.model import compute
 
 from conftest import ROOT
+from helpers.data import windows
+from helpers.train import run_inprocess
 
 # kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
 pytestmark = pytest.mark.kernels
@@ -71,8 +72,6 @@ def test_a_short_run_trains_alike_on_both_paths_and_the_findings_hold(tokens, tm
     from streamback.train.batches import val_windows
     from streamback.train.metrics import read_metrics
     from streamback.train.validation import window_losses
-
-    from test_train import run_inprocess
 
     runs = ("micro-baseline", "micro-streamback")
     curves = {}

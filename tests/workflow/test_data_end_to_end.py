@@ -4,10 +4,11 @@ subjects, at the pace of whole runs."""
 import json
 
 import pytest
-from test_data import SHARD  # noqa: F401  (fixtures and helpers shared with the unit tests)
 
 from streamback import layout
 from streamback.data.shards import TokenDataset, read_manifest
+
+from helpers.data import SHARD
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ import pytest
 
 from streamback.drift.simulate import simulate
 
-from test_drift import _assert_same_simulation, config  # noqa: F401  (fixtures and helpers shared with the unit tests)
+from helpers.drift import assert_same_simulation, config
 
 
 @pytest.mark.slow
@@ -15,4 +15,4 @@ def test_compiled_step_gives_the_eager_bits():
     cfg = config(coords=72, steps=45, settings=[{"mu": 0.2, "sigma": 0.5}, {"mu": 0.5, "sigma": 1.0}], seeds=[0, 5])
     compiled = simulate(cfg, compiled=True)
     assert compiled.compiled
-    _assert_same_simulation(compiled, simulate(cfg, compiled=False))
+    assert_same_simulation(compiled, simulate(cfg, compiled=False))

@@ -6,7 +6,7 @@ import yaml
 
 from streamback import layout
 
-from test_drift import assert_note_findings
+from helpers.drift import assert_note_findings
 
 FIGURES = layout.DRIFT_FIGURES
 

@@ -18,8 +18,8 @@ from streamback.model.export_hf import export
 
 from conftest import ROOT
 
-# fixtures and helpers shared with the unit tests
-from test_eval import MODEL, RUNS, SMALL, TEXTS, TRAIN, evaluated, no_scoring, run_stage, runs, scorer  # noqa: F401
+# evaluated, no_scoring, runs: fixtures
+from helpers.eval import MODEL, RUNS, SMALL, TEXTS, TRAIN, evaluated, no_scoring, run_stage, runs, scorer  # noqa: F401
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,14 @@ import json
 import lm_eval
 import pytest
 
-# fixtures and helpers shared with the unit tests
-from test_eval_tasks import LM_EVAL_TASKS, check_names, full_indexes, long_runs, real_tasks, task_name_cache  # noqa: F401
-
 from streamback import layout
 from streamback.config import validate_config
 from streamback.eval import stage, tables, taskload
 
-from test_eval import MODEL, RUNS, SMALL, TRAIN, runs  # noqa: F401  (runs: the two micro runs, a fixture)
+from helpers.eval import MODEL, RUNS, SMALL, TRAIN, runs  # noqa: F401  (runs: the two micro runs, a fixture)
+
+# full_indexes, long_runs, task_name_cache: fixtures
+from helpers.eval_tasks import LM_EVAL_TASKS, check_names, full_indexes, long_runs, real_tasks, task_name_cache  # noqa: F401
 
 
 @pytest.mark.slow

@@ -4,10 +4,9 @@ same subjects, at the pace of whole runs."""
 import pytest
 import torch
 
-# fixtures and helpers shared with the unit tests
-from test_formats import ALL, _sr_inputs, _sr_verdict, _two_steps  # noqa: F401
-
 from streamback.model.formats import StreamFormat
+
+from helpers.formats import ALL, sr_inputs, sr_verdict, two_steps
 
 
 @pytest.mark.slow
@@ -20,13 +19,13 @@ def test_add_dtype_compiled_inductor(label, device):
     torch._dynamo.reset()
     x, d = (torch.randn(2, 3, 40) * 4).to(device), torch.randn(2, 3, 40).to(device)
     d16 = torch.randn(2, 3, 40).bfloat16().to(device)
-    out = torch.compile(lambda *a: _two_steps(fmt, *a), fullgraph=True)(x, d, d16)
+    out = torch.compile(lambda *a: two_steps(fmt, *a), fullgraph=True)(x, d, d16)
     assert out.dtype == fmt.container_dtype and fmt.is_representable(out)
     if fmt.rounding == "nearest":
-        assert torch.equal(out, _two_steps(fmt, x, d, d16))
+        assert torch.equal(out, two_steps(fmt, x, d, d16))
     else:
-        h, exact = _sr_inputs(fmt, 4000, device)
-        _sr_verdict(fmt, torch.compile(fmt.add, fullgraph=True)(h, exact), exact)
+        h, exact = sr_inputs(fmt, 4000, device)
+        sr_verdict(fmt, torch.compile(fmt.add, fullgraph=True)(h, exact), exact)
     torch._dynamo.reset()
 
 
@@ -38,7 +37,7 @@ def test_add_dtype_traced_fullgraph_with_backward():
     x = torch.randn(2, 40, requires_grad=True)
     d = torch.randn(2, 40, requires_grad=True)
     d16 = torch.randn(2, 40, dtype=torch.bfloat16, requires_grad=True)
-    step = torch.compile(lambda x, d, d16: [_two_steps(f, x, d, d16) for f in ALL], backend="eager", fullgraph=True)
+    step = torch.compile(lambda x, d, d16: [two_steps(f, x, d, d16) for f in ALL], backend="eager", fullgraph=True)
     outs = step(x, d, d16)
     for fmt, out in zip(ALL, outs):
         assert out.dtype == fmt.container_dtype and fmt.is_representable(out), fmt.label

@@ -6,14 +6,14 @@ import json
 import pytest
 import torch
 
-# fixtures and helpers shared with the unit tests
-from test_model import COMPILED_STREAMS, STREAMS, assert_stream, process_group, tiny, tokens  # noqa: F401
-
 from streamback.cli import main as cli_main
 from streamback.config import DEFAULT_CONFIG, load_config
 from streamback.model.formats import StreamFormat
 from streamback.model.model import ModelArgs, Transformer, norm_gain_absmax
 from streamback.train.parallel import apply_compile
+
+# process_group: a fixture
+from helpers.model import COMPILED_STREAMS, STREAMS, assert_stream, process_group, tiny, tokens  # noqa: F401
 
 
 @pytest.mark.slow

@@ -4,9 +4,10 @@ same subjects, at the pace of whole runs."""
 import json
 
 import pytest
-from test_preflight import MODEL, TRAIN
 
 from streamback.config import validate_config
+
+from helpers.preflight import MODEL, TRAIN
 
 
 @pytest.mark.slow

@@ -4,10 +4,9 @@ same subjects, at the pace of whole runs."""
 import pytest
 import torch
 
-# fixtures and helpers shared with the unit tests
-from test_reversible import LAYERS, N, assert_grads_close, batch, loss, pair  # noqa: F401
-
 from streamback.train.parallel import apply_compile
+
+from helpers.reversible import LAYERS, N, assert_grads_close, batch, loss, pair
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ same subjects, at the pace of whole runs."""
 import pytest
 import torch
 
-from test_train import TRAIN, run_inprocess
+from helpers.train import TRAIN, run_inprocess
 
 
 @pytest.mark.slow

@@ -4,9 +4,9 @@ the same subjects, at the pace of whole runs."""
 import subprocess
 import sys
 
-from test_stream_traffic import SCRIPT
-
 from conftest import ROOT
+
+SCRIPT = ROOT / "benchmarks" / "stream_traffic.py"
 
 
 def test_table_for_a_tiny_shape():

@@ -16,17 +16,17 @@ from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import read_metrics
 
-from test_train import (  # noqa: F401  (fixtures and helpers shared with the unit tests)
+from helpers.train import (  # noqa: F401  (reference: the module's reference run, a fixture)
     STEPS,
-    _resume_matches,
-    _wait_for_step,
     cli,
     deterministic,
     final_weights,
     live_recipe,
     recipe_of,
     reference,
+    resume_matches,
     run_inprocess,
+    wait_for_step,
 )
 
 # kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
@@ -37,28 +37,28 @@ pytestmark = pytest.mark.kernels
 def test_sigkill_at_a_random_step_then_rerun_equals_uninterrupted(reference, tokens, tmp_path):
     kill_at = random.randint(6, STEPS - 4)
     proc = cli(tokens, tmp_path)
-    _wait_for_step(proc, live_recipe(reference, tmp_path) / "metrics.jsonl", kill_at)
+    wait_for_step(proc, live_recipe(reference, tmp_path) / "metrics.jsonl", kill_at)
     proc.kill()
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL, f"killed at step {kill_at}"
     assert (
         ckpt.list_checkpoints(live_recipe(reference, tmp_path)) and not (tmp_path / "out" / layout.MODEL_FILE).exists()
     )
-    _resume_matches(reference, tokens, tmp_path)
+    resume_matches(reference, tokens, tmp_path)
 
 
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_resumable(reference, tokens, tmp_path):
     proc = cli(tokens, tmp_path)
     live = live_recipe(reference, tmp_path)
-    _wait_for_step(proc, live / "metrics.jsonl", 3)
+    wait_for_step(proc, live / "metrics.jsonl", 3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == train_module.EXIT_REQUEUE, err
     logged = read_metrics(live / "metrics.jsonl")[-1]["step"]
     assert logged < STEPS and f"saved the checkpoint of step {logged}" in err
     assert ckpt.list_checkpoints(live)[-1][0] == logged  # the last completed step
-    _resume_matches(reference, tokens, tmp_path)
+    resume_matches(reference, tokens, tmp_path)
 
 
 def test_a_changed_recipe_trains_beside_the_old_one_which_resumes_at_its_end(
@@ -134,7 +134,7 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     ref = reference["metrics"]
     for stop_at in (8, 16):
         proc = cli(tokens, tmp_path, launcher=torchrun, env=forward)
-        _wait_for_step(proc, live / "metrics.jsonl", stop_at)
+        wait_for_step(proc, live / "metrics.jsonl", stop_at)
         proc.send_signal(signal.SIGUSR1)
         _, err = proc.communicate(timeout=300)
         assert proc.returncode != 0 and f"exiting with status {train_module.EXIT_REQUEUE}" in err, err[-3000:]
