@@ -38,7 +38,7 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # read-only: every module that imports it reads the one made
 def runs(tokens, tmp_path_factory):
     """{run: model file} of the two micro runs, trained on conftest's token shards."""
     root = tmp_path_factory.mktemp("eval-runs")

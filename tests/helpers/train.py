@@ -91,7 +91,7 @@ def cli(data_dir, root, run="micro-streamback", launcher=(sys.executable,), env=
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # read-only: every module that imports it reads the one made
 def reference(tokens, tmp_path_factory):
     """An uninterrupted run of micro-streamback: its metrics and final parameters."""
     root = tmp_path_factory.mktemp("reference")
