@@ -10,18 +10,15 @@ import pytest
 import yaml
 
 from streamback import layout
+from streamback.config import DEFAULT_CONFIG, merge_config, read_config_file, validate_config
 
 from conftest import ROOT, SMALL
 
 
-@pytest.mark.slow
-def test_the_default_study_analyses_its_own_exported_run(run_snakemake, tmp_path):
-    small = {
-        **SMALL,
-        "train": {**SMALL["train"], "runs": {"seeds": [0]}},
-        "analysis": {"public_sequences": 3, "public_seq_len": 64},
-    }
-    (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
+def test_the_public_tables_plan_the_export_and_the_runs_it_reads(run_snakemake, tmp_path):
+    """Asked for the public-model tables alone, Snakemake plans the exported run's training and export
+    and nothing else of the study (a dry run)."""
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
     targets = [layout.table(name) for name in layout.ANALYSIS_TABLES["public"]]
     common = ("--directory", tmp_path, "--configfile", ROOT / "config" / "config.yaml", tmp_path / "small.yaml")
     planned = run_snakemake(*targets, "-n", *common)
@@ -36,17 +33,26 @@ def test_the_default_study_analyses_its_own_exported_run(run_snakemake, tmp_path
         "train",
         "train_recipe",
     ]
-    result = run_snakemake(*targets, "--cores", "2", *common, timeout=1200)
-    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    hf = tmp_path / layout.hf_dir("tiny-skinny-tall-baseline")
-    assert all((tmp_path / path).is_file() for path in layout.hf_files("tiny-skinny-tall-baseline"))
-    assert "1 models on cpu" in (tmp_path / "logs" / "analysis" / "public.log").read_text()
-    ratios = pd.read_csv(tmp_path / layout.table("public_flip_ratio"))
+
+
+@pytest.mark.slow
+def test_the_default_study_analyses_its_own_exported_run(study):
+    """The shared study (conftest's `study`) exported its deepest baseline run and analysed it as a
+    public model: the Hugging Face files, a Llama config, and the flip ratios of its eight blocks over
+    analysis.public_sequences x public_seq_len tokens."""
+    root = study.root
+    small = yaml.safe_load((root / "small.yaml").read_text())
+    analysis = validate_config(merge_config(read_config_file(DEFAULT_CONFIG), small))["analysis"]
+    hf = root / layout.hf_dir("tiny-skinny-tall-baseline")
+    assert all((root / path).is_file() for path in layout.hf_files("tiny-skinny-tall-baseline"))
+    assert "1 models on cpu" in (root / "logs" / "analysis" / "public.log").read_text()
+    ratios = pd.read_csv(root / layout.table("public_flip_ratio"))
     overall = ratios.query("kind == 'gradients' and variant == 'fp32' and layer == 'all'")
-    assert list(overall.model) == ["tiny-skinny-tall-baseline-hf"] and list(overall.tokens) == [3 * 64]
+    assert list(overall.model) == ["tiny-skinny-tall-baseline-hf"]
+    assert list(overall.tokens) == [analysis["public_sequences"] * analysis["public_seq_len"]]
     assert len(ratios.query("kind == 'gradients' and variant == 'fp32'")) == 8 + 1  # eight blocks, then all
     for path in layout.analysis_outputs("public", ["tiny-skinny-tall-baseline-hf"], []):
-        assert (tmp_path / path).stat().st_size > 0, path
+        assert (root / path).stat().st_size > 0, path
     assert (hf / "config.json").read_text().count('"model_type": "llama"') == 1
 
 
