@@ -22,23 +22,10 @@ from streamback.report import answer, seeds
 from streamback.runs import snapshot_steps
 from streamback.train import trainer
 
-MODEL = {
-    "shapes": {"micro": {"n_layers": 2, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 16}},
-    "max_seq_len": 64,
-}
-TRAIN = {
-    "runs": {"shapes": ["micro"], "blocks": ["baseline", "streamback"], "streams": [], "seeds": None},
-    "seed": 7,
-    "tokens": 30 * 8 * 32,
-    "seq_len": 32,
-    "batch_size": 8,
-    "micro_batch_size": 8,
-    "optimizer": {"lr": 3e-3},
-    "schedule": {"warmup_steps": 4, "decay_steps": 8},
-    "checkpoint": {"every": 10, "keep": 3},
-    "log": {"every": 10, "stream_every": 10, "val_every": 30, "val_sequences": 8},
-}
-RUNS = ("micro-baseline", "micro-streamback")
+from helpers.eval import MODEL, RUNS
+from helpers.eval import TRAIN as EVAL_TRAIN
+
+TRAIN = {**EVAL_TRAIN, "checkpoint": {"every": 10, "keep": 3}}  # the eval runs, every 10th step kept
 EVAL = {
     "local": {"seed": 1000, "pairs": 6, "documents": 8},
     "bootstrap_iters": 100,
