@@ -174,7 +174,13 @@ def preflight_file(arm: str) -> Path:
 def preflight_gate(arm: str) -> Path:
     """The verdict of a run arm's preflight (`passed`), which its runs' train jobs wait for (as an
     ancient() input: a preflight run again on other resources reruns no training)."""
-    return PREFLIGHT_DIR / f"{checked_name(arm, 'run arm')}.pass"
+    return preflight_gate_of(preflight_file(arm))
+
+
+def preflight_gate_of(record: str | Path) -> Path:
+    """The gate beside a preflight record (`preflight_file`, or a record written elsewhere by hand):
+    its name with the suffix .pass."""
+    return Path(record).with_suffix(".pass")
 
 
 # The verdict of the whole matrix's projected cost against the budget and the stated cost (rule

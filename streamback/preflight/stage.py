@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gate",
         type=Path,
         default=None,
-        help="the verdict the train jobs wait for, written where it changes (default: results/preflight/<arm>.pass)",
+        help="the verdict the train jobs wait for, written where it changes (default: beside the record, --out with "
+        "the suffix .pass: results/preflight/<arm>.pass)",
     )
     parser.add_argument(
         "--threads",
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     runs = [name for name, spec in run_matrix(train_cfg).items() if spec.arm == args.arm]
     if not runs:
         raise StreambackError(f"run arm {args.arm!r} is not in the train.runs matrix")
+    out = args.out or layout.preflight_file(args.arm)
     return preflight(
         train_cfg,
         model_cfg,
@@ -111,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
         runs[0],
         args.data or layout.tokens_dir(config["data"]),
         args.checkpoints or layout.checkpoint_dir(runs[0]),
-        args.out or layout.preflight_file(args.arm),
+        out,
         resources,
-        args.gate or layout.preflight_gate(args.arm),
+        args.gate or layout.preflight_gate_of(out),
     )
 
 

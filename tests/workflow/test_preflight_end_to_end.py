@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from streamback import layout
 from streamback.config import validate_config
 
 from helpers.preflight import MODEL, TRAIN
@@ -13,7 +14,8 @@ from helpers.preflight import MODEL, TRAIN
 @pytest.mark.slow
 def test_two_processes_under_torchrun_shard_the_model_and_pass(tokens, tmp_path):
     """The launcher of a two-process CPU run (torchrun, FSDP2 on gloo): the checks hold for the sharded model (the
-    resume compares every rank's shard, the memory is the larger rank's)."""
+    resume compares every rank's shard, the memory is the larger rank's). Run by hand with --out and no --gate, from
+    an empty directory: the gate lands beside the record, and nothing in the working directory."""
     import os
     import subprocess
     import sys
@@ -50,14 +52,18 @@ def test_two_processes_under_torchrun_shard_the_model_and_pass(tokens, tmp_path)
         "--threads",
         "1",
     ]
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
     proc = subprocess.run(
         cmd,
+        cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "micro-streamback.pass").read_text() == layout.PASSED and not list(cwd.iterdir())
     record = json.loads(out.read_text())
     by_name = {c["name"]: c for c in record["checks"]}
     assert record["passed"] and record["processes"] == 2 and record["resources"]["processes"] == 2
