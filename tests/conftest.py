@@ -55,13 +55,19 @@ def device(request):
     return torch.device(request.param)
 
 
+def snakemake_command(*args) -> list[str]:
+    """`snakemake -s <repo>/Snakefile ARGS...` in this Python, as a command's argument list."""
+    return [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *map(str, args)]
+
+
 @pytest.fixture(scope="session")
 def run_snakemake():
     """Run `snakemake -s <repo>/Snakefile` with the given arguments; returns the CompletedProcess."""
 
     def run(*args, cwd=None, timeout=900):
-        cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *map(str, args)]
-        return subprocess.run(cmd, cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            snakemake_command(*args), cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout
+        )
 
     return run
 
@@ -169,18 +175,7 @@ def _study_build(request, tmp_path_factory):
     if slurm:
         start_slurm()
     how = ["--profile", "slurm", *SLURM_SITE] if slurm else ["--cores", "2"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(ROOT / "Snakefile"),
-        *how,
-        "--directory",
-        str(root),
-        "--configfile",
-        str(root / "small.yaml"),
-    ]
+    cmd = snakemake_command(*how, "--directory", root, "--configfile", root / "small.yaml")
     with open(root / "snakemake.out", "w") as out:
         workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
 

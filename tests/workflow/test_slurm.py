@@ -12,7 +12,7 @@ import subprocess
 
 from streamback import layout
 
-from conftest import ROOT, SLURM_SITE, start_slurm
+from conftest import ROOT, SLURM_SITE, snakemake_command, start_slurm
 from helpers.slurm import SLURM as pytestmark  # noqa: F401  (the module's marks)
 from helpers.slurm import squeue as _squeue
 
@@ -21,7 +21,6 @@ def test_requeued_training_job_resumes_bit_identical(run_snakemake, tmp_path):
     """`scontrol requeue` of a running train job (what preemption does): the trainer saves a
     checkpoint on SIGTERM and exits 75, Slurm runs the job again, the rerun resumes from that
     checkpoint, and the final weights equal those of an uninterrupted run bit for bit."""
-    import sys
     import time
 
     import torch
@@ -52,21 +51,16 @@ def test_requeued_training_job_resumes_bit_identical(run_snakemake, tmp_path):
     )  # here: Slurm is for the train job
     assert tokens.returncode == 0, tokens.stderr[-3000:]
     start_slurm()
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(ROOT / "Snakefile"),
-        str(layout.summary_file(run)),
+    cmd = snakemake_command(
+        layout.summary_file(run),
         "--profile",
         "slurm",
         *SLURM_SITE,
         "--directory",
-        str(tmp_path),
+        tmp_path,
         "--configfile",
-        str(tmp_path / "small.yaml"),
-    ]
+        tmp_path / "small.yaml",
+    )
     workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         checkpoints = tmp_path / layout.checkpoint_dir(

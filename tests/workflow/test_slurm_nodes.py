@@ -8,14 +8,13 @@ these tests are skipped.
 import re
 import shutil
 import subprocess
-import sys
 import time
 
 import yaml
 
 from streamback import layout
 
-from conftest import ROOT, SLURM_SITE, start_slurm
+from conftest import ROOT, SLURM_SITE, snakemake_command, start_slurm
 from helpers.slurm import SLURM as pytestmark  # noqa: F401  (the module's marks)
 from helpers.slurm import squeue as _squeue
 
@@ -72,19 +71,9 @@ def _snakemake(root, partition=None):
     # the train job and its preflight, which runs on the same resources, in `partition`
     resources = [f"{rule}:slurm_partition={partition}" for rule in ("preflight_run", "train")]
     how = ["--profile", "slurm", *SLURM_SITE, "--set-resources", *resources] if partition else ["--cores", "2"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(ROOT / "Snakefile"),
-        str(layout.summary_file(MICRO_RUN)),
-        *how,
-        "--directory",
-        str(root),
-        "--configfile",
-        str(root / "micro.yaml"),
-    ]
+    cmd = snakemake_command(
+        layout.summary_file(MICRO_RUN), *how, "--directory", root, "--configfile", root / "micro.yaml"
+    )
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
