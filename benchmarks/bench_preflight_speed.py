@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from streamback import layout
+from streamback.runs import seed_suffix
 from streamback.train.metrics import read_metrics
 
 WITHIN = 0.10  # issue 37's goal: a preflight's tokens/s within 10% of its runs'
@@ -32,8 +33,8 @@ def arm_rows(study: Path) -> list[dict]:
         runs = []
         for summary_path in sorted((study / layout.run_dir(arm)).parent.glob("*/summary.json")):
             summary = json.loads(summary_path.read_text())
-            run_arm = summary["run"].split("-seed")[0]
-            if run_arm != arm:
+            base_seed = json.loads((study / layout.recipe_file(summary["run"])).read_text())["train"]["seed"]
+            if summary["run"] != arm + seed_suffix(summary["seed"], base_seed):  # a run of another arm
                 continue
             steps = read_metrics(summary_path.parent / "metrics.jsonl")
             runs.append(
