@@ -159,7 +159,7 @@ def test_a_stage_that_has_not_run_is_named(study, tmp_path):
         cwd=copy,
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -215,3 +215,43 @@ def test_the_page_renders_offline_in_chromium(study):
             browser.close()
     assert not errors and not outside, (errors, outside)
     assert count >= 20 and len(sizes) == count and all(w > 100 and h > 50 for w, h in sizes), sizes
+
+
+@pytest.mark.slow
+def test_bench_preflight_speed_compares_each_arm_with_exactly_its_runs(study):
+    """benchmarks/bench_preflight_speed.py on the study: one row per preflight record, its runs those the run
+    matrix gives its arm (seed suffixes and longer arm names that share a prefix told apart), its tokens/s the
+    record's, the runs' median the median of each run's median step, recomputed here from metrics.jsonl."""
+    import os
+    import statistics
+
+    from streamback.config import DEFAULT_CONFIG, merge_config, read_config_file, validate_config
+    from streamback.runs import run_matrix
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_preflight_speed.py"), str(study)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    small = yaml.safe_load((study / "small.yaml").read_text())
+    matrix = run_matrix(validate_config(merge_config(read_config_file(DEFAULT_CONFIG), small))["train"])
+    arms = {spec.arm for spec in matrix.values()}
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[1:-1]}
+    assert set(rows) == arms and len(arms) == 9
+    for arm, row in rows.items():
+        record = json.loads((study / layout.preflight_file(arm)).read_text())
+        speed = next(c for c in record["checks"] if c["name"] == "speed")["values"]
+        runs = [name for name, spec in matrix.items() if spec.arm == arm]
+        medians = [
+            statistics.median(r["tokens_per_s"] for r in read_metrics(study / layout.metrics_file(run))) for run in runs
+        ]
+        median = statistics.median(medians)
+        assert row[1:3] == [str(len(runs)), "True"], (arm, row)
+        assert row[3:5] == [f"{speed['tokens_per_s']:,.0f}", f"{median:,.0f}"], (arm, row)
+        assert row[5] == f"{speed['tokens_per_s'] / median - 1:+.1%}", (arm, row)
+    assert proc.stdout.splitlines()[-1].startswith(
+        f"kernels: 9 of 9 arms name their runs' kernels ({record['kernels']})"
+    )
