@@ -159,7 +159,7 @@ def test_a_stage_that_has_not_run_is_named(study, tmp_path):
         cwd=copy,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
