@@ -32,7 +32,8 @@ the others:
    figures) on a random model of each paper shape, deepest first, at config/paper.yaml's analysis
    batch: seconds and peak GPU memory of layer-error (fp32 ground truth + every stream variant; its
    fp32 stream closer to the truth than its bf16 stream, the check), swallowed and envelope, and the
-   window-loss rate that loss-difference runs at. A shape starts only while 40% of the budget is left.
+   window-loss rate that loss-difference runs at. A shape starts only while 40% of the budget is left
+   for the bench (without the bench, while its estimate fits).
 5. profile (`streamback.measure.kernels`): per paper shape, a compiled training step of the baseline
    against StreamBack (skinny-tall: against the reversible stream, and against its own eager
    step: launches, and busy vs wall, say whether eager is launch-bound), micro-batch 4 x 2048: the
@@ -56,8 +57,9 @@ summary.json (everything), summary.md (the table printed last), tests.log (pytes
 profile.md, bench.json/.md (all rows and goals), plus the caller's tee'd log. Exit status 1 if any
 check failed (goals, findings and skipped items are reported, not failures), 0 otherwise.
 
-Needs torch with CUDA, pytest and jsonschema (pytest-xdist optional); not Snakemake, lm-eval,
-datasets or altair. The tests make their own token shards (conftest's `tokens`).
+Needs torch with CUDA, pytest, jsonschema and datasets (pytest-xdist optional); not Snakemake,
+lm-eval or altair. The tests make their own token shards (conftest's `tokens`, whose corpus the data
+stage reads through datasets, with pyarrow >= 24 beneath it).
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ class Sizes:
     bench_steps: int
     bench_warmup: int
     bench_first_call: dict  # mode -> seconds assumed for a call before one of its kind has run
+    quick: bool = False  # the CPU test's sizes
 
 
 GPU = Sizes(
@@ -205,6 +208,7 @@ QUICK = Sizes(
     bench_steps=1,
     bench_warmup=1,
     bench_first_call={"eager": 5, "compiled": 30},
+    quick=True,
 )
 
 
@@ -225,7 +229,8 @@ def median_ms(fn, device: torch.device, reps: int = 10, warmup: int = 3) -> floa
 # ---- 1. environment ------------------------------------------------------------------------------
 
 
-def environment(report: Report, device: torch.device, sizes: Sizes) -> None:
+def machine(device: torch.device) -> dict:
+    """torch, Python and the device, named in the summary whichever phases run."""
     env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": device.type}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -238,7 +243,10 @@ def environment(report: Report, device: torch.device, sizes: Sizes) -> None:
         )
     else:
         env.update(name="cpu", threads=torch.get_num_threads())
-    report.env.update(env)
+    return env
+
+
+def environment(report: Report, device: torch.device, sizes: Sizes) -> None:
     with report.guard("env", "matmul_bf16"):
         n = sizes.matmul_n
         g = torch.Generator(device=device).manual_seed(0)
@@ -348,7 +356,7 @@ def run_eval(report: Report, device, sizes: Sizes) -> None:
     positions), then items/s of each paper block in bf16 compute (GPU: fat-short, vocabulary 128,256)."""
     from streamback.eval.scoring import Scorer
 
-    quick = sizes is QUICK
+    quick = sizes.quick
     if report.left() < (30 if quick else 90):
         report.record("eval", "phase", "skipped", f"{report.left():.0f} s left")
         return
@@ -419,7 +427,7 @@ def run_analysis(report: Report, device, sizes: Sizes) -> None:
     from streamback.model.weights import TrainedModel, load_model
     from streamback.train.validation import next_token_loss
 
-    quick = sizes is QUICK
+    quick = sizes.quick
     paper = load_config(ROOT / "config" / "paper.yaml")
     cfg = paper["analysis"]
     if quick:
@@ -437,13 +445,15 @@ def run_analysis(report: Report, device, sizes: Sizes) -> None:
         batch, seq, variants, windows = cfg["batch_size"], paper["train"]["seq_len"], cfg["variants"], 64
     cuda = device.type == "cuda"
     estimate = 20.0 if quick else 150.0  # seconds for a shape, until one has run
+    reserve = 0.4 * report.budget if sizes.bench_reserve else 0.0  # for the bench, when it runs
     for shape, args in shapes.items():
-        if report.left() < 0.4 * report.budget + estimate:
+        if report.left() < reserve + estimate:
             report.record(
                 "analysis",
                 shape,
                 "skipped",
-                f"{report.left():.0f} s left, about {estimate:.0f} s needed beyond the bench's 40%",
+                f"{report.left():.0f} s left, about {estimate:.0f} s needed"
+                + (" beyond the bench's 40%" if reserve else ""),
             )
             continue
         began = time.perf_counter()
@@ -859,6 +869,8 @@ def main(argv=None) -> int:
     if not args.parts or set(args.parts) - set(PARTS):
         parser.error(f"--parts: choose from {','.join(PARTS)}")
     sizes = QUICK if args.quick else GPU
+    if "bench" not in args.parts:  # no time is kept back for a bench that does not run
+        sizes = dataclasses.replace(sizes, bench_reserve=0.0)
     try:
         groups = bench_groups(args.bench_groups, sizes)
     except ValueError as err:
@@ -873,6 +885,7 @@ def main(argv=None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu_checks-"))
     work.mkdir(parents=True, exist_ok=True)
     run = Run(Report(args.budget or sizes.budget, args.out), device, sizes, work, groups)
+    run.report.env.update(machine(device))
     for part, phase in PHASES.items():
         if part in args.parts:
             with run.report.guard(part, "phase"):  # what breaks outside a check's own guard

@@ -239,7 +239,10 @@ def _write(tmp: Path, state: TrainState) -> dict[str, dict]:
     """DCP's files of `state` in `tmp` (a collective), and {name: {"bytes", "sha256"}} of each:
     every rank hashes the files it wrote (still in its page cache), rank 0 also DCP's .metadata."""
     with _one_process_quietly():
-        written = dcp.save({"train": state}, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+        dcp.save({"train": state}, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+    # the files named by the .metadata written (every rank sees it once dcp.save returns), not by the
+    # Metadata dcp.save returns: torch 2.11's FileSystemWriter.finish sets storage_data on a copy
+    written = read_dcp_metadata(tmp / ".metadata")
     names = sorted({info.relative_path for info in written.storage_data.values()} | {".metadata"})
     mine = [n for n in names if _owner(n, _world()) == _rank()]
     files = {}

@@ -18,8 +18,10 @@ def tiny(**kw) -> ModelArgs:
 
 
 def tokens(args, batch=2, seq=16, seed=0):
-    """Random token ids [batch, seq] for a model of `args`."""
-    return torch.randint(0, args.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    """Random token ids [batch, seq] for a model of `args`, drawn on the CPU (the same ids on every
+    device, also under a `with torch.device("cuda")` block, whose default would not take a CPU
+    generator)."""
+    return torch.randint(0, args.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed), device="cpu")
 
 
 def assert_stream(seen, fmt, n_layers):

@@ -107,6 +107,31 @@ def test_a_value_that_would_run_a_command_is_refused_and_runs_nothing(tmp_path):
     assert loaded.value == (0.9, 0.95)
 
 
+def test_a_checkpoint_is_whole_when_dcp_save_returns_metadata_without_its_files(tmp_path, monkeypatch):
+    """torch 2.11's FileSystemWriter.finish records the files on a copy of the Metadata, so what
+    dcp.save returns has no storage_data (found on an H200, 2026-12-04: every save failed there).
+    The checkpoint's file list comes from the .metadata written instead: done the 2.11 way here,
+    every file DCP wrote is in meta.json, and the checkpoint verifies and loads."""
+    import dataclasses
+
+    finish = ckpt.dcp.FileSystemWriter.finish
+
+    def finish_on_a_copy(self, metadata, results):  # torch 2.11's finish, on this torch's writer
+        copy = dataclasses.replace(metadata)
+        finish(self, copy, results)
+        assert metadata.storage_data is None and copy.storage_data
+
+    monkeypatch.setattr(ckpt.dcp.FileSystemWriter, "finish", finish_on_a_copy)
+    model, _, state = linear_state(0)
+    path = ckpt.save_checkpoint(tmp_path, 5, state, {}, keep=2)
+    written = sorted(f.name for f in path.iterdir() if f.name != ckpt.META)
+    assert written == sorted(json.loads((path / ckpt.META).read_text())["files"]) and ".metadata" in written
+    assert any(name.endswith(".distcp") for name in written)
+    ckpt.verify_checkpoint(path)
+    _, _, fresh_state = linear_state(1)
+    assert ckpt.load_newest(tmp_path, fresh_state)["step"] == 5
+
+
 # ---- the torch it runs on ------------------------------------------------------------------------
 
 

@@ -225,11 +225,11 @@ def test_nvfp4_matches_nvidias_recipe(device):
     crossing = torch.zeros(64, 16)
     crossing[:, 0], crossing[0, 1], crossing[:, 2] = near, 6.0, near / 3
     tiny = torch.randn(8, 32, generator=gen) * 1e-36
-    for x in (random, crossing, tiny):
-        x = x.to(device)
+    for name, x in (("random", random), ("crossing", crossing), ("tiny", tiny)):
+        x = x.to(device)  # on CUDA a new tensor: the case goes by its name
         ours = quantize_nvfp4(x)
         b, q, exact = _nvfp4_recipe(x)
-        if x is not tiny:
+        if name != "tiny":
             s = (
                 float(quantize_nvfp4(x.abs().max().reshape(1, 1).expand(1, 16).contiguous())[0, 0]) / 2688
             )  # the 18-bit decode scale
