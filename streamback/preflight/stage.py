@@ -141,41 +141,52 @@ def preflight(
             per_node,
         )
         results = probe.run()
-        if env.rank != 0:
-            return 0 if all(c.passed for c in results) else EXIT_FAILED
-        record = {
-            "arm": arm,
-            "run": run,
-            "passed": all(c.passed for c in results),
-            "checks": [c.as_dict() for c in results],
-            "steps": probe.steps,
-            "unit": probe.unit,
-            "processes": env.world_size,
-            "kernels": probe.trainer.kernels,  # as the run's summary.json names them
-            "device": device_name(env.device),
-            "software": software(env.device),
-            "resources": resources,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        }
-        failed_record = layout.preflight_failed_file(out)
-        for check in results:
-            print(f"[preflight {arm}] {check.line()}", file=sys.stderr, flush=True)
-        if record["passed"]:
-            write_json(out, record)
-            if gate is not None:
-                write_if_changed(gate, layout.PASSED)
-            failed_record.unlink(missing_ok=True)
-            return 0
-        out.unlink(missing_ok=True)
-        if gate is not None:
-            Path(gate).unlink(missing_ok=True)
-        write_json(failed_record, record)
-        for check in results:
-            if not check.passed:
-                print(f"preflight {arm}: FAILED {check.line()}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
+        status = (
+            _report(results, probe, env, arm, run, out, gate, resources)
+            if env.rank == 0
+            else (0 if all(c.passed for c in results) else EXIT_FAILED)
+        )
+        # the ranks leave together: one that tears its process group down while rank 0 still
+        # writes was once aborted by gloo at exit ("terminate called without an active exception")
+        env.barrier()
+        return status
     finally:
         env.close()
+
+
+def _report(results, probe, env, arm: str, run: str, out: Path, gate, resources: dict) -> int:
+    """Rank 0's part: the record (or the failed one) and the gate, the checks' lines; the status."""
+    record = {
+        "arm": arm,
+        "run": run,
+        "passed": all(c.passed for c in results),
+        "checks": [c.as_dict() for c in results],
+        "steps": probe.steps,
+        "unit": probe.unit,
+        "processes": env.world_size,
+        "kernels": probe.trainer.kernels,  # as the run's summary.json names them
+        "device": device_name(env.device),
+        "software": software(env.device),
+        "resources": resources,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    failed_record = layout.preflight_failed_file(out)
+    for check in results:
+        print(f"[preflight {arm}] {check.line()}", file=sys.stderr, flush=True)
+    if record["passed"]:
+        write_json(out, record)
+        if gate is not None:
+            write_if_changed(gate, layout.PASSED)
+        failed_record.unlink(missing_ok=True)
+        return 0
+    out.unlink(missing_ok=True)
+    if gate is not None:
+        Path(gate).unlink(missing_ok=True)
+    write_json(failed_record, record)
+    for check in results:
+        if not check.passed:
+            print(f"preflight {arm}: FAILED {check.line()}", file=sys.stderr, flush=True)
+    return EXIT_FAILED
 
 
 def device_name(device: torch.device) -> str:

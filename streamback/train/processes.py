@@ -62,6 +62,10 @@ class Distributed:
         if failed:
             raise StreambackError(f"{what} failed on another rank (see its message)")
 
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

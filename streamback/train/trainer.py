@@ -105,7 +105,9 @@ def train(
             tensorboard=board,
             snapshot_steps=snapshot_steps,
         )
-        return trainer.fit()
+        status = trainer.fit()
+        env.barrier()  # the ranks leave together, as the preflight's do (streamback.preflight.stage)
+        return status
     finally:
         if lock is not None:
             lock.close()
