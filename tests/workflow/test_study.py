@@ -221,7 +221,9 @@ def test_the_page_renders_offline_in_chromium(study):
 def test_bench_preflight_speed_compares_each_arm_with_exactly_its_runs(study):
     """benchmarks/bench_preflight_speed.py on the study: one row per preflight record, its runs those the run
     matrix gives its arm (seed suffixes and longer arm names that share a prefix told apart), its tokens/s the
-    record's, the runs' median the median of each run's median step, recomputed here from metrics.jsonl."""
+    record's, the runs' median the median of each run's median step, recomputed here from metrics.jsonl; beside
+    it the noise floor: the runs' spread (max - min over their median) and each run's own first steps (the
+    preflight's warm-up and timed steps), their median against the run's, the largest gap."""
     import os
     import statistics
 
@@ -249,9 +251,17 @@ def test_bench_preflight_speed_compares_each_arm_with_exactly_its_runs(study):
             statistics.median(r["tokens_per_s"] for r in read_metrics(study / layout.metrics_file(run))) for run in runs
         ]
         median = statistics.median(medians)
+        timed = slice(2, 2 + speed["timed_steps"])  # the steps the preflight times of its own, in each run
+        windows = [
+            statistics.median(r["tokens_per_s"] for r in read_metrics(study / layout.metrics_file(run))[timed]) / m - 1
+            for run, m in zip(runs, medians)
+        ]
         assert row[1:3] == [str(len(runs)), "True"], (arm, row)
         assert row[3:5] == [f"{speed['tokens_per_s']:,.0f}", f"{median:,.0f}"], (arm, row)
         assert row[5] == f"{speed['tokens_per_s'] / median - 1:+.1%}", (arm, row)
+        spread = f"{(max(medians) - min(medians)) / median:.1%}" if len(runs) > 1 else "-"
+        assert row[6:] == [spread, f"{max(windows, key=abs):+.1%}"], (arm, row)
     assert proc.stdout.splitlines()[-1].startswith(
         f"kernels: 9 of 9 arms name their runs' kernels ({record['kernels']})"
     )
+    assert "; the noise floor: the runs of one arm differ by up to " in proc.stdout.splitlines()[-1]
