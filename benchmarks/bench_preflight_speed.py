@@ -51,8 +51,8 @@ def arm_rows(study: Path) -> list[dict]:
             )
         if not runs:
             continue
-        run_median = statistics.median(r["median"] for r in runs)
         medians = [r["median"] for r in runs]
+        run_median = statistics.median(medians)
         rows.append(
             {
                 "arm": arm,

@@ -247,15 +247,11 @@ def test_bench_preflight_speed_compares_each_arm_with_exactly_its_runs(study):
         record = json.loads((study / layout.preflight_file(arm)).read_text())
         speed = next(c for c in record["checks"] if c["name"] == "speed")["values"]
         runs = [name for name, spec in matrix.items() if spec.arm == arm]
-        medians = [
-            statistics.median(r["tokens_per_s"] for r in read_metrics(study / layout.metrics_file(run))) for run in runs
-        ]
+        steps = [[r["tokens_per_s"] for r in read_metrics(study / layout.metrics_file(run))] for run in runs]
+        medians = [statistics.median(s) for s in steps]
         median = statistics.median(medians)
         timed = slice(2, 2 + speed["timed_steps"])  # the steps the preflight times of its own, in each run
-        windows = [
-            statistics.median(r["tokens_per_s"] for r in read_metrics(study / layout.metrics_file(run))[timed]) / m - 1
-            for run, m in zip(runs, medians)
-        ]
+        windows = [statistics.median(s[timed]) / m - 1 for s, m in zip(steps, medians)]
         assert row[1:3] == [str(len(runs)), "True"], (arm, row)
         assert row[3:5] == [f"{speed['tokens_per_s']:,.0f}", f"{median:,.0f}"], (arm, row)
         assert row[5] == f"{speed['tokens_per_s'] / median - 1:+.1%}", (arm, row)
