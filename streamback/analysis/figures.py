@@ -9,6 +9,8 @@ zeros (an error or a fraction that is exactly zero); the tables hold them.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import altair as alt
 import pandas as pd
 
@@ -390,16 +392,25 @@ def loss_difference_chart(curves: pd.DataFrame, final: pd.DataFrame, shape: str,
     )
 
 
-def charts(kind: str, tables: dict[str, pd.DataFrame], band: float = 0.001) -> dict[str, alt.TopLevelMixin]:
+def per_run_figures(kind: str, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """The runs with a figure of their own of `kind` in its tables (none for the kinds drawn per shape or model)."""
+    table = {"layer-error": "layer_error", "envelope": "envelope_training"}.get(kind)
+    return [] if table is None else list(dict.fromkeys(tables[table].run))
+
+
+def charts(
+    kind: str, tables: dict[str, pd.DataFrame], band: float = 0.001, runs: Collection[str] | None = None
+) -> dict[str, alt.TopLevelMixin]:
     """Every figure of `kind`, by name (`layout.analysis_figures`), from its tables (`layout.ANALYSIS_TABLES[kind]`, by
-    name)."""
+    name); of the figures drawn one per run, only those of `runs` where given (the study page's, which shows one
+    training seed)."""
     if kind == "layer-error":
-        runs = list(dict.fromkeys(tables["layer_error"].run))
+        runs = [r for r in per_run_figures(kind, tables) if runs is None or r in runs]
         return dict(
             zip(layout.analysis_figures(kind, runs, []), (layer_error_chart(tables["layer_error"], r) for r in runs))
         )
     if kind == "envelope":
-        runs = list(dict.fromkeys(tables["envelope_training"].run))
+        runs = [r for r in per_run_figures(kind, tables) if runs is None or r in runs]
         names = layout.analysis_figures(kind, runs, [])
         return {
             names[0]: envelope_chart(tables["envelope"]),

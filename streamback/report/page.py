@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from streamback import layout
-from streamback.analysis.figures import charts
+from streamback.analysis.figures import charts, per_run_figures
 from streamback.config import ROOT, public_models
 from streamback.drift.report import overview_table, ratio_chart, reading, spacing_chart, trajectory_chart
 from streamback.html_report import Caption, Missing, Subheading
@@ -235,12 +235,12 @@ def analysis(kind: str, study: Study) -> list:
         blocks += [table.iloc[order].round(5), caption("analysis_loss_difference")]
     matrix = run_matrix(study.config["train"])
     shown = {name for name, spec in matrix.items() if spec.seed == study.config["train"]["seed"]}
-    hidden = 0
-    for name, chart in charts(kind, tables, study.config["analysis"]["band"]).items():
+    # the other seeds' figures are drawn by the analysis alone: the page neither builds nor shows them
+    own = per_run_figures(kind, tables)
+    drawn = [run for run in own if run in shown or run not in matrix]
+    hidden = len(own) - len(drawn)
+    for name, chart in charts(kind, tables, study.config["analysis"]["band"], runs=drawn).items():
         figure, _, subject = name.partition("-")
-        if subject in matrix and subject not in shown:
-            hidden += 1
-            continue
         blocks += [Subheading(subject)] if subject else []
         blocks += [chart, caption(f"analysis_{figure}_figure")]
     if hidden:

@@ -89,6 +89,10 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     ) in text
     for run in pd.read_csv(study / layout.table("benchmarks")).run.unique():
         assert run in text
+    # the figures of one run are the first seed's; the other seeds' are counted, neither drawn nor shown
+    other = [run for run in pd.read_csv(study / layout.table("layer_error")).run.unique() if run.endswith("-seed1")]
+    assert len(other) == 6 and not any(f"<h3>{run}</h3>" in text for run in other)
+    assert text.count(f"{len(other)} more figures of this kind, one per run of the other training seeds") == 2
     # every run logged its live signals (the stream every 10 of SMALL's 30 steps) and its TensorBoard events; the
     # page shows
     # them and the warnings: the MXFP8 stream's grid step at the stream's max passes its typical update at once

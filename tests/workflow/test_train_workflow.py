@@ -38,7 +38,7 @@ def unigram_entropy(data_dir) -> float:
 def test_default_config_trains_its_models(run_snakemake, tmp_path):
     """`snakemake --cores 2` on the three shapes' baseline runs of config/config.yaml (the shared
     study trains every run, on fewer steps; this is the default recipe itself), with a smaller corpus (6,000
-    stories instead of 40,000; the runs read their 123K tokens whatever the corpus holds), bf16
+    stories instead of 20,000; the runs read their 66K tokens whatever the corpus holds), bf16
     on fp32 kernels forced (`cpu_bf16`, which reaches every job)."""
     small = tmp_path / "small.yaml"
     small.write_text(yaml.safe_dump({"data": {"synthetic": {"documents": 6000, "files": 1}}, "cpu_bf16": "emulated"}))
