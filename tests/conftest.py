@@ -117,19 +117,41 @@ def _reads_study(item) -> bool:
     return "study" in item.fixturenames
 
 
+def _scope(item) -> str:
+    """The item's xdist work unit (`pytest_xdist_make_scheduler`): the study's group, or its module."""
+    return "study" if _reads_study(item) else item.nodeid.split("::", 1)[0]
+
+
+def _cost(item, cuda: bool) -> int:
+    """A rough cost, to order the work units: a test marked `slow` as ten quick ones; a skipped one, none."""
+    if item.get_closest_marker("gpu") and not cuda:
+        return 0
+    return 10 if item.get_closest_marker("slow") else 1
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Skip every test marked `gpu` where torch sees no CUDA device; put every test that reads the
-    study in one xdist group (one worker runs them one after another: some run Snakemake in it)."""
+    study in one xdist group (one worker runs them one after another: some run Snakemake in it).
+    Under pytest-xdist, order the work units costliest first (their tests keep their order), so
+    that the last units to start are short ones and neither worker idles long at the end: a
+    module of two slow tests then no longer waits behind fifty quick ones."""
     for item in items:
         if _reads_study(item):
             item.add_marker(pytest.mark.xdist_group("study"))
     gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if not gpu:
-        return
-    import torch
+    cuda = False
+    if gpu:
+        import torch
 
-    if torch.cuda.is_available():
+        cuda = torch.cuda.is_available()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's collection is the order the controller hands units out
+        cost, first = {}, {}
+        for i, item in enumerate(items):
+            first.setdefault(_scope(item), i)
+            cost[_scope(item)] = cost.get(_scope(item), 0) + _cost(item, cuda)
+        items.sort(key=lambda item: (-cost[_scope(item)], first[_scope(item)]))
+    if not gpu or cuda:
         return
     skip = pytest.mark.skip(reason="no CUDA device")
     for item in gpu:
@@ -142,6 +164,8 @@ def pytest_xdist_make_scheduler(config, log):
     readers). A module's tests stay on one worker, so its module-scoped fixtures (trained runs) are
     computed once, as without xdist."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the units go in the workers' order: costliest first (above)
 
     class ModuleOrGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
