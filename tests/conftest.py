@@ -113,13 +113,29 @@ class Study:
     slurm: bool  # whether every job went through sbatch
 
 
+# modules run in one worker, one after the other, as one xdist group: test_hostile_names runs stages inside the
+# process (streamback.cli.main), and test_train_end_to_end compares command-line runs with references trained in the
+# process, so a kernel path a stage left behind would fail them (issue 37); .ci/run's native-kernel rerun keeps the pair
+# together on its two workers too
+KERNEL_LEAK = ("tests/workflow/test_hostile_names.py", "tests/workflow/test_train_end_to_end.py")
+
+
 def _reads_study(item) -> bool:
     return "study" in item.fixturenames
 
 
+def _group(item) -> str | None:
+    """The item's xdist group: the study's readers, or the kernel-leak pair of modules; else none."""
+    if _reads_study(item):
+        return "study"
+    if item.nodeid.split("::", 1)[0] in KERNEL_LEAK:
+        return "kernel-leak"
+    return None
+
+
 def _scope(item) -> str:
-    """The item's xdist work unit (`pytest_xdist_make_scheduler`): the study's group, or its module."""
-    return "study" if _reads_study(item) else item.nodeid.split("::", 1)[0]
+    """The item's xdist work unit (`pytest_xdist_make_scheduler`): its group, or its module."""
+    return _group(item) or item.nodeid.split("::", 1)[0]
 
 
 def _cost(item, cuda: bool) -> int:
@@ -129,16 +145,16 @@ def _cost(item, cuda: bool) -> int:
     return 10 if item.get_closest_marker("slow") else 1
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
+def _mark_and_order(items) -> None:
     """Skip every test marked `gpu` where torch sees no CUDA device; put every test that reads the
-    study in one xdist group (one worker runs them one after another: some run Snakemake in it).
+    study in one xdist group (one worker runs them one after another: some run Snakemake in it),
+    and the kernel-leak pair of modules in another (`KERNEL_LEAK`).
     Under pytest-xdist, order the work units costliest first (their tests keep their order), so
     that the last units to start are short ones and neither worker idles long at the end: a
     module of two slow tests then no longer waits behind fifty quick ones."""
     for item in items:
-        if _reads_study(item):
-            item.add_marker(pytest.mark.xdist_group("study"))
+        if _group(item):
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     cuda = False
     if gpu:
@@ -156,6 +172,33 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="no CUDA device")
     for item in gpu:
         item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
+    """`_mark_and_order` before every other plugin's hook (pytest-xdist's adds each grouped test's
+    group to its node ID: `test@study`, which the scheduler below reads); then, under pytest-xdist,
+    check that every grouped test got it: pytest 9.2's node IDs no longer take it
+    (pytest-xdist#1386), and the groups would be lost without a word."""
+    _mark_and_order(items)
+    result = yield
+    if os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup"):
+        lost = [item.nodeid for item in items if _group(item) and not item.nodeid.endswith(f"@{_group(item)}")]
+        if lost:  # each grouped test then fails with this line (`pytest_runtest_setup`)
+            config.stash[GROUPS_LOST] = (
+                f"pytest-xdist did not group {len(lost)} tests: pytest {pytest.__version__} drops xdist_group's "
+                "suffix (pytest-xdist#1386); install pytest<9.2, as pyproject.toml says"
+            )
+    return result
+
+
+GROUPS_LOST = pytest.StashKey[str]()
+
+
+def pytest_runtest_setup(item):
+    """A grouped test fails, saying why, where pytest-xdist lost the groups (above)."""
+    if _group(item) and GROUPS_LOST in item.config.stash:
+        pytest.fail(item.config.stash[GROUPS_LOST], pytrace=False)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -6,7 +6,10 @@
   closest names, a group or tag is refused (samples are kept per task). Indexing lm-eval's own
   task names takes seconds, so their names are kept in the user's cache
   (`$XDG_CACHE_HOME/streamback/`, else ~/.cache/streamback/), once per lm-eval version and
-  installation; the local tasks and include_path are indexed each time (a few files).
+  installation; the names in the local tasks and include_path are cached too, under a fingerprint
+  of their files (each file's path, size and modification time) and of lm-eval's installation, so
+  a check whose names are all local imports no lm-eval at all once they were indexed (the
+  Snakefile runs it at every `snakemake`, and through Slurm in every job).
 - `task_manager`: the TaskManager that loads them (lm-eval's own tasks indexed only if a name is one).
 - `load_tasks`: each task's data as lm-eval loads them, `datasets.load_dataset(dataset_path,
   dataset_name, **dataset_kwargs)`, so whatever lm-eval accepts passes (parquet, arrow, csv,
@@ -21,9 +24,12 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import inspect
 import json
 import os
+from importlib.metadata import version
+from importlib.util import find_spec
 from pathlib import Path
 
 from streamback.errors import StreambackError
@@ -34,11 +40,14 @@ TASKS_DIR = (
 )  # the built-in local tasks' YAML files (their items: `streamback eval-tasks`)
 
 
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "streamback"
+
+
 def _cache_file() -> Path:
     import lm_eval
 
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "streamback" / f"lm-eval-{lm_eval.__version__}-task-names.json"
+    return _cache_dir() / f"lm-eval-{lm_eval.__version__}-task-names.json"
 
 
 def lm_eval_task_names() -> dict[str, list[str]]:
@@ -68,21 +77,59 @@ def lm_eval_task_names() -> dict[str, list[str]]:
     return names
 
 
-def _local_manager(include_path: list[str]):
-    from lm_eval.tasks import TaskManager
-
+def _check_include_path(include_path: list[str]) -> None:
     for path in include_path:
         if not Path(path).is_dir():
             raise StreambackError(f"eval.include_path: {path} is not a directory")
+
+
+def _local_manager(include_path: list[str]):
+    from lm_eval.tasks import TaskManager
+
+    _check_include_path(include_path)
     return TaskManager(include_defaults=False, include_path=[str(TASKS_DIR), *include_path])
+
+
+def _local_fingerprint(include_path: list[str]) -> str:
+    """What the local index depends on: lm-eval's installation and version (found without importing
+    it) and every file under the local tasks and include_path, by path, size and modification time."""
+    digest = hashlib.sha256(json.dumps([version("lm_eval"), find_spec("lm_eval").origin]).encode())
+    for root in (TASKS_DIR, *include_path):
+        digest.update(f"\0{Path(root).resolve()}".encode())
+        for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+            stat = path.stat()
+            digest.update(f"\0{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def local_task_names(include_path: list[str]) -> dict[str, list[str]]:
+    """{"tasks", "groups"} of the local tasks and include_path as lm-eval's TaskManager indexes them
+    (`_local_manager`), from the cache when its fingerprint matches these files, else indexed and
+    cached. An include_path entry that is not a directory is a one-line error."""
+    _check_include_path(include_path)
+    key = _local_fingerprint(include_path)
+    path = _cache_dir() / "local-task-names.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("fingerprint") == key:
+            return {"tasks": cached["tasks"], "groups": cached["groups"]}
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    local = _local_manager(include_path)
+    names = {"tasks": sorted(local.all_subtasks), "groups": sorted(set(local.all_tasks) - set(local.all_subtasks))}
+    try:
+        write_json(path, {"fingerprint": key, **names})
+    except OSError:  # an unwritable cache costs time, not correctness
+        pass
+    return names
 
 
 def check_task_names(names: list[str], include_path: list[str]) -> bool:
     """Check that every name is a task (not a group or tag) of the local tasks, include_path or
     lm-eval's own; returns whether all are local (found without lm-eval's own)."""
-    local = _local_manager(include_path)
-    tasks = set(local.all_subtasks)
-    groups = set(local.all_tasks) - tasks
+    local = local_task_names(include_path)
+    tasks = set(local["tasks"])
+    groups = set(local["groups"])
     all_local = all(name in tasks for name in names)
     if not all(name in tasks | groups for name in names):  # a name is not local at all: ask lm-eval's own
         own = lm_eval_task_names()

@@ -7,6 +7,9 @@ the tables run the three kinds of task end to end; gsm8k's generations equal lm-
 backend's on the exported model."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import lm_eval
@@ -160,6 +163,47 @@ def test_missing_or_unreadable_data_are_named_with_task_and_split(tmp_path, monk
 # ---- task names, at DAG time ---------------------------------------------------------------------
 
 
+def test_local_task_names_are_indexed_once_then_read_until_a_file_changes(tmp_path, monkeypatch):
+    """The names of the local tasks and include_path come from lm-eval's TaskManager once; a later
+    check reads them from the cache (no TaskManager built, and in a new process no lm-eval imported:
+    the Snakefile's check at every `snakemake`), until a file under them changes: a task added to
+    include_path is then indexed and found."""
+    from lm_eval import tasks as lm_eval_tasks
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    built, real = [], lm_eval_tasks.TaskManager
+
+    def counting(*args, **kwargs):
+        built.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval_tasks, "TaskManager", counting)
+    extra = tmp_path / "tasks"
+    local_copy("piqa/piqa.yaml", extra, "piqa", task="piqa_x")
+    names = ["streamback_cloze", "piqa_x"]
+    assert taskload.check_task_names(names, [str(extra)]) is True and len(built) == 1
+    assert not built[0].get("include_defaults", True)  # the local tasks alone: lm-eval's own not indexed
+    assert taskload.check_task_names(names, [str(extra)]) is True and len(built) == 1
+    assert taskload.local_task_names([str(extra)]) == {
+        "tasks": sorted(["piqa_x", *(p.stem for p in taskload.TASKS_DIR.glob("streamback_*.yaml"))]),
+        "groups": ["streamback_local"],
+    }
+    code = (
+        "import sys; from streamback.eval.taskload import check_task_names; "
+        f"print(check_task_names({names!r}, [{str(extra)!r}]), 'lm_eval' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.stdout.split() == ["True", "False"], proc.stderr[-2000:]
+    own = taskload._cache_file()  # lm-eval's own names, cached (their index takes seconds)
+    own.write_text(json.dumps({"installed": str(LM_EVAL_TASKS.parent), "tasks": ["arc_easy"], "groups": []}))
+    with pytest.raises(StreambackError, match="lm-eval knows no task 'piqa_y'"):
+        taskload.check_task_names(["piqa_y"], [str(extra)])  # not local: lm-eval's own names are asked
+    local_copy("piqa/piqa.yaml", extra, "piqa", task="piqa_y")
+    assert taskload.check_task_names(["piqa_y"], [str(extra)]) is True and len(built) == 2
+
+
 def test_task_names_are_checked_by_streamback_check_from_the_cache(tmp_path, capsys, full_indexes, monkeypatch):
     """`streamback check` asks lm-eval's TaskManager: local names, and a tag, need no index of lm-eval's
     own tasks; other names are looked up in the cached names of this lm-eval installation (an
@@ -174,7 +218,8 @@ def test_task_names_are_checked_by_streamback_check_from_the_cache(tmp_path, cap
     installed = str(LM_EVAL_TASKS.parent)
     cache = taskload._cache_file()
     assert cache == tmp_path / "cache" / "streamback" / f"lm-eval-{lm_eval.__version__}-task-names.json"
-    cache.parent.mkdir(parents=True)
+    assert (cache.parent / "local-task-names.json").is_file()  # the local names, cached beside
+    cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(
         json.dumps({"installed": installed, "tasks": ["arc_easy", "arc_challenge", "gsm8k"], "groups": ["ai2_arc"]})
     )
