@@ -145,7 +145,7 @@ def _cost(item, cuda: bool) -> int:
     return 10 if item.get_closest_marker("slow") else 1
 
 
-def _mark_and_order(items) -> None:
+def _mark_and_order(items, worker: bool) -> None:
     """Skip every test marked `gpu` where torch sees no CUDA device; put every test that reads the
     study in one xdist group (one worker runs them one after another: some run Snakemake in it),
     and the kernel-leak pair of modules in another (`KERNEL_LEAK`).
@@ -161,7 +161,7 @@ def _mark_and_order(items) -> None:
         import torch
 
         cuda = torch.cuda.is_available()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's collection is the order the controller hands units out
+    if worker:  # a worker's collection is the order the controller hands units out
         cost, first = {}, {}
         for i, item in enumerate(items):
             first.setdefault(_scope(item), i)
@@ -180,9 +180,10 @@ def pytest_collection_modifyitems(config, items):
     group to its node ID: `test@study`, which the scheduler below reads); then, under pytest-xdist,
     check that every grouped test got it: pytest 9.2's node IDs no longer take it
     (pytest-xdist#1386), and the groups would be lost without a word."""
-    _mark_and_order(items)
+    worker = hasattr(config, "workerinput")  # an xdist worker (not a pytest it started: the variable is inherited)
+    _mark_and_order(items, worker)
     result = yield
-    if os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup"):
+    if worker and config.getoption("loadgroup", default=False):
         lost = [item.nodeid for item in items if _group(item) and not item.nodeid.endswith(f"@{_group(item)}")]
         if lost:  # each grouped test then fails with this line (`pytest_runtest_setup`)
             config.stash[GROUPS_LOST] = (

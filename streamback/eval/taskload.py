@@ -55,23 +55,30 @@ def lm_eval_task_names() -> dict[str, list[str]]:
     was written for this lm-eval installation, else from its TaskManager (and cached)."""
     import lm_eval
 
-    installed = str(Path(lm_eval.__file__).resolve().parent)
-    path = _cache_file()
+    def index():
+        from lm_eval.tasks import TaskManager
+
+        return TaskManager()
+
+    return _cached_names(_cache_file(), {"installed": str(Path(lm_eval.__file__).resolve().parent)}, index)
+
+
+def _cached_names(path: Path, key: dict, index) -> dict[str, list[str]]:
+    """{"tasks", "groups"} kept at `path` when they were kept there under `key` (its fields), else
+    those of the TaskManager that `index()` builds, then kept there under `key`."""
     try:
         cached = json.loads(path.read_text())
-        if cached.get("installed") == installed:
+        if all(cached.get(field) == value for field, value in key.items()):
             return {"tasks": cached["tasks"], "groups": cached["groups"]}
     except (OSError, ValueError, KeyError, AttributeError):
         pass
-    from lm_eval.tasks import TaskManager
-
-    manager = TaskManager()
+    manager = index()
     names = {
         "tasks": sorted(manager.all_subtasks),
         "groups": sorted(set(manager.all_tasks) - set(manager.all_subtasks)),
     }
     try:
-        write_json(path, {"installed": installed, **names})
+        write_json(path, {**key, **names})
     except OSError:  # an unwritable cache costs time, not correctness
         pass
     return names
@@ -107,21 +114,11 @@ def local_task_names(include_path: list[str]) -> dict[str, list[str]]:
     (`_local_manager`), from the cache when its fingerprint matches these files, else indexed and
     cached. An include_path entry that is not a directory is a one-line error."""
     _check_include_path(include_path)
-    key = _local_fingerprint(include_path)
-    path = _cache_dir() / "local-task-names.json"
-    try:
-        cached = json.loads(path.read_text())
-        if cached.get("fingerprint") == key:
-            return {"tasks": cached["tasks"], "groups": cached["groups"]}
-    except (OSError, ValueError, KeyError, AttributeError):
-        pass
-    local = _local_manager(include_path)
-    names = {"tasks": sorted(local.all_subtasks), "groups": sorted(set(local.all_tasks) - set(local.all_subtasks))}
-    try:
-        write_json(path, {"fingerprint": key, **names})
-    except OSError:  # an unwritable cache costs time, not correctness
-        pass
-    return names
+    return _cached_names(
+        _cache_dir() / "local-task-names.json",
+        {"fingerprint": _local_fingerprint(include_path)},
+        lambda: _local_manager(include_path),
+    )
 
 
 def check_task_names(names: list[str], include_path: list[str]) -> bool:
