@@ -115,8 +115,8 @@ class Study:
 
 # modules run in one worker, one after the other, as one xdist group: test_hostile_names runs stages inside the
 # process (streamback.cli.main), and test_train_end_to_end compares command-line runs with references trained in the
-# process, so a kernel path a stage left behind would fail them (issue 37); .ci/run's native-kernel rerun keeps the pair
-# together on its two workers too
+# process, so a kernel path a stage left behind would fail them (issue 37); .ci/run's rerun on the other kernel path
+# keeps the pair together on its two workers too
 KERNEL_LEAK = ("tests/workflow/test_hostile_names.py", "tests/workflow/test_train_end_to_end.py")
 
 

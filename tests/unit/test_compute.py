@@ -26,7 +26,7 @@ from helpers.data import windows
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
     pytest.mark.kernels,
-]  # kernels: CI reruns under STREAMBACK_FORCE_NATIVE_BF16=1
+]  # kernels: CI reruns them on the other kernel path (.ci/run)
 ERROR_BUDGET = 0.02  # |error / native error - 1| for the same rounding points
 
 

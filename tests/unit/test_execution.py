@@ -12,7 +12,7 @@ from streamback.config import DEFAULT_CONFIG, read_config_file, validate_config
 from streamback.errors import StreambackError
 from streamback.model import compute, execution
 
-# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+# kernel-sensitive: CI runs these again on the other kernel path (.ci/run)
 pytestmark = pytest.mark.kernels
 
 

@@ -17,7 +17,7 @@ from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.metrics import header_file, read_header, read_metrics
 
-# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+# kernel-sensitive: CI runs these again on the other kernel path (.ci/run)
 pytestmark = pytest.mark.kernels
 
 RUN = "micro-baseline"

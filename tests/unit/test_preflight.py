@@ -21,7 +21,7 @@ from streamback.train.trainer import Trainer
 
 from helpers.preflight import MODEL, TRAIN
 
-# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+# kernel-sensitive: CI runs these again on the other kernel path (.ci/run)
 pytestmark = pytest.mark.kernels
 
 

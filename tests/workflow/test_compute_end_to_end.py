@@ -14,7 +14,7 @@ from conftest import ROOT
 from helpers.data import windows
 from helpers.train import run_inprocess
 
-# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+# kernel-sensitive: CI runs these again on the other kernel path (.ci/run)
 pytestmark = pytest.mark.kernels
 
 

@@ -2,6 +2,7 @@
 from the same config, on either kernel path (`cpu_bf16`), with the execution settings the rule
 passes (the kernels, the run's threads) read from the config file."""
 
+import os
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from streamback.model.weights import read_model
 
 from conftest import ROOT
 
-# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+# kernel-sensitive: CI runs these again on the other kernel path (.ci/run)
 pytestmark = pytest.mark.kernels
 
 RUN = "tiny-fat-short-baseline"
@@ -66,10 +67,11 @@ def test_a_hand_run_trains_the_rules_bits(run_snakemake, tmp_path, cpu_bf16):
         "--tensorboard",
         str(hand / "tb"),
     ]
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": str(ROOT),
-    }  # no STREAMBACK_CPU_BF16, no OMP_NUM_THREADS: the config decides
+    # the environment the rule's job had (the machine's CPU dispatch too: ONEDNN_MAX_CPU_ISA and
+    # ATEN_CPU_CAPABILITY pick other fp32 kernels), less what the config decides: no
+    # STREAMBACK_CPU_BF16, no OMP_NUM_THREADS
+    env = {k: v for k, v in os.environ.items() if k not in ("STREAMBACK_CPU_BF16", "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"parameters on cpu ({kernels})" in proc.stderr

@@ -21,7 +21,7 @@ from streamback.io import remove
 from conftest import ROOT
 
 # kernels: its in-process stages (cli.main) must leave the caller's kernel path as they found it;
-# CI runs it with the kernel-sensitive tests under STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+# CI runs it with the kernel-sensitive tests again on the other kernel path (.ci/run)
 pytestmark = pytest.mark.kernels
 
 MARK = "PWNED"  # every injected command would create a file whose name holds it

@@ -29,7 +29,7 @@ from helpers.train import (  # noqa: F401  (reference: the module's reference ru
     wait_for_step,
 )
 
-# kernel-sensitive: CI runs these again with STREAMBACK_FORCE_NATIVE_BF16=1 (.ci/run)
+# kernel-sensitive: CI runs these again on the other kernel path (.ci/run)
 pytestmark = pytest.mark.kernels
 
 
