@@ -414,6 +414,18 @@ class Transformer(nn.Module):
         self.rebuild_block = step_back_block
         self.init_weights()
 
+    def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> Transformer:
+        """nn.Module's `to_empty`: every parameter and buffer moved to `device` as uninitialised
+        storage of its shape and dtype. Unlike torch's, it keeps tied embeddings tied (torch's gives
+        the output projection storage of its own, so a tied model built on the meta device would
+        train two matrices) and makes the storage with `torch.empty`: torch's `empty_like` has a
+        Python kernel on the meta device that imports sympy on its first call, half a second of
+        every process that builds a model there to read one in (an evaluation, an analysis)."""
+        self._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device), recurse=recurse)
+        if self.args.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        return self
+
     def init_weights(self, seed: int | None = None):
         """TorchTitan's init (see the module docstring); `seed` makes it independent of global RNG.
 

@@ -162,12 +162,31 @@ def test_a_model_built_on_the_meta_device_is_the_model_built_on_the_cpu():
         "import sys, torch\n"
         "from streamback.model.model import ModelArgs, Transformer\n"
         "with torch.device('meta'):\n"
-        "    Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, vocab_size=97, multiple_of=32))\n"
-        "print('torch._dynamo' in sys.modules)"
+        "    model = Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, vocab_size=97, multiple_of=32))\n"
+        "model.to_empty(device='cpu')\n"
+        "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split() == [
-        "False"
+        "False",
+        "False",
     ]
+
+
+def test_tied_embeddings_stay_tied_through_the_meta_device():
+    """A tied model built on the meta device, moved with `to_empty` and initialised, has one
+    matrix, as one built on the CPU (torch's own `to_empty` would give the output its own)."""
+    with torch.device("meta"):
+        model = Transformer(tiny(tied_embeddings=True))
+    model.to_empty(device="cpu")
+    assert model.output.weight is model.tok_embeddings.weight, "the tie was lost"
+    assert not model.output.weight.is_meta
+    model.init_weights(seed=3)
+    cpu = Transformer(tiny(tied_embeddings=True))
+    cpu.init_weights(seed=3)
+    assert model.output.weight is model.tok_embeddings.weight
+    assert count_params(model) == count_params(cpu)
+    for (name, a), b in zip(model.state_dict().items(), cpu.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_tied_embeddings_share_one_matrix():
