@@ -1,8 +1,8 @@
-"""A real `snakemake --cores 2` run of the drift rule in a temporary directory: files and findings."""
+"""The drift rule end to end: the shared study's drift job (conftest's `study`: a real Snakemake run,
+through Slurm where it is installed), its files and findings, and a Snakemake report of its outputs."""
 
 import pandas as pd
 import pytest
-import yaml
 
 from streamback import layout
 
@@ -12,17 +12,13 @@ FIGURES = layout.DRIFT_FIGURES
 
 
 @pytest.mark.slow
-def test_drift_rule_end_to_end(run_snakemake, tmp_path):
-    # the note's grid (settings, 4000 steps, start 600), on fewer coordinates and seeds to stay quick
-    config = {"drift": {"coords": 256, "seeds": [0, 1]}}
-    (tmp_path / "small.yaml").write_text(yaml.safe_dump(config))
-    result = run_snakemake("drift", "--cores", "2", "--directory", tmp_path, "--configfile", tmp_path / "small.yaml")
-    assert result.returncode == 0, result.stderr + result.stdout
-
-    out = tmp_path / layout.DRIFT_DIR
+def test_drift_rule_end_to_end(study, run_snakemake, tmp_path):
+    # the note's grid (settings, 4000 steps, start 600), on fewer coordinates and seeds (conftest's SMALL)
+    root = study.root
+    out = root / layout.DRIFT_DIR
     assert (
         "drift: 7 paths x 3 settings x 2 seeds x 256 coordinates x 4000 steps"
-        in (tmp_path / "logs" / "drift.log").read_text()
+        in (root / "logs" / "drift.log").read_text()
     )
     summary = pd.read_csv(out / "summary.csv")
     assert len(summary) == 3 * 8 * 2
@@ -53,15 +49,9 @@ def test_drift_rule_end_to_end(run_snakemake, tmp_path):
     bf16 = summary[(summary.path == "bf16") & (summary.mu == 0.2) & (summary.sigma == 0.5)].drift_ratio.mean()
     assert f"{100 * bf16:.2f}%" in page  # the reading is computed from the table
 
-    # the outputs marked report() and their captions make a Snakemake report
+    # the outputs marked report() and their captions make a Snakemake report (read from the study; nothing runs)
     result = run_snakemake(
-        "drift",
-        "--directory",
-        tmp_path,
-        "--configfile",
-        tmp_path / "small.yaml",
-        "--report",
-        tmp_path / "snakemake.html",
+        "drift", "--directory", root, "--configfile", root / "small.yaml", "--report", tmp_path / "snakemake.html"
     )
     assert result.returncode == 0, result.stderr + result.stdout
     assert "drift_ratio.svg" in (tmp_path / "snakemake.html").read_text()
