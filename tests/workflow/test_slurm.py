@@ -124,15 +124,19 @@ def test_requeued_training_job_resumes_bit_identical(run_snakemake, tmp_path):
 
 
 def test_the_whole_default_study_runs_through_slurm(study):
-    """Every job of the default study (corpus, tokenize, the training runs, evaluation, analyses,
-    drift, training curves, the study page), smaller: conftest's `study`, which test_study reads,
-    goes through sbatch, each job with its Slurm log in the profile's slurm-logdir."""
+    """Every job of the default study (corpus, tokenize, the preflights, the training runs, evaluation,
+    analyses, drift), smaller: conftest's `study`, which test_study reads, goes through sbatch, each
+    job with its Slurm log in the profile's slurm-logdir; the local rules (tables, figures, the
+    page) run beside Snakemake."""
     assert study.slurm
     steps = int(re.findall(r"(\d+) of (\d+) steps \(100%\) done", study.output)[-1][1])
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", study.output)
-    # every job but the local rules: `all`, which has nothing to run, and the gate and recipe files
+    # every job but the local rules: `all`, which has nothing to run, the gate and recipe files, the task files, and
+    # the tables, figures and page made from what the jobs wrote
     local = re.findall(r"^localrule (\w+):", study.output, re.MULTILINE)
-    assert {"all", "train_recipe"} <= set(local) <= {"all", "train_recipe", "preflight_unbounded"}
+    tables = {"preflight", "eval_tasks", "benchmark_table", "training_curves", "seed_variance", "depth", "study_report"}
+    assert {"all", "train_recipe", *tables} <= set(local) <= {"all", "train_recipe", "preflight_unbounded", *tables}
+    assert not {"corpus", "tokenize", "train", "evaluate", "analyze_layer_error", "drift"} & set(local)
     assert len(set(submitted)) == steps - len(local), (len(submitted), steps, len(local))
     rules = set(re.findall(r"^(?:local)?rule (\w+):", study.output, re.MULTILINE))
     assert {

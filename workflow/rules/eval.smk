@@ -24,6 +24,12 @@ LOCAL_TASK_FILES = [str(layout.eval_task_file(task)) for task in EVAL["tasks"] i
 CORPUS_SEED = shell_words(["--corpus-seed", config["data"]["synthetic"]["seed"]] if config["data"]["source"] == "synthetic" else [])
 
 
+# Local rules (see report.smk): the task files (a second of drawing items) and the tables.
+localrules:
+    eval_tasks,
+    benchmark_table,
+
+
 rule eval_tasks:
     output:
         LOCAL_TASK_FILES,

@@ -11,6 +11,16 @@ from streamback import layout
 CONFIG_FILES = [str(DEFAULT_CONFIG), *(str(Path(f).resolve()) for f in workflow.overwrite_configfiles)]
 
 
+# Local rules: under `--profile slurm` they run beside Snakemake, not as Slurm jobs. Each only reads
+# what jobs wrote and writes tables, figures or the page (seconds of one CPU, no model), so it waits
+# in no queue of its own between the last job and the results (more in eval.smk, train.smk and
+# preflight.smk).
+localrules:
+    seed_variance,
+    depth,
+    study_report,
+
+
 # Training's own randomness: every arm's losses and scores over its seeds, and each comparison's
 # per-seed differences (streamback/report/seeds.py).
 rule seed_variance:

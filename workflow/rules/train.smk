@@ -39,8 +39,10 @@ TRAIN = config["train"]
 RUNS = run_matrix(TRAIN)
 
 
+# Local rules (see report.smk): the recipe file and the curves' table and figures.
 localrules:
     train_recipe,
+    training_curves,
 
 
 # The settings a run trains with, as its train job is given them (a file of seconds: no Slurm job).
