@@ -419,8 +419,8 @@ class Transformer(nn.Module):
         storage of its shape and dtype. Unlike torch's, it keeps tied embeddings tied (torch's gives
         the output projection storage of its own, so a tied model built on the meta device would
         train two matrices) and makes the storage with `torch.empty`: torch's `empty_like` has a
-        Python kernel on the meta device that imports sympy on its first call, half a second of
-        every process that builds a model there to read one in (an evaluation, an analysis)."""
+        Python kernel on the meta device that imports sympy on its first call, a cost to every
+        process that builds a model there to read one in (docs/measurements.md)."""
         self._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device), recurse=recurse)
         if self.args.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
