@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # the default study, smaller: every stage and every run of config/config.yaml, on less data, fewer steps and two
 # seeds, and the three streams below bf16 the default leaves out (trained on its stream_shapes and stream_seeds:
-# tiny-medium, seed 0); the drift simulation on fewer coordinates and seeds (as fast as 1,000 steps of one seed: its
-# compile and figures are most of it)
+# tiny-medium, seed 0); the drift simulation on fewer coordinates and seeds, at the note's 4,000 steps (its compile
+# and figures are most of its time: docs/measurements.md)
 SMALL = {
     "data": {"synthetic": {"documents": 4000, "files": 1}},
     "train": {

@@ -24,7 +24,7 @@ LOCAL_TASK_FILES = [str(layout.eval_task_file(task)) for task in EVAL["tasks"] i
 CORPUS_SEED = shell_words(["--corpus-seed", config["data"]["synthetic"]["seed"]] if config["data"]["source"] == "synthetic" else [])
 
 
-# Local rules (see report.smk): the task files (a second of drawing items) and the tables.
+# Local rules (see report.smk): the task files (items drawn from the corpus's grammar) and the tables.
 localrules:
     eval_tasks,
     benchmark_table,
