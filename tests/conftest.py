@@ -195,6 +195,24 @@ def pytest_collection_modifyitems(config, items):
 
 
 GROUPS_LOST = pytest.StashKey[str]()
+DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_deselected(items):
+    """Count the tests `-k`, `-m` or `--deselect` left out (`collected_everything`)."""
+    if items:
+        config = items[0].config
+        config.stash[DESELECTED] = config.stash.get(DESELECTED, 0) + len(items)
+
+
+def collected_everything(session) -> bool:
+    """Whether this session (a worker's, under pytest-xdist: each collects the whole selection) holds every test of
+    every module under tests/: none deselected, and each test file has its tests here. A test that asks what the suite
+    holds reads `session.items` then, and else collects it again in a subprocess."""
+    if session.config.stash.get(DESELECTED, 0):
+        return False
+    modules = {Path(str(item.path)).resolve() for item in session.items}
+    return all(path.resolve() in modules for path in (ROOT / "tests").rglob("test_*.py"))
 
 
 def pytest_runtest_setup(item):
