@@ -211,7 +211,7 @@ def collected_everything(session) -> bool:
     holds reads `session.items` then, and else collects it again in a subprocess."""
     if session.config.stash.get(DESELECTED, 0):
         return False
-    modules = {Path(str(item.path)).resolve() for item in session.items}
+    modules = {item.path.resolve() for item in session.items}
     return all(path.resolve() in modules for path in (ROOT / "tests").rglob("test_*.py"))
 
 
