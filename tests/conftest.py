@@ -64,15 +64,19 @@ def snakemake_command(*args) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def run_snakemake():
-    """Run `snakemake -s <repo>/Snakefile` with the given arguments; returns the CompletedProcess."""
+def run_snakemake(tmp_path_factory):
+    """Run `snakemake -s <repo>/Snakefile` with the given arguments; returns the CompletedProcess, as
+    `subprocess.run(snakemake_command(*args), cwd=..., capture_output=True, text=True, timeout=...)` would.
+    Each run is forked from one process that has imported Snakemake (helpers/snakemake_server.py)."""
+    from helpers.snakemake_server import SnakemakeServer
+
+    server = SnakemakeServer(tmp_path_factory.mktemp("snakemake-server"))
 
     def run(*args, cwd=None, timeout=900):
-        return subprocess.run(
-            snakemake_command(*args), cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout
-        )
+        return server.run(["-s", str(ROOT / "Snakefile"), *map(str, args)], cwd=cwd or ROOT, timeout=timeout)
 
-    return run
+    yield run
+    server.close()
 
 
 @pytest.fixture(scope="session")

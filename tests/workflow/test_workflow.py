@@ -1,6 +1,6 @@
 """The Snakemake workflow: both configs dry-run; a bad config stops it before any job; a changed
 setting reruns exactly the jobs it affects (Snakemake's own dry run says which, and why);
-`snakemake --lint` finds nothing."""
+`snakemake --lint` finds nothing; the tests' `run_snakemake` answers as Snakemake's command does."""
 
 import re
 import shutil
@@ -14,7 +14,7 @@ from streamback import layout
 from streamback.config import load_config
 from streamback.runs import run_matrix, train_steps
 
-from conftest import ROOT
+from conftest import ROOT, snakemake_command
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "paper.yaml"])
@@ -22,6 +22,49 @@ def test_dry_run(run_snakemake, tmp_path, name):
     result = run_snakemake("-n", "--configfile", ROOT / "config" / name, "--directory", tmp_path)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "rule drift" in result.stdout + result.stderr
+
+
+def test_run_snakemake_answers_as_python_m_snakemake(run_snakemake, tmp_path, monkeypatch):
+    """The fixture's runs, each forked from one process that has imported Snakemake (helpers/snakemake_server.py),
+    answer as `python -m snakemake` started afresh, in the caller's directory and environment at the call: the
+    same return code, and the same paragraphs of output and errors (the jobs, each with its job ID) but for their
+    times and workflow ID. Their order may differ: Snakemake lists the jobs of a dry run in an order that depends
+    on where in memory they are. A run past its timeout raises as `subprocess.run` does, and the next is answered."""
+    shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config.yaml")
+    plan = ["-n", "-p", "--forceall", "--configfile", "config.yaml", "--directory", tmp_path]
+    bad = ["--cores", "1", "--configfile", "config.yaml", "--config", "drift={steps: -5}", "--directory", tmp_path]
+    answers = []
+    for case in (plan, bad):
+        if case is bad:  # set after the server started: each run takes the caller's environment
+            monkeypatch.setenv("SNAKEMAKE_PROFILE", str(ROOT / "slurm"))
+        forked = run_snakemake(*case, cwd=tmp_path)
+        fresh = subprocess.run(
+            snakemake_command(*case), cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert forked.returncode == fresh.returncode and paragraphs(forked.stdout) == paragraphs(fresh.stdout)
+        assert paragraphs(forked.stderr) == paragraphs(fresh.stderr)
+        answers.append(forked)
+    assert (
+        answers[0].returncode == 0
+        and "rule drift" in answers[0].stdout
+        and f"Run directory: {tmp_path}" in answers[0].stdout
+    )
+    assert answers[1].returncode == 1 and "drift.steps" in answers[1].stderr and not (tmp_path / "results").exists()
+    assert f"Using profile {ROOT / 'slurm'}" in answers[1].stderr and "Using profile" not in answers[0].stderr
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_snakemake("-n", "--configfile", ROOT / "config" / "paper.yaml", "--directory", tmp_path, timeout=0.2)
+    assert (
+        run_snakemake("--version").stdout
+        == subprocess.run(snakemake_command("--version"), capture_output=True, text=True, check=True).stdout
+    )
+
+
+def paragraphs(output: str) -> list[str]:
+    """Snakemake's output as its sorted paragraphs, without what differs between any two runs: the header's date
+    and workflow ID, and the time of each job."""
+    output = re.sub(r"(?m)^  (Date|Workflow ID): .*\n", "", output)
+    output = re.sub(r"(?m)^\[\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\]\n", "", output)
+    return sorted(paragraph.strip() for paragraph in output.split("\n\n"))
 
 
 def test_slurm_profile_dry_run(run_snakemake, tmp_path):
