@@ -58,9 +58,14 @@ def device(request):
     return torch.device(request.param)
 
 
+def snakemake_args(*args) -> list[str]:
+    """`-s <repo>/Snakefile ARGS...`: the arguments of Snakemake's command for the repository's workflow."""
+    return ["-s", str(ROOT / "Snakefile"), *map(str, args)]
+
+
 def snakemake_command(*args) -> list[str]:
     """`snakemake -s <repo>/Snakefile ARGS...` in this Python, as a command's argument list."""
-    return [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *map(str, args)]
+    return [sys.executable, "-m", "snakemake", *snakemake_args(*args)]
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +78,7 @@ def run_snakemake(tmp_path_factory):
     server = SnakemakeServer(tmp_path_factory.mktemp("snakemake-server"))
 
     def run(*args, cwd=None, timeout=900):
-        return server.run(["-s", str(ROOT / "Snakefile"), *map(str, args)], cwd=cwd or ROOT, timeout=timeout)
+        return server.run(snakemake_args(*args), cwd=cwd or ROOT, timeout=timeout)
 
     yield run
     server.close()

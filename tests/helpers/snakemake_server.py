@@ -102,9 +102,9 @@ class SnakemakeServer:
             [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=scratch, bufsize=0
         )
 
-    def _answer(self, deadline: float | None) -> dict | None:
-        """The server's next line, or None if `deadline` (seconds) passes first."""
-        if deadline is not None and not select.select([self.process.stdout], [], [], deadline)[0]:
+    def _answer(self, timeout: float | None) -> dict | None:
+        """The server's next line, or None if none comes within `timeout` seconds."""
+        if timeout is not None and not select.select([self.process.stdout], [], [], timeout)[0]:
             return None
         line = self.process.stdout.readline()
         if not line:
