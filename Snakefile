@@ -44,6 +44,7 @@ for warning in warnings:
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/fetch.smk"
 include: "workflow/rules/drift.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/preflight.smk"

@@ -5,7 +5,10 @@ chosen stage's module is imported, so `streamback drift` does not pay for torch.
 datasets or lm-eval imports it does not use. A stage that runs model code (MODEL_STAGES) runs
 inside its process's execution (threads, CPU kernel path, device: streamback.model.execution),
 decided here once from the job's config and handed to it as `args.execution_context`; the
-previous one comes back when it returns, so an in-process caller leaves nothing behind.
+previous one comes back when it returns, so an in-process caller leaves nothing behind. Its Hub
+access (streamback.data.hubcache: the config's cache, offline for every stage but `fetch`) is
+decided here too, before the stage's module is imported, handed to it as `args.hub_access` and
+given back the same way.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+from streamback.data import hubcache
 from streamback.errors import DiskFull, StreambackError
 from streamback.progress import plain_logs
 
 COMMANDS = {
     "check": "streamback.check",
+    "fetch": "streamback.fetch.stage",
     "drift": "streamback.drift.stage",
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",
@@ -107,12 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     plain_logs()  # before the stage's module imports torch, whose torch.hub imports tqdm
     command = next((a for a in argv if not a.startswith("-")), None)
+    access = hubcache.for_command(command)  # before any Hugging Face library is imported
+    with hubcache.applied(access):
+        return _main(argv, command, access)
+
+
+def _main(argv: list[str], command: str | None, access: hubcache.HubAccess) -> int:
     try:  # a stage whose module cannot run here says so at import (e.g. a torch without a name it needs)
         args = parse(argv)
         module = importlib.import_module(COMMANDS[args.command])
     except StreambackError as err:
         print(f"streamback {command}: error: {err}", file=sys.stderr)
         return 2
+    args.hub_access = access
     status = None
     try:
         with stage_execution(args):

@@ -19,6 +19,9 @@ Standard library only: the rule files import it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from streamback.data.hubcache import ENV as HUB_CACHE_ENV
 from streamback.data.settings import shard_settings
 from streamback.eval.taskdata import LOCAL_TASKS
 from streamback.runs import is_reversible, run_matrix, run_setting
@@ -52,11 +55,46 @@ def _pick(section: dict, keys) -> dict:
     return {key: section[key] for key in keys}
 
 
+def hub_reads(config: dict) -> list[str]:
+    """What the config's jobs read from the Hugging Face Hub (rule fetch downloads it): the hub
+    dataset, the hub tokenizer, the eval tasks that are not local (lm-eval's own and include_path's;
+    `streamback fetch` loads those whose data are on the Hub). Empty for the default config."""
+    data = config["data"]
+    reads = []
+    if data["source"] == "hub" and not Path(data["hub"]["dataset"]).is_dir():
+        reads.append(f"hub dataset {data['hub']['dataset']} ({data['hub']['name']})")
+    if data["tokenizer"]["kind"] == "hub":
+        reads.append(f"tokenizer {data['tokenizer']['name']}")
+    tasks = [t for t in config["eval"]["tasks"] if t not in LOCAL_TASKS]
+    if tasks:
+        reads.append(f"eval tasks {', '.join(tasks)}")
+    return reads
+
+
 def execution_environment(config: dict) -> dict[str, str]:
     """The environment every job runs in, from the config: how bf16 computes on a CPU (`cpu_bf16`,
-    as STREAMBACK_CPU_BF16, which streamback.model.execution reads). An execution setting:
-    changing it reruns nothing; train's launcher hands it to each of its processes."""
-    return {"STREAMBACK_CPU_BF16": config["cpu_bf16"]}
+    as STREAMBACK_CPU_BF16, which streamback.model.execution reads) and, where the config reads
+    from the Hub, its cache (`hub_cache`, as STREAMBACK_HUB_CACHE, absolute: each process then
+    reads it offline but `fetch`, streamback.data.hubcache). Execution settings: changing one
+    reruns nothing; train's launcher hands them to each of its processes."""
+    env = {"STREAMBACK_CPU_BF16": config["cpu_bf16"]}
+    if hub_reads(config):
+        env[HUB_CACHE_ENV] = str(Path(config["hub_cache"]).resolve())
+    return env
+
+
+def fetch(config: dict) -> dict:
+    """Rule fetch: what it downloads (the hub dataset, the tokenizer, the eval tasks and where
+    lm-eval finds them); the cache is its output's place, given apart."""
+    data = config["data"]
+    return {
+        "data": {
+            "source": data["source"],
+            **({"hub": data["hub"]} if data["source"] == "hub" else {}),
+            "tokenizer": data["tokenizer"],
+        },
+        "eval": _pick(config["eval"], ("tasks", "include_path")),
+    }
 
 
 def corpus(config: dict) -> dict:

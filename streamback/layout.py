@@ -247,6 +247,7 @@ DRIFT_FIGURES = ("drift_ratio", "trajectories", "spacing")  # each as .svg and .
 
 # -- measurement (streamback bench, streamback memory) ----------------------------------------
 
+FETCH_RECORD = RESULTS / "fetch" / "fetched.json"  # rule fetch: what it put in hub_cache, at which commits
 BENCH_DIR = RESULTS / "bench"
 BENCH_FILE = BENCH_DIR / "bench.json"  # and bench.md beside it
 MEMORY_FILE = BENCH_DIR / "memory.json"  # and memory.md beside it

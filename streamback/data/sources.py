@@ -1,5 +1,6 @@
-"""Documents in: a hub dataset (FineWeb) or local parquet / jsonl / text files (the synthetic
-corpus is local parquet), all read with `datasets.load_dataset(..., streaming=True)`.
+"""Documents in: a hub dataset (FineWeb; from the Hub, or from the cache `snakemake fetch` filled)
+or local parquet / jsonl / text files (the synthetic corpus is local parquet), all read with
+`datasets.load_dataset(..., streaming=True)`.
 
 A source yields documents in one fixed order as batches; a document's position in that order is
 its stream index (resuming counts on it). Its split is a pure function of its id: validation if
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamback import layout
+from streamback.data.hubcache import FETCH_HINT
 from streamback.data.shards import file_sha256
 from streamback.errors import StreambackError
 
@@ -155,11 +157,69 @@ class FileSource:
                 yield batch
 
 
+def card_patterns(card: Path, dataset: str, name: str | None, split: str) -> list[str]:
+    """The file patterns of `split` of config `name` in a dataset card (README.md), as datasets
+    reads its `configs`; every file of the repository (`["*"]`) when the card names no configs."""
+    from datasets.data_files import sanitize_patterns
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCard
+
+    try:
+        configs = MetadataConfigs.from_dataset_card_data(DatasetCard.load(card).data)
+    except Exception as err:  # yaml and datasets' checks raise several types
+        raise StreambackError(f"hub dataset {dataset}: its card {card} cannot be read: {err}") from None
+    if not configs:
+        return ["*"]
+    chosen = name if name is not None else "default"
+    if chosen not in configs:
+        raise StreambackError(
+            f"hub dataset {dataset} has no config {chosen!r} (data.hub.name); its card names {', '.join(configs)}"
+        )
+    patterns = sanitize_patterns(configs[chosen].get("data_files") or {}).get(split)
+    if not patterns:
+        raise StreambackError(
+            f"hub dataset {dataset}, config {chosen}: its card gives no files for split {split!r} (data.hub.split)"
+        )
+    return [p if not configs[chosen].get("data_dir") else f"{configs[chosen]['data_dir']}/{p}" for p in patterns]
+
+
+def cached_snapshot(dataset: str, name: str | None, split: str, revision: str) -> tuple[Path, list[str]]:
+    """(the fetched repository's snapshot folder, the patterns of the files read) from the Hub cache
+    alone (huggingface_hub's, which the process's hubcache.HubAccess names); a StreambackError
+    naming what is missing, and `snakemake fetch`, when the cache lacks the card or a file."""
+    from huggingface_hub import constants, hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    where = f"hub dataset {dataset} (revision {revision})"
+    try:
+        card = Path(
+            hf_hub_download(dataset, "README.md", repo_type="dataset", revision=revision, local_files_only=True)
+        )
+    except LocalEntryNotFoundError:
+        raise StreambackError(
+            f"{where}: its README.md is not in the Hub cache {constants.HF_HUB_CACHE}; {FETCH_HINT}"
+        ) from None
+    patterns = card_patterns(card, dataset, name, split)
+    try:
+        folder = snapshot_download(
+            dataset, repo_type="dataset", revision=revision, allow_patterns=patterns, local_files_only=True
+        )
+    except LocalEntryNotFoundError as err:  # the tree listing fetch cached names the missing files
+        raise StreambackError(
+            f"{where}: the files of {name} ({', '.join(patterns)}) are not all in the Hub cache "
+            f"{constants.HF_HUB_CACHE} ({' '.join(str(err).split())[:300]}); {FETCH_HINT}"
+        ) from None
+    return Path(folder), patterns
+
+
 class HubSource:
     """A dataset on the Hugging Face hub (or a local copy of its repository), streamed.
 
     The manifest records the commit the revision resolved to; a gated or private dataset needs
-    HF_TOKEN in the environment."""
+    HF_TOKEN in the environment. Where the process's Hub access is offline (every job of a config
+    whose data `snakemake fetch` put in its `hub_cache`: streamback.data.hubcache), the files are
+    read from the fetched snapshot of that commit with the same loading code, so the source's
+    description, and with it the shards' fingerprint, is the one the Hub route gives."""
 
     def __init__(self, data: dict):
         hub = data["hub"]
@@ -172,6 +232,8 @@ class HubSource:
             "split": self.split,
             "revision": self.revision,
         }
+        self.snapshot: Path | None = None  # the fetched copy read offline
+        self.files: list[Path] = []  # its files, in the order datasets reads them
         local = Path(self.dataset)
         if local.is_dir():  # a mirror of the repository: record its files instead of a commit
             self.description["local_copy"] = [
@@ -179,6 +241,12 @@ class HubSource:
                 for p in sorted(local.rglob("*"))
                 if p.is_file() and not p.name.startswith(".")
             ]
+        elif _offline():
+            self.snapshot, patterns = cached_snapshot(self.dataset, self.name, self.split, self.revision)
+            self.description["commit"] = (
+                self.snapshot.name
+            )  # the cache keeps a commit's files under snapshots/<commit>/
+            self.files = _matching(self.snapshot, patterns)
         else:
             self.description["commit"] = self._resolve()
 
@@ -190,8 +258,8 @@ class HubSource:
         except Exception as err:
             raise StreambackError(
                 f"cannot reach hub dataset {self.dataset} (revision {self.revision}): {err}. "
-                "A gated or private dataset needs HF_TOKEN; offline, use a local copy "
-                "(data.hub.dataset: <directory>) or data.source: local"
+                "A gated or private dataset needs HF_TOKEN; offline, fetch it first (`snakemake fetch`, "
+                "with hub_cache on shared disk) or use data.source: local"
             ) from None
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
@@ -201,12 +269,55 @@ class HubSource:
         where = f"hub dataset {self.dataset} ({self.name}, split {self.split})"
         revision = self.description.get("commit", self.revision)
         try:
-            dataset = datasets.load_dataset(
-                self.dataset, name=self.name, split=self.split, streaming=True, revision=revision
-            ).with_format("arrow")
+            if (
+                self.snapshot is not None
+            ):  # the fetched files of the config's split, in the order datasets resolves them
+                dataset = datasets.load_dataset(
+                    _builder(self.files, where),
+                    data_files={self.split: [str(f) for f in self.files]},
+                    split=self.split,
+                    streaming=True,
+                )
+            else:
+                dataset = datasets.load_dataset(
+                    self.dataset, name=self.name, split=self.split, streaming=True, revision=revision
+                )
+            dataset = dataset.with_format("arrow")
         except Exception as err:
             raise StreambackError(f"{where} cannot be opened: {err}") from None
         yield from _iter_dataset(dataset, self.text_column, self.id_column, batch_size, where, 0)
+
+
+def _offline() -> bool:
+    """Whether this process's Hub access is offline (huggingface_hub's setting, which
+    streamback.data.hubcache.applied sets for the stage from its decided access)."""
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode()
+
+
+def _builder(files: list[Path], where: str) -> str:
+    """datasets' packaged builder for the files' format (parquet for FineWeb), by extension as
+    datasets infers it. A local folder is not read as a repository (`load_dataset(folder, name)`):
+    datasets infers the format from the default config's files, which a fetch of one sample lacks."""
+    from datasets.packaged_modules import _EXTENSION_TO_MODULE
+
+    suffixes = {f.suffix.lower() for f in files}
+    builders = {_EXTENSION_TO_MODULE.get(s, (None, None))[0] for s in suffixes}
+    if len(builders) != 1 or None in builders:
+        raise StreambackError(f"{where}: cannot read files with extensions {', '.join(sorted(suffixes))} as one format")
+    return builders.pop()
+
+
+def _matching(folder: Path, patterns: list[str]) -> list[Path]:
+    """The files under `folder` that `patterns` (the card's, relative to it) match, sorted by path."""
+    from fnmatch import fnmatch
+
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and any(fnmatch(p.relative_to(folder).as_posix(), pattern) for pattern in patterns)
+    )
 
 
 def open_source(data: dict, inputs: list[Path] | None = None) -> FileSource | HubSource:

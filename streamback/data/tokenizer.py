@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from streamback.data.hubcache import FETCH_HINT
 from streamback.errors import StreambackError
 
 BPE_EOS = "<|endoftext|>"
@@ -54,8 +55,10 @@ def load_hub(repo_id: str, revision: str | None) -> tuple[Tokenizer, str]:
     """The `tokenizer.json` of a hub model repository, and the commit it came from.
 
     Uses the Hugging Face cache; HF_TOKEN in the environment authenticates gated repositories
-    (Llama 3), HF_HUB_OFFLINE=1 uses only what the cache already holds."""
-    from huggingface_hub import hf_hub_download
+    (Llama 3). Offline (HF_HUB_OFFLINE=1: every job of a config with a `hub_cache` but `fetch`,
+    streamback.data.hubcache) only what the cache holds is read, and a file it lacks is named with
+    `snakemake fetch`."""
+    from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
@@ -69,7 +72,14 @@ def load_hub(repo_id: str, revision: str | None) -> tuple[Tokenizer, str]:
         raise StreambackError(
             f"tokenizer repository {repo_id} not found on the hub (or private: export HF_TOKEN)"
         ) from None
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
+    except LocalEntryNotFoundError as err:
+        if constants.is_offline_mode():
+            raise StreambackError(
+                f"tokenizer.json of {repo_id} (revision {revision}) is not in the Hub cache {constants.HF_HUB_CACHE}; "
+                f"{FETCH_HINT}"
+            ) from None
+        raise StreambackError(f"cannot fetch tokenizer.json of {repo_id} (revision {revision}): {err}") from None
+    except (HfHubHTTPError, OSError) as err:
         raise StreambackError(f"cannot fetch tokenizer.json of {repo_id} (revision {revision}): {err}") from None
     commit = Path(path).parent.name  # the cache stores files under snapshots/<commit>/
     return load_file(path), commit

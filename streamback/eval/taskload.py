@@ -18,7 +18,8 @@
   file, or an empty file, is named with its task and split; so are a split lm-eval reads that the
   files do not give, and a file datasets cannot read. The hint fits the task: `streamback
   eval-tasks` for the built-in local tasks, the task's own YAML for the others, the hub for hub
-  datasets.
+  datasets; offline (every job but fetch of a config with a `hub_cache`), `snakemake fetch`.
+- `hub_tasks`: the tasks whose data come from the Hub, which `streamback fetch` loads.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from importlib.metadata import version
 from importlib.util import find_spec
 from pathlib import Path
 
+from streamback.data.hubcache import FETCH_HINT
 from streamback.errors import StreambackError
 from streamback.io import write_json
 
@@ -203,7 +205,11 @@ class _Data:
                 f"{Path.cwd()})"
             )
         if not self.local:
-            return "hub datasets need the Hugging Face Hub, or a filled HF datasets cache with HF_DATASETS_OFFLINE=1"
+            import datasets
+
+            if datasets.config.HF_HUB_OFFLINE:  # every job but fetch, where the config names a hub_cache
+                return f"offline, a hub dataset is read from the datasets cache {datasets.config.HF_DATASETS_CACHE}: {FETCH_HINT}"
+            return "hub datasets need the Hugging Face Hub, or the hub_cache that `snakemake fetch` fills"
         return (
             f"see dataset_path and dataset_kwargs in {self.yaml_path}; relative paths are read from the working "
             f"directory, "
@@ -300,6 +306,17 @@ def _shown(path: str) -> str:
     """A path as a message shows it: relative to the working directory when inside it."""
     relative = os.path.relpath(path)
     return path if relative.startswith("..") else relative
+
+
+def hub_tasks(manager, names: list[str]) -> list[str]:
+    """The tasks of `names` whose data come from the Hub (neither a packaged builder's files nor a
+    directory): those `snakemake fetch` loads, so that datasets' cache holds them."""
+    tasks = []
+    for name in names:
+        entry = manager.task_index[name]
+        if not _Data(name, entry.cfg or {}, entry.yaml_path).local:
+            tasks.append(name)
+    return tasks
 
 
 def load_tasks(manager, names: list[str]) -> dict:
