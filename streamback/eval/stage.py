@@ -112,6 +112,7 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
         stale.unlink(missing_ok=True)
     manager = task_manager(cfg["tasks"], cfg["include_path"])
     began = time.perf_counter()
+    tasks = load_tasks(manager, cfg["tasks"])  # before the model: a task the cache lacks fails in seconds
     lm = StreambackLM(
         pretrained=str(model_file),
         tokens=str(tokens_dir),
@@ -119,7 +120,6 @@ def evaluate(cfg: dict, model_file, tokens_dir, outdir, device: str | None = Non
         max_length=cfg["max_length"],
         device=device,
     )
-    tasks = load_tasks(manager, cfg["tasks"])
     print(
         f"evaluate: {lm.run.name} ({lm.model.args.block}, stream {lm.model.stream_format.label}, "
         f"{lm.model.compute_dtype}) "

@@ -21,13 +21,16 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 MAIN = "main"
 
@@ -247,13 +250,19 @@ def card(configs: list[dict]) -> bytes:
     return ("\n".join([*lines, "---", "", "A dataset served by the fetch tests' local Hub.", ""])).encode()
 
 
-def fineweb_repo(repo_id: str, sample: str, files: list[list[dict]]) -> Repo:
+def table_bytes(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+def fineweb_repo(repo_id: str, sample: str, tables: list[pa.Table]) -> Repo:
     """A dataset laid out as FineWeb's repository: each sample's parquet files under
     sample/<size>/ (FineWeb's sample-10BT is sample/10BT/*), its crawls under data/<crawl>/, and
     a card whose configs name them."""
     size = sample.removeprefix("sample-")
-    content = {f"sample/{size}/{k:03d}_00000.parquet": parquet_bytes(rows) for k, rows in enumerate(files)}
-    content["data/CC-MAIN-2026-01/000_00000.parquet"] = parquet_bytes(files[0][:1])  # never fetched
+    content = {f"sample/{size}/{k:03d}_00000.parquet": table_bytes(t) for k, t in enumerate(tables)}
+    content["data/CC-MAIN-2026-01/000_00000.parquet"] = table_bytes(tables[0].slice(0, 1))  # never fetched
     content["README.md"] = card(
         [
             {"config_name": "default", "data_files": {"train": "data/*/*"}},
@@ -273,3 +282,102 @@ def task_repo(repo_id: str, splits: dict[str, list[dict]], schema: pa.Schema | N
     content = {f"data/{split}-00000-of-00001.parquet": parquet_bytes(rows, schema) for split, rows in splits.items()}
     content["README.md"] = card([{"config_name": "default", "data_files": {s: f"data/{s}-*" for s in splits}}])
     return Repo(repo_id, "dataset", content)
+
+
+# -- the Hub of the fetch tests: a GPU tier's repositories, small -------------------------------
+
+DATASET, SAMPLE = "HuggingFaceFW/fineweb", "sample-10BT"  # config/one-gpu.yaml's
+TOKENIZER, EOS = "meta-llama/Meta-Llama-3-8B", "<|end_of_text|>"
+TASK, TASK_DATASET = "hellaswag", "Rowan/hellaswag"  # lm-eval's hellaswag.yaml reads Rowan/hellaswag
+DOCUMENTS, FILES = 1200, 3  # synthetic documents in FineWeb's columns, over the sample's files
+
+
+@dataclass
+class LocalHub:
+    hub: Hub
+    dataset: Repo
+    tokenizer: Repo
+    task: Repo
+
+
+def hub_repos() -> tuple[Repo, Repo, Repo]:
+    """The dataset (the synthetic corpus in FineWeb's layout and columns), the tokenizer (a BPE
+    trained on it by `tokenizers`, with Llama 3's end-of-text token) and hellaswag's task data."""
+    from streamback.data.corpus import corpus_table, part_ranges
+    from streamback.data.tokenizer import train_bpe
+
+    from helpers.eval_tasks import HELLASWAG, HELLASWAG_SCHEMA
+
+    tables = [corpus_table(7, a, b, f"{k:03d}_00000.parquet") for k, (a, b) in enumerate(part_ranges(DOCUMENTS, FILES))]
+    texts = (text for table in tables for text in table.column("text").to_pylist())
+    tokenizer = train_bpe(texts, 300, EOS)
+    return (
+        fineweb_repo(DATASET, SAMPLE, tables),
+        tokenizer_repo(TOKENIZER, tokenizer.to_str()),
+        task_repo(TASK_DATASET, {"train": HELLASWAG[:2], "validation": HELLASWAG}, HELLASWAG_SCHEMA),
+    )
+
+
+@pytest.fixture(scope="module")
+def local_hub():
+    """The Hub on 127.0.0.1 holding `hub_repos()`, for the module; stopped after it."""
+    dataset, tokenizer, task = hub_repos()
+    hub = Hub([dataset, tokenizer, task])
+    yield LocalHub(hub, dataset, tokenizer, task)
+    hub.stop()
+
+
+def tier_config(root: Path) -> dict:
+    """A GPU tier's data and tasks, small: FineWeb's sample from the Hub with the hub tokenizer,
+    lm-eval's own hellaswag (its YAML copied under root/tasks, reading Rowan/hellaswag from the
+    Hub), the cache in root/hf-cache."""
+    from helpers.eval_tasks import local_copy
+
+    local_copy("hellaswag/hellaswag.yaml", root / "tasks" / "hellaswag", TASK_DATASET)
+    return {
+        "data": {
+            "corpus": "fineweb-small",
+            "source": "hub",
+            "hub": {"dataset": DATASET, "name": SAMPLE},
+            "tokenizer": {"kind": "hub", "name": TOKENIZER, "eos_token": EOS},
+            "val_fraction": 0.1,
+            "shard_tokens": 4096,
+            "processes": 1,
+        },
+        "eval": {"tasks": [TASK], "include_path": [str(root / "tasks")]},
+        "hub_cache": str(root / "hf-cache"),
+    }
+
+
+def hub_environment(hub: Hub, root: Path) -> dict[str, str]:
+    """This process's environment with the Hub at `hub` (HF_ENDPOINT), the Hugging Face libraries'
+    own files (HF_HOME, XDG_CACHE_HOME) under root, and the worktree's streamback importable."""
+    repo = Path(__file__).resolve().parents[2]
+    return {
+        **os.environ,
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(root / "hf-home"),
+        "XDG_CACHE_HOME": str(root / "xdg-cache"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "PYTHONPATH": os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+
+
+def no_network(command: list[str]) -> list[str]:
+    """`command` in a network namespace of its own (`unshare -n`): no interface but a loopback that
+    is down, so that nothing it runs reaches any host, the local Hub included."""
+    return ["unshare", "-n", *command]
+
+
+def unshare_works() -> bool:
+    import subprocess
+
+    try:
+        return subprocess.run(["unshare", "-n", "true"], capture_output=True, check=False).returncode == 0
+    except OSError:
+        return False
+
+
+needs_unshare = pytest.mark.skipif(
+    not unshare_works(), reason="`unshare -n` (a network namespace: root) is not available"
+)
