@@ -112,9 +112,32 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     plain_logs()  # before the stage's module imports torch, whose torch.hub imports tqdm
     command = next((a for a in argv if not a.startswith("-")), None)
-    access = hubcache.for_command(command)  # before any Hugging Face library is imported
+    access = hub_access(command, argv)  # before any Hugging Face library is imported
     with hubcache.applied(access):
         return _main(argv, command, access)
+
+
+def hub_access(command: str | None, argv: list[str]) -> hubcache.HubAccess:
+    """The process's Hub access: from the config file a stage is given (`--config FILE`: a hand run
+    reads the cache its rule's job reads, if that config reads the Hub), else from the job's
+    STREAMBACK_HUB_CACHE (hubcache.for_command). A config file that cannot be read is left to the
+    stage, which names it."""
+    config_file = next(
+        (argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"),
+        next((a.partition("=")[2] for a in argv if a.startswith("--config=")), None),
+    )
+    if config_file is None:
+        return hubcache.for_command(command)
+    from streamback import jobs
+    from streamback.config import read_config_file, validate_config
+
+    try:
+        config = validate_config(read_config_file(config_file))
+    except (StreambackError, OSError):
+        return hubcache.for_command(command)
+    if not jobs.hub_reads(config):
+        return hubcache.HubAccess(None, offline=False)
+    return hubcache.for_command(command, {hubcache.ENV: config["hub_cache"]})
 
 
 def _main(argv: list[str], command: str | None, access: hubcache.HubAccess) -> int:

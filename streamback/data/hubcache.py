@@ -12,8 +12,8 @@ network. Without STREAMBACK_HUB_CACHE a process runs as the libraries' own defau
 
 The cache holds `hub/` (huggingface_hub's cache: the dataset's and the tokenizer's repositories)
 and `datasets/` (datasets' prepared task datasets). The libraries read their settings from the
-environment when first imported, so `applied` also sets them on the modules already imported (it
-imports them first) and gives both back after the block. Standard library only: `jobs.py`, which
+environment once, when first imported, so `applied` has those already imported read it again
+(their own code, `importlib.reload`), and after the block every one imported by then. Standard library only: `jobs.py`, which
 the rule files import, names the variable.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,41 +78,36 @@ def for_command(command: str | None, environ=None) -> HubAccess:
     return HubAccess(Path(cache).resolve(), offline=command != FETCH_COMMAND)
 
 
-def _library_settings(access: HubAccess) -> list[tuple[str, str, object]]:
-    """(module, attribute, value) of each setting the libraries read once at import."""
-    offline = access.offline
-    return [
-        ("huggingface_hub.constants", "HF_HUB_CACHE", str(access.hub)),
-        ("huggingface_hub.constants", "HF_HUB_OFFLINE", offline),
-        ("datasets.config", "HF_DATASETS_CACHE", access.datasets),
-        ("datasets.config", "DOWNLOADED_DATASETS_PATH", access.datasets / "downloads"),
-        ("datasets.config", "EXTRACTED_DATASETS_PATH", access.datasets / "downloads" / "extracted"),
-        ("datasets.config", "HF_HUB_OFFLINE", offline),
-        ("datasets.config", "HF_DATASETS_OFFLINE", offline),
-    ]
+# the libraries' modules that read the environment once, when imported
+LIBRARY_SETTINGS = ("huggingface_hub.constants", "datasets.config")
+
+
+def _reread() -> None:
+    """Have each of LIBRARY_SETTINGS already imported read the environment again (its own code)."""
+    for name in LIBRARY_SETTINGS:
+        module = sys.modules.get(name)
+        if module is not None:
+            importlib.reload(module)
 
 
 @contextlib.contextmanager
 def applied(access: HubAccess):
-    """Run the block with `access`'s cache and offline mode (environment and the libraries' own
-    settings); the previous ones come back after it. Nothing changes without a cache."""
+    """Run the block with `access`'s cache and offline mode: the environment the libraries read,
+    and the settings of those already imported (re-read from it); after the block the previous
+    environment comes back, and each of them imported by then re-reads it. Nothing changes
+    without a cache. A library first imported inside the block reads the block's environment."""
     if access.cache is None:
         yield access
         return
-    settings = _library_settings(access)
-    modules = {name: importlib.import_module(name) for name, _, _ in settings}  # imported now, so restorable
-    saved_env = {name: os.environ.get(name) for name in access.environment()}
-    saved = [(name, attr, getattr(modules[name], attr)) for name, attr, _ in settings]
+    saved = {name: os.environ.get(name) for name in access.environment()}
     os.environ.update(access.environment())
-    for name, attr, value in settings:
-        setattr(modules[name], attr, value)
+    _reread()
     try:
         yield access
     finally:
-        for name, attr, value in saved:
-            setattr(modules[name], attr, value)
-        for name, value in saved_env.items():
+        for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        _reread()

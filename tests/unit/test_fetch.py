@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from streamback import jobs
+from streamback.cli import hub_access
 from streamback.config import validate_config
 from streamback.data import hubcache
 from streamback.data.sources import card_patterns
@@ -123,3 +124,16 @@ def test_the_card_names_the_files_of_a_sample(tmp_path):
     plain = tmp_path / "plain.md"
     plain.write_text("a card without configs\n")
     assert card_patterns(plain, "someone/corpus", None, "train") == ["*"]
+
+
+def test_a_hand_run_with_a_config_file_reads_the_cache_its_job_reads(tmp_path):
+    path = tmp_path / "tier.yaml"
+    path.write_text(yaml.safe_dump({"data": {"source": "hub"}, "hub_cache": str(tmp_path / "shared" / "hf")}))
+    assert hub_access("tokenize", ["tokenize", "--config", str(path)]) == hubcache.HubAccess(
+        tmp_path / "shared" / "hf", offline=True
+    )
+    assert hub_access("fetch", ["fetch", f"--config={path}"]) == hubcache.HubAccess(tmp_path / "shared" / "hf", False)
+    # a config that reads nothing from the Hub: the libraries' defaults, whatever the environment says
+    local = tmp_path / "local.yaml"
+    local.write_text("data: {source: synthetic}\n")
+    assert hub_access("tokenize", ["tokenize", "--config", str(local)]) == hubcache.HubAccess(None, offline=False)

@@ -52,6 +52,11 @@ def fetched(local_hub, tmp_path_factory):
     return root, env, json.loads((root / layout.FETCH_RECORD).read_text())
 
 
+def data_params(root) -> str:
+    """The data section as rule tokenize passes it (`--params`: the cache comes from the job's environment)."""
+    return json.dumps(yaml.safe_load((root / "config.yaml").read_text())["data"])
+
+
 def offline_env(env, cache):
     """What a compute job of the config gets: the cache (jobs.execution_environment), nothing else."""
     return {**env, hubcache.ENV: str(cache)}
@@ -79,8 +84,9 @@ def test_fetch_takes_the_sample_the_tokenizer_and_the_task_at_their_commits(fetc
 
 def test_tokenize_offline_reads_the_cache_and_writes_the_hub_routes_shards(fetched, local_hub):
     root, env, record = fetched
+    data = data_params(root)
     offline = run(
-        no_network(streamback("tokenize", "--config", "config.yaml", "--out", "tokens-offline")),
+        no_network(streamback("tokenize", "--params", data, "--out", "tokens-offline")),
         root,
         offline_env(env, root / "hf-cache"),
     )
@@ -88,7 +94,7 @@ def test_tokenize_offline_reads_the_cache_and_writes_the_hub_routes_shards(fetch
     manifest = json.loads((root / "tokens-offline" / "manifest.json").read_text())
     assert manifest["source"]["commit"] == record["dataset"]["commit"] == local_hub.dataset.commit
     # the Hub route (no cache: the libraries' defaults, streaming from the Hub) gives the same fingerprint and bytes
-    online = run(streamback("tokenize", "--config", "config.yaml", "--out", "tokens-hub"), root, env)
+    online = run(streamback("tokenize", "--params", data, "--out", "tokens-hub"), root, env)
     assert online.returncode == 0, online.stderr[-3000:]
     hub = json.loads((root / "tokens-hub" / "manifest.json").read_text())
     assert hub["fingerprint"] == manifest["fingerprint"] and hub["source"] == manifest["source"]
@@ -129,7 +135,7 @@ def test_a_stage_that_needs_what_was_not_fetched_names_it_and_snakemake_fetch(fe
     for case, (missing, message) in cases.items():
         monkeypatch.setenv(hubcache.ENV, str(missing))
         out = tmp_path / f"tokens-{case.replace(' ', '-')}"
-        assert main(["tokenize", "--config", str(root / "config.yaml"), "--out", str(out)]) == 2, case
+        assert main(["tokenize", "--params", data_params(root), "--out", str(out)]) == 2, case
         (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
         assert line.startswith("streamback tokenize: error: ") and message in line, (case, line)
         assert "run `snakemake fetch`" in line, (case, line)
