@@ -128,14 +128,14 @@ def hub_access(command: str | None, argv: list[str]) -> hubcache.HubAccess:
     )
     if config_file is None:
         return hubcache.for_command(command)
-    from streamback import jobs
     from streamback.config import read_config_file, validate_config
+    from streamback.eval.taskdata import LOCAL_TASKS
 
     try:
         config = validate_config(read_config_file(config_file))
     except (StreambackError, OSError):
         return hubcache.for_command(command)
-    if not jobs.hub_reads(config):
+    if not hubcache.hub_reads(config, LOCAL_TASKS):
         return hubcache.HubAccess(None, offline=False)
     return hubcache.for_command(command, {hubcache.ENV: config["hub_cache"]})
 

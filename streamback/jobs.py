@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from streamback.data import hubcache
 from streamback.data.hubcache import ENV as HUB_CACHE_ENV
 from streamback.data.settings import shard_settings
 from streamback.eval.taskdata import LOCAL_TASKS
@@ -56,19 +57,8 @@ def _pick(section: dict, keys) -> dict:
 
 
 def hub_reads(config: dict) -> list[str]:
-    """What the config's jobs read from the Hugging Face Hub (rule fetch downloads it): the hub
-    dataset, the hub tokenizer, the eval tasks that are not local (lm-eval's own and include_path's;
-    `streamback fetch` loads those whose data are on the Hub). Empty for the default config."""
-    data = config["data"]
-    reads = []
-    if data["source"] == "hub" and not Path(data["hub"]["dataset"]).is_dir():
-        reads.append(f"hub dataset {data['hub']['dataset']} ({data['hub']['name']})")
-    if data["tokenizer"]["kind"] == "hub":
-        reads.append(f"tokenizer {data['tokenizer']['name']}")
-    tasks = [t for t in config["eval"]["tasks"] if t not in LOCAL_TASKS]
-    if tasks:
-        reads.append(f"eval tasks {', '.join(tasks)}")
-    return reads
+    """What the config's jobs read from the Hugging Face Hub (rule fetch downloads it; hubcache.hub_reads)."""
+    return hubcache.hub_reads(config, LOCAL_TASKS)
 
 
 def execution_environment(config: dict) -> dict[str, str]:

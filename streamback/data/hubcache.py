@@ -68,6 +68,23 @@ class HubAccess:
         return f"the cache {self.cache}" + (" (offline)" if self.offline else "")
 
 
+def hub_reads(config: dict, local_tasks) -> list[str]:
+    """What a validated config's jobs read from the Hub (rule fetch downloads it): the hub dataset,
+    the hub tokenizer, the eval tasks not in `local_tasks` (the built-in ones, whose items rule
+    eval_tasks writes: lm-eval's own and include_path's; `streamback fetch` loads those whose data
+    are on the Hub). Empty for the default config."""
+    data = config["data"]
+    reads = []
+    if data["source"] == "hub" and not Path(data["hub"]["dataset"]).is_dir():
+        reads.append(f"hub dataset {data['hub']['dataset']} ({data['hub']['name']})")
+    if data["tokenizer"]["kind"] == "hub":
+        reads.append(f"tokenizer {data['tokenizer']['name']}")
+    tasks = [t for t in config["eval"]["tasks"] if t not in local_tasks]
+    if tasks:
+        reads.append(f"eval tasks {', '.join(tasks)}")
+    return reads
+
+
 def for_command(command: str | None, environ=None) -> HubAccess:
     """The access of a `streamback <command>` process: the cache STREAMBACK_HUB_CACHE names (the
     job's config's `hub_cache`), online for `fetch` alone."""
