@@ -13,8 +13,8 @@ network. Without STREAMBACK_HUB_CACHE a process runs as the libraries' own defau
 The cache holds `hub/` (huggingface_hub's cache: the dataset's and the tokenizer's repositories)
 and `datasets/` (datasets' prepared task datasets). The libraries read their settings from the
 environment once, when first imported, so `applied` has those already imported read it again
-(their own code, `importlib.reload`), and after the block every one imported by then. Standard library only: `jobs.py`, which
-the rule files import, names the variable.
+(their own code, `importlib.reload`), and after the block every one imported by then. Standard
+library only: `jobs.py`, which the rule files import, names the variable and asks `hub_reads`.
 """
 
 from __future__ import annotations

@@ -208,7 +208,8 @@ class _Data:
             import datasets
 
             if datasets.config.HF_HUB_OFFLINE:  # every job but fetch, where the config names a hub_cache
-                return f"offline, a hub dataset is read from the datasets cache {datasets.config.HF_DATASETS_CACHE}: {FETCH_HINT}"
+                cache = datasets.config.HF_DATASETS_CACHE
+                return f"offline, a hub dataset is read from the datasets cache {cache}: {FETCH_HINT}"
             return "hub datasets need the Hugging Face Hub, or the hub_cache that `snakemake fetch` fills"
         return (
             f"see dataset_path and dataset_kwargs in {self.yaml_path}; relative paths are read from the working "
