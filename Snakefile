@@ -58,3 +58,10 @@ rule all:
     default_target: True
     input:
         final_outputs(),
+
+
+# `snakemake fetch`, on the login node: what the config reads from the Hub, into hub_cache
+# (workflow/rules/fetch.smk); nothing for a config whose data and tasks are local.
+rule fetch:
+    input:
+        [str(layout.fetch_record(part)) for part in FETCH_PARTS],

@@ -57,7 +57,7 @@ def _pick(section: dict, keys) -> dict:
 
 
 def hub_reads(config: dict) -> list[str]:
-    """What the config's jobs read from the Hugging Face Hub (rule fetch downloads it; hubcache.hub_reads)."""
+    """What the config's jobs read from the Hugging Face Hub (rules fetch_data and fetch_tasks download it; hubcache.hub_reads)."""
     return hubcache.hub_reads(config, LOCAL_TASKS)
 
 
@@ -73,18 +73,29 @@ def execution_environment(config: dict) -> dict[str, str]:
     return env
 
 
-def fetch(config: dict) -> dict:
-    """Rule fetch: what it downloads (the hub dataset, the tokenizer, the eval tasks and where
-    lm-eval finds them); the cache is its output's place, given apart."""
+def fetch_parts(config: dict) -> list[str]:
+    """The fetch rules the config needs (layout.FETCH_PARTS): `data` where its dataset or tokenizer
+    is on the Hub (tokenize waits for it), `tasks` where an eval task is not local (evaluate waits
+    for it); none for the default config."""
+    reads = hubcache.hub_reads(config, LOCAL_TASKS)
+    parts = ["data"] if any(r.startswith(("hub dataset", "tokenizer")) for r in reads) else []
+    return parts + (["tasks"] if any(r.startswith("eval tasks") for r in reads) else [])
+
+
+def fetch(config: dict, part: str) -> dict:
+    """Rule fetch_<part>: what it downloads. data: the hub dataset and the tokenizer (a changed one
+    retokenizes anyway); tasks: eval.tasks and where lm-eval finds them (a changed one reruns every
+    evaluate anyway). The cache is given apart (untracked)."""
     data = config["data"]
-    return {
-        "data": {
-            "source": data["source"],
-            **({"hub": data["hub"]} if data["source"] == "hub" else {}),
-            "tokenizer": data["tokenizer"],
-        },
-        "eval": _pick(config["eval"], ("tasks", "include_path")),
-    }
+    if part == "data":
+        return {
+            "data": {
+                "source": data["source"],
+                **({"hub": data["hub"]} if data["source"] == "hub" else {}),
+                "tokenizer": data["tokenizer"],
+            }
+        }
+    return {"eval": _pick(config["eval"], ("tasks", "include_path"))}
 
 
 def corpus(config: dict) -> dict:

@@ -247,7 +247,16 @@ DRIFT_FIGURES = ("drift_ratio", "trajectories", "spacing")  # each as .svg and .
 
 # -- measurement (streamback bench, streamback memory) ----------------------------------------
 
-FETCH_RECORD = RESULTS / "fetch" / "fetched.json"  # rule fetch: what it put in hub_cache, at which commits
+FETCH_DIR = RESULTS / "fetch"
+FETCH_PARTS = ("data", "tasks")  # rules fetch_data (the dataset, the tokenizer) and fetch_tasks (eval.tasks' data)
+
+
+def fetch_record(part: str) -> Path:
+    """What rule fetch_<part> put in hub_cache, at which commits: results/fetch/<part>.json."""
+    if part not in FETCH_PARTS:
+        raise ValueError(f"fetch part {part!r} is not one of {', '.join(FETCH_PARTS)}")
+    return FETCH_DIR / f"{part}.json"
+
 BENCH_DIR = RESULTS / "bench"
 BENCH_FILE = BENCH_DIR / "bench.json"  # and bench.md beside it
 MEMORY_FILE = BENCH_DIR / "memory.json"  # and memory.md beside it

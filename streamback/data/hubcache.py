@@ -69,7 +69,7 @@ class HubAccess:
 
 
 def hub_reads(config: dict, local_tasks) -> list[str]:
-    """What a validated config's jobs read from the Hub (rule fetch downloads it): the hub dataset,
+    """What a validated config's jobs read from the Hub (rules fetch_data and fetch_tasks download it): the hub dataset,
     the hub tokenizer, the eval tasks not in `local_tasks` (the built-in ones, whose items rule
     eval_tasks writes: lm-eval's own and include_path's; `streamback fetch` loads those whose data
     are on the Hub). Empty for the default config."""

@@ -1,5 +1,6 @@
-"""`streamback fetch` (rule fetch, local: the login node's job): download everything the config's
-later jobs read from the Hugging Face Hub into its `hub_cache`, so that they run offline.
+"""`streamback fetch` (rules fetch_data and fetch_tasks, local: the login node's jobs): download
+everything the config's later jobs read from the Hugging Face Hub into its `hub_cache`, so that
+they run offline.
 
 - the hub dataset (data.source hub): its card (README.md), then the files of its config and split
   as the card's `configs` name them (`snapshot_download(..., allow_patterns=...)`), at the commit
@@ -10,8 +11,9 @@ later jobs read from the Hugging Face Hub into its `hub_cache`, so that they run
 
 Everything goes through the libraries' own download code into `<hub_cache>/hub` and
 `<hub_cache>/datasets` (streamback.data.hubcache); a rerun downloads only what is missing. The
-record (results/fetch/fetched.json) names each thing and its commit; the tokenize manifest names
-the commit it read, from the cache.
+records (results/fetch/data.json, tasks.json: rules fetch_data and fetch_tasks, which `snakemake
+fetch` asks for) name each thing and its commit; the tokenize manifest names the commit it read,
+from the cache.
 """
 
 from __future__ import annotations
@@ -33,26 +35,41 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
+    parser.add_argument(
         "--config", type=Path, default=None, help="config file (default: the default config, which fetches nothing)"
     )
-    group.add_argument("--data", default=None, metavar="JSON", help="the 'data' section as JSON (what the rule passes)")
-    parser.add_argument("--eval", default=None, metavar="JSON", help="the 'eval' section as JSON, with --data")
+    parser.add_argument("--data", default=None, metavar="JSON", help="the 'data' section as JSON (rule fetch_data)")
+    parser.add_argument("--eval", default=None, metavar="JSON", help="the 'eval' section as JSON (rule fetch_tasks)")
     parser.add_argument("--cache", type=Path, default=None, help="the cache to fill (default: the config's hub_cache)")
-    parser.add_argument("--out", type=Path, default=layout.FETCH_RECORD, help="the record of what was fetched")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=layout.FETCH_PARTS,
+        default=list(layout.FETCH_PARTS),
+        help="what to fetch: data (the hub dataset and tokenizer; rule fetch_data), tasks (eval.tasks' hub datasets; "
+        "rule fetch_tasks)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=layout.FETCH_DIR,
+        help="directory of the records, <part>.json each: what was fetched, at which commits",
+    )
 
 
 def _config(args: argparse.Namespace) -> dict:
-    if args.data is not None:
-        config = {"data": section_from_json(args.data, "data", "--data")}
-        config["eval"] = section_from_json(args.eval or "{}", "eval", "--eval")
-        return validate_config(config)
-    if args.eval is not None:
-        raise StreambackError(
-            "--eval goes with --data (the rule's form); with --config the file's eval section is read"
-        )
-    return validate_config(read_config_file(args.config or DEFAULT_CONFIG))
+    """The config: its file (`--config`), or the sections the rules pass (`--data`, `--eval`; the
+    other one's defaults)."""
+    if args.data is None and args.eval is None:
+        return validate_config(read_config_file(args.config or DEFAULT_CONFIG))
+    if args.config is not None:
+        raise StreambackError("--config or the sections (--data, --eval), not both")
+    return validate_config(
+        {
+            "data": section_from_json(args.data or "{}", "data", "--data"),
+            "eval": section_from_json(args.eval or "{}", "eval", "--eval"),
+        }
+    )
 
 
 def _say(message: str) -> None:
@@ -138,16 +155,21 @@ def fetch_tasks(eval_cfg: dict) -> list[dict]:
     return fetched
 
 
-def fetch(config: dict, cache: Path) -> dict:
-    """Fill `cache` with what `config`'s jobs read from the Hub; returns the record."""
+def fetch(config: dict, cache: Path, part: str) -> dict:
+    """Fill `cache` with what `config`'s jobs read from the Hub, of `part` (data: the hub dataset and
+    tokenizer; tasks: the task datasets); returns its record."""
     data = config["data"]
-    record: dict = {"cache": str(cache), "dataset": None, "tokenizer": None, "tasks": []}
+    record: dict = {"cache": str(cache)}
     with hubcache.applied(hubcache.HubAccess(cache, offline=False)):
-        if data["source"] == "hub" and not Path(data["hub"]["dataset"]).is_dir():
-            record["dataset"] = fetch_dataset(data["hub"])
-        if data["tokenizer"]["kind"] == "hub":
-            record["tokenizer"] = fetch_tokenizer(data["tokenizer"])
-        record["tasks"] = fetch_tasks(config["eval"])
+        if part == "data":
+            record["dataset"] = None
+            record["tokenizer"] = None
+            if data["source"] == "hub" and not Path(data["hub"]["dataset"]).is_dir():
+                record["dataset"] = fetch_dataset(data["hub"])
+            if data["tokenizer"]["kind"] == "hub":
+                record["tokenizer"] = fetch_tokenizer(data["tokenizer"])
+        else:
+            record["tasks"] = fetch_tasks(config["eval"])
     return record
 
 
@@ -157,12 +179,14 @@ def run(args: argparse.Namespace) -> int:
     if cache is None:
         raise StreambackError("hub_cache is not set: name the cache to fill (hub_cache in the config, or --cache)")
     cache = cache.resolve()
-    record = fetch(config, cache)
-    write_json(args.out, record)
-    fetched = [
-        *(["the dataset"] if record["dataset"] else []),
-        *(["the tokenizer"] if record["tokenizer"] else []),
-        *([f"{len(record['tasks'])} task datasets"] if record["tasks"] else []),
-    ]
-    _say(f"{', '.join(fetched) or 'nothing (the data and tasks are local)'} in {cache}; record {args.out}")
+    fetched = []
+    for part in dict.fromkeys(args.parts):
+        record = fetch(config, cache, part)
+        write_json(args.out / f"{part}.json", record)
+        fetched += [
+            *(["the dataset"] if record.get("dataset") else []),
+            *(["the tokenizer"] if record.get("tokenizer") else []),
+            *([f"{len(record['tasks'])} task datasets"] if record.get("tasks") else []),
+        ]
+    _say(f"{', '.join(fetched) or 'nothing (the data and tasks are local)'} in {cache}; records in {args.out}")
     return 0

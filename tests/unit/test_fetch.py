@@ -94,13 +94,17 @@ def test_only_a_config_that_reads_the_hub_gets_a_cache_and_the_hub_offline():
     assert jobs.hub_reads(config) == ["eval tasks hellaswag"] and hubcache.ENV in jobs.execution_environment(config)
 
 
-def test_the_fetch_job_is_given_what_it_downloads_and_not_the_budgets():
+def test_each_fetch_job_is_given_what_it_downloads_and_not_the_budgets():
     config = tier("one-gpu.yaml")
-    given = jobs.fetch(config)
-    assert given["data"]["hub"] == config["data"]["hub"] and given["data"]["tokenizer"] == config["data"]["tokenizer"]
-    assert given["eval"] == {"tasks": config["eval"]["tasks"], "include_path": config["eval"]["include_path"]}
-    assert "train_tokens" not in given["data"]  # a budget changes no download: changing it refetches nothing
-    assert "hub" not in jobs.fetch(validate_config({}))["data"]
+    assert jobs.fetch_parts(config) == ["data", "tasks"]
+    data = jobs.fetch(config, "data")["data"]
+    assert data["hub"] == config["data"]["hub"] and data["tokenizer"] == config["data"]["tokenizer"]
+    assert "train_tokens" not in data  # a budget changes no download: changing it refetches nothing
+    tasks = jobs.fetch(config, "tasks")
+    assert tasks == {"eval": {"tasks": config["eval"]["tasks"], "include_path": config["eval"]["include_path"]}}
+    # the default plans neither; lm-eval's own task on the synthetic corpus, its tasks' fetch alone
+    assert jobs.fetch_parts(validate_config({})) == []
+    assert jobs.fetch_parts(validate_config({"eval": {"tasks": ["hellaswag"]}})) == ["tasks"]
 
 
 def test_the_card_names_the_files_of_a_sample(tmp_path):

@@ -49,7 +49,10 @@ def fetched(local_hub, tmp_path_factory):
     env = hub_environment(local_hub.hub, root)
     result = run(streamback("fetch", "--config", "config.yaml"), root, env)
     assert result.returncode == 0, result.stderr[-3000:]
-    return root, env, json.loads((root / layout.FETCH_RECORD).read_text())
+    record = {}
+    for part in layout.FETCH_PARTS:
+        record.update(json.loads((root / layout.fetch_record(part)).read_text()))
+    return root, env, record
 
 
 def data_params(root) -> str:

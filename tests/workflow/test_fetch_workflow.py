@@ -4,6 +4,7 @@ and an analysis with no network at all (`unshare -n`), as docs/slurm.md tells it
 config reads nothing from the Hub: its DAG plans no fetch."""
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -12,8 +13,8 @@ import yaml
 from streamback import layout
 from streamback.config import merge_config
 
-from conftest import snakemake_command
-from helpers.hub import hub_environment, local_hub, needs_unshare, no_network, tier_config  # noqa: F401
+from conftest import ROOT, snakemake_command
+from helpers.hub import DATASET, hub_environment, local_hub, needs_unshare, no_network, tier_config  # noqa: F401
 
 # the tiny tier on the Hub's data: one run (a shape's baseline, one seed), a few steps
 TINY = {
@@ -29,10 +30,17 @@ TINY = {
 RUNS = ("tiny-fat-short-baseline",)
 
 
-def test_the_default_config_plans_no_fetch(run_snakemake, tmp_path):
+def test_the_default_config_plans_no_fetch_and_a_tier_fetches_first(run_snakemake, tmp_path):
     result = run_snakemake("-n", "--directory", tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "rule tokenize:" in result.stdout and "rule fetch:" not in result.stdout
+    assert "rule tokenize:" in result.stdout and not re.search(r"rule fetch", result.stdout)
+    # a tier's tokenize waits for its data's fetch, its evaluate jobs for their tasks', both local rules
+    tier = run_snakemake("-n", "--directory", tmp_path, "--configfile", ROOT / "config" / "one-gpu.yaml")
+    assert tier.returncode == 0, tier.stderr[-3000:]
+    blocks = {b.split(":")[0]: b for b in re.split(r"\n(?=(?:local)?rule \w+:\n)", tier.stdout)}
+    assert f"input: {layout.fetch_record('data')}" in blocks["rule tokenize"]
+    assert str(layout.fetch_record("tasks")) in blocks["rule evaluate"]
+    assert "localrule fetch_data" in blocks and "localrule fetch_tasks" in blocks
 
 
 @pytest.mark.slow
@@ -53,14 +61,16 @@ def test_fetch_on_the_login_node_then_every_job_offline(local_hub, tmp_path):
             timeout=1200,
         )
 
-    # before the fetch, a compute job names what it lacks, and the fix
+    # without the network, tokenize's fetch_data (run first, as a local rule) says what it cannot reach
     early = snakemake(str(layout.tokens_dir(config["data"]) / "manifest.json"), offline=True)
     assert early.returncode != 0
-    assert "its README.md is not in the Hub cache" in early.stderr and "run `snakemake fetch`" in early.stderr
+    assert f"streamback fetch: error: cannot fetch hub dataset {DATASET} (revision main)" in early.stderr, early.stderr
+    assert not (tmp_path / layout.tokens_dir(config["data"])).exists()
 
     fetch = snakemake("fetch", offline=False)
     assert fetch.returncode == 0, fetch.stderr[-3000:]
-    record = json.loads((tmp_path / layout.FETCH_RECORD).read_text())
+    record = json.loads((tmp_path / layout.fetch_record("data")).read_text())
+    assert json.loads((tmp_path / layout.fetch_record("tasks")).read_text())["tasks"][0]["task"] == "hellaswag"
     assert record["dataset"]["commit"] == local_hub.dataset.commit
 
     study = snakemake("preflight", "analyze_layer_error", "benchmark_table", offline=True)

@@ -33,7 +33,8 @@ rule corpus:
 # Shards of an interrupted run are not outputs, so Snakemake keeps them and a rerun resumes.
 rule tokenize:
     input:
-        [str(path) for path in input_files(DATA)],
+        files=[str(path) for path in input_files(DATA)],
+        fetched=fetched("data"),  # a hub dataset or tokenizer: fetched first (fetch.smk)
     output:
         manifest=report(f"{TOKENS}/manifest.json", caption="../report/data_manifest.rst", category="Data"),
     conda:
@@ -53,5 +54,5 @@ rule tokenize:
         out=lambda wildcards, output: Path(output.manifest).parent,
     shell:
         "streamback tokenize --params {params.data} --execution {params.execution} --out {params.out:q} --processes {threads} "
-        "--inputs {input:q} > {log:q} 2>&1 || log_tail {log:q}"
+        "--inputs {input.files:q} > {log:q} 2>&1 || log_tail {log:q}"
 

@@ -56,6 +56,7 @@ rule evaluate:
         manifest=rules.tokenize.output.manifest,
         tasks=LOCAL_TASK_FILES,
         snapshots=rules.train.output.snapshots,
+        fetched=fetched("tasks"),  # tasks whose data are on the Hub: fetched first (fetch.smk)
     output:
         checkpoints=[str(layout.eval_checkpoints("{run}"))] if SNAPSHOT_STEPS else [],
         results=report(str(layout.eval_results("{run}")), caption="../report/eval_results.rst", category="Evaluation", subcategory="{run}"),
