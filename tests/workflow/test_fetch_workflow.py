@@ -34,13 +34,13 @@ def test_the_default_config_plans_no_fetch_and_a_tier_fetches_first(run_snakemak
     result = run_snakemake("-n", "--directory", tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rule tokenize:" in result.stdout and not re.search(r"rule fetch", result.stdout)
-    # a tier's tokenize waits for its data's fetch, its evaluate jobs for their tasks', both local rules
+    # a tier's tokenize waits for its data's fetch, its evaluate jobs for their tasks' (local rules: fetch.smk)
     tier = run_snakemake("-n", "--directory", tmp_path, "--configfile", ROOT / "config" / "one-gpu.yaml")
     assert tier.returncode == 0, tier.stderr[-3000:]
     blocks = {b.split(":")[0]: b for b in re.split(r"\n(?=(?:local)?rule \w+:\n)", tier.stdout)}
     assert f"input: {layout.fetch_record('data')}" in blocks["rule tokenize"]
     assert str(layout.fetch_record("tasks")) in blocks["rule evaluate"]
-    assert "localrule fetch_data" in blocks and "localrule fetch_tasks" in blocks
+    assert "rule fetch_data" in blocks and "rule fetch_tasks" in blocks
 
 
 @pytest.mark.slow
