@@ -82,6 +82,16 @@ def untracked(value):
     return lambda wildcards, resources: value(wildcards) if callable(value) else value
 
 
+# ---- fetch (fetch.smk) -------------------------------------------------------------------------
+
+FETCH_PARTS = jobs.fetch_parts(config)  # what the config reads from the Hub: [], ["data"], ["tasks"] or both
+
+
+def fetched(part):
+    """The record of fetch_<part> (fetch.smk) where the config needs it, else nothing: a job's input."""
+    return [str(layout.fetch_record(part))] if part in FETCH_PARTS else []
+
+
 # ---- drift -----------------------------------------------------------------------------------
 
 

@@ -9,13 +9,7 @@
 # fetch never reruns a job that would not rerun without it.
 # Outputs: results/fetch/data.json and tasks.json, what was fetched and its commits.
 
-FETCH_PARTS = jobs.fetch_parts(config)
 FETCH_CACHE = str(Path(config["hub_cache"]).resolve())
-
-
-def fetched(part):
-    """The record of rule fetch_<part> where the config needs it, else nothing: a job's input."""
-    return [str(layout.fetch_record(part))] if part in FETCH_PARTS else []
 
 
 localrules:
