@@ -71,7 +71,7 @@ def tokenize(config: dict) -> dict:
 
 
 def tokenize_execution(config: dict) -> dict:
-    return {"data": _pick(config["data"], ("batch_documents",))}
+    return {"data": _pick(config["data"], ("batch_documents", "budget_check"))}
 
 
 def _one_run_matrix(spec, cfg: dict) -> dict:

@@ -132,27 +132,35 @@ class FileSource:
         return meta.num_rows
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
-        import datasets
-
-        datasets.disable_progress_bars()
         start = 0
         for path, file_format in self.files:
             if self.rows[path] == 0:
                 continue
-            extra = {"sample_by": self.text_unit} if file_format == "text" else {}
-            where = f"corpus file {path}"
-            try:
-                dataset = datasets.load_dataset(
-                    file_format, data_files=[str(path)], split="train", streaming=True, **extra
-                )
-            except Exception as err:
-                raise StreambackError(f"{where} cannot be opened as {file_format}: {err}") from None
-            id_column = self.id_column if file_format != "text" else None
-            for batch in _iter_dataset(
-                dataset, self.text_column if file_format != "text" else "text", id_column, batch_size, where, start
+            for batch in read_file(
+                path, file_format, self.text_column, self.id_column, self.text_unit, batch_size, start
             ):
                 start += len(batch.texts)
                 yield batch
+
+
+def read_file(
+    path, file_format: str, text_column: str, id_column: str | None, text_unit: str, batch_size: int, start: int = 0
+) -> Iterator[Batch]:
+    """The documents of one file (a path, or a URL `datasets` reads such as hf://...) as batches,
+    the first with stream index `start`: `datasets.load_dataset(file_format, data_files=[path],
+    streaming=True)`; errors name the file."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    extra = {"sample_by": text_unit} if file_format == "text" else {}
+    where = f"corpus file {path}"
+    try:
+        dataset = datasets.load_dataset(file_format, data_files=[str(path)], split="train", streaming=True, **extra)
+    except Exception as err:
+        raise StreambackError(f"{where} cannot be opened as {file_format}: {err}") from None
+    if file_format == "text":
+        text_column, id_column = "text", None
+    yield from _iter_dataset(dataset, text_column, id_column, batch_size, where, start)
 
 
 class HubSource:
