@@ -132,7 +132,14 @@ def estimate(
         half = math.hypot(documents * share * (high - mean), z * math.sqrt(documents * share * (1 - share) * second))
         splits[split] = (centre, max(0.0, centre - half), centre + half)
     return Estimate(
-        documents, len(files), len(drawn) * documents_per_group, row_groups, False, confidence, (mean, low, high), splits
+        documents,
+        len(files),
+        len(drawn) * documents_per_group,
+        row_groups,
+        False,
+        confidence,
+        (mean, low, high),
+        splits,
     )
 
 

@@ -37,9 +37,8 @@ import numpy as np
 
 from streamback import __version__, layout
 from streamback.config import add_config_arguments, section_from_args
-from streamback.data import budget
+from streamback.data import budget, worker_pool
 from streamback.data import tokenizer as tk
-from streamback.data import worker_pool
 from streamback.data.settings import DATA_NOT_SETTINGS
 from streamback.data.shards import (
     FORMAT,
@@ -111,9 +110,10 @@ def _encode_file(task: tuple) -> tuple[int, dict]:
     index, path, file_format, columns, batch_size, parts, dtype = task
     text_column, id_column, text_unit = columns
     counts = {}
-    with atomic_path(part_paths(parts, index, "train")[0]) as train_tmp, atomic_path(
-        part_paths(parts, index, "val")[0]
-    ) as val_tmp:
+    with (
+        atomic_path(part_paths(parts, index, "train")[0]) as train_tmp,
+        atomic_path(part_paths(parts, index, "val")[0]) as val_tmp,
+    ):
         lengths = {"train": [], "val": []}
         with open(train_tmp, "wb") as train_out, open(val_tmp, "wb") as val_out:
             out = {"train": train_out, "val": val_out}
@@ -126,9 +126,8 @@ def _encode_file(task: tuple) -> tuple[int, dict]:
                         lengths[split].append(doc_lengths[select])
         for split in SPLITS:
             joined = np.concatenate(lengths[split]) if lengths[split] else np.zeros(0, np.int64)
-            with atomic_path(part_paths(parts, index, split)[1]) as tmp:
-                with open(tmp, "wb") as f:
-                    np.save(f, joined)
+            with atomic_path(part_paths(parts, index, split)[1]) as tmp, open(tmp, "wb") as f:
+                np.save(f, joined)
             counts[split] = [int(joined.sum()), int(joined.size)]
     return index, counts
 
@@ -427,7 +426,12 @@ def _check_budgets(data: dict, source, files, tokenizer_json: str, record: PartR
 
     spec, t0 = data["budget_check"], time.monotonic()
     found = budget.estimate(
-        paths, Tokenizer.from_str(tokenizer_json), data, spec["row_groups"], spec["documents_per_group"], spec["confidence"]
+        paths,
+        Tokenizer.from_str(tokenizer_json),
+        data,
+        spec["row_groups"],
+        spec["documents_per_group"],
+        spec["confidence"],
     )
     budget.check(data, found, _describe(source))
     say(
@@ -559,7 +563,7 @@ def _run(
     parts = record.parts
     columns = (data["text_column"], data["id_column"], data["local"]["text_unit"])
     todo = [k for k in range(first, len(files)) if k not in record.files]
-    task = lambda k: (k, files[k][0], files[k][1], columns, data["batch_documents"], parts, dtype)  # noqa: E731
+    task = lambda k: (k, files[k][0], files[k][1], columns, data["batch_documents"], parts, dtype)
     initargs = (tokenizer_json, eos, data["val_fraction"])
     pool = worker_pool(min(processes, max(1, len(todo))), _init_worker, initargs) if processes > 1 and todo else None
     if pool is None:

@@ -227,7 +227,9 @@ def test_budget_larger_than_the_data(corpus, tmp_path):
     """Parquet files: refused before any work, their count being exact (the files are smaller than
     the check's sample). Other files (no footers to count): found at their end."""
     have = corpus["manifest"]["splits"]["train"]["tokens"]
-    with pytest.raises(StreambackError, match=rf"data.train_tokens = {have + 1:,} .* holds an estimated {have:,} train"):
+    with pytest.raises(
+        StreambackError, match=rf"data.train_tokens = {have + 1:,} .* holds an estimated {have:,} train"
+    ):
         tokenize(config(train_tokens=have + 1), tmp_path / "tokens", inputs=corpus["files"], progress=False)
     assert not (tmp_path / "tokens").exists()
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus["texts"][:40]))
