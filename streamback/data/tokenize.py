@@ -563,7 +563,10 @@ def _run(
     parts = record.parts
     columns = (data["text_column"], data["id_column"], data["local"]["text_unit"])
     todo = [k for k in range(first, len(files)) if k not in record.files]
-    task = lambda k: (k, files[k][0], files[k][1], columns, data["batch_documents"], parts, dtype)
+
+    def task(k: int) -> tuple:
+        return k, files[k][0], files[k][1], columns, data["batch_documents"], parts, dtype
+
     initargs = (tokenizer_json, eos, data["val_fraction"])
     pool = worker_pool(min(processes, max(1, len(todo))), _init_worker, initargs) if processes > 1 and todo else None
     if pool is None:
