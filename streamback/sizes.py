@@ -35,8 +35,10 @@ STREAM_BYTES = {
     "fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8_e4m3": 2, "fp8_e5m2": 2, "mxfp8": 4, "nvfp4": 4,
 }
 REFERENCE_BYTES = {"fp64": 8, "fp32": 4}
-# Host memory of a job beside its tensors: the interpreter, torch and (on a GPU) the CUDA context
-HOST_BASE_MB = 4000
+# Host memory of a job beside its tensors: the interpreter with torch, pandas and lm-eval imported,
+# and on a GPU the CUDA context and its kernels' images in host memory besides
+HOST_BASE_MB = 1000
+CUDA_HOST_MB = 3000
 # What a Slurm job asks for beyond the estimate, so that an estimate a little under the truth does
 # not kill it: the estimate counts tensors, not the allocator's rounding or library workspaces
 MARGIN = 1.25
@@ -71,6 +73,12 @@ class Shape:
         """One block's parameters: wq, wk, wv, wo, w1, w2, w3 and the two norm gains."""
         q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         return self.dim * (q + 2 * kv) + q * self.dim + 3 * self.dim * self.ffn + 2 * self.dim
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """TorchTitan's training FLOPs per token (streamback/measure/step.py's): 6 x the parameters but the token
+        embedding + 12 x layers x heads x head_dim x seq_len."""
+        embedding = self.vocab * self.dim
+        return 6 * (self.params - embedding) + 12 * self.n_layers * self.n_heads * self.head_dim * seq_len
 
     @property
     def params(self) -> int:
@@ -176,11 +184,12 @@ def export_memory_mb(shape: Shape) -> int:
     return math.ceil(MARGIN * (3 * model_file_bytes(shape) / MB + HOST_BASE_MB))
 
 
-def model_job_memory_mb(shape: Shape, gpu_bytes: int = 0) -> int:
+def model_job_memory_mb(shape: Shape, on_gpu: bool, cpu_tensors: int = 0) -> int:
     """Host memory of a job that reads a model file and computes with it (an analysis, evaluate): the file's
-    state dict and the model built from it (2 x the fp32 model) and, on the CPU, the computation's own tensors
-    (`gpu_bytes`, there in host memory), plus the interpreter's."""
-    return math.ceil(MARGIN * ((2 * model_file_bytes(shape) + gpu_bytes) / MB + HOST_BASE_MB))
+    state dict and the model built from it (2 x the fp32 model), on the CPU the computation's own tensors
+    (`cpu_tensors`), plus the interpreter's and on a GPU the CUDA context's."""
+    base = HOST_BASE_MB + (CUDA_HOST_MB if on_gpu else 0)
+    return math.ceil(MARGIN * ((2 * model_file_bytes(shape) + cpu_tensors) / MB + base))
 
 
 def io_runtime_min(nbytes: int, mb_per_s: float, passes: int = 1) -> int:
@@ -280,7 +289,7 @@ def analysis_job(config: dict, kind: str, runs: dict, vocab: int) -> dict:
     gpu_bytes = max(peaks, default=0)
     biggest = max(built, key=lambda s: s.params, default=None)
     on_gpu = bool(res["gpus"])
-    need_mb = model_job_memory_mb(biggest, 0 if on_gpu else gpu_bytes) if biggest else HOST_BASE_MB
+    need_mb = model_job_memory_mb(biggest, on_gpu, 0 if on_gpu else gpu_bytes) if biggest else HOST_BASE_MB
     if on_gpu and biggest is not None:
         per_model = max(
             analysis_passes(config, kind) * 2 * batch * seq_len * s.params / (ANALYSIS_TFLOPS * 1e12)
@@ -320,5 +329,5 @@ def evaluate_job(config: dict, shape: str, vocab: int) -> dict:
     """evaluate of a run of `shape`: `mem_mb` as asked and `need_mb` as estimated (its runtime is the config's)."""
     built = shape_of(config["model"], shape, vocab)
     res = config["eval"]["resources"]
-    need_mb = model_job_memory_mb(built)
+    need_mb = model_job_memory_mb(built, bool(res["gpus"]))
     return {"need_mb": need_mb, "mem_mb": res["mem_mb"] if res["mem_mb"] is not None else need_mb}

@@ -1,0 +1,122 @@
+"""The jobs' sizes from the config (streamback/sizes.py): parameter counts against the model itself,
+the analyses' peak GPU memory and time floor against what the H200 measured (read from the
+measurement files, so no measured figure is copied into the code)."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from streamback import sizes
+from streamback.config import load_config
+from streamback.model.model import ModelArgs, Transformer, count_params
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = ROOT / "docs" / "measurements" / "h200-2026-12-04"
+CONFIGS = ["config/config.yaml", "config/paper.yaml", "config/one-gpu.yaml"]
+
+
+def measured_layer_error() -> dict[str, tuple[float, float]]:
+    """shape -> (seconds, peak GiB) of layer-error, from the README's table of the analysis phase."""
+    text = (H200 / "README.md").read_text()
+    rows = re.findall(r"^\| ([a-z-]+) \(\d+ x \d+\) \| ([\d.]+) s \| \**([\d.]+)\** \|", text, re.M)
+    assert len(rows) == 3, "the README's layer-error table changed: update this reader"
+    return {shape: (float(seconds), float(peak)) for shape, seconds, peak in rows}
+
+
+def measured_findings() -> dict[tuple[str, str], float]:
+    """(shape, kind) -> peak GiB of swallowed and envelope, from analysis_summary.md's findings."""
+    text = (H200 / "analysis_summary.md").read_text()
+    rows = re.findall(r"analysis/([a-z-]+)_(swallowed|envelope): [\d.]+ s, peak ([\d.]+) GiB; (\d+) variant", text)
+    assert len(rows) == 6, "analysis_summary.md's findings changed: update this reader"
+    return {(shape, kind): float(peak) for shape, kind, peak, _ in rows}
+
+
+def paper():
+    return load_config(ROOT / "config" / "paper.yaml")
+
+
+def measured_batch() -> tuple[int, int, list[str]]:
+    """The batch the H200 measured at: the README's "4 x 2048 tokens, 13 variants" (the paper's analysis
+    section at that commit, whose variants config/paper.yaml still lists)."""
+    text = (H200 / "README.md").read_text()
+    batch, seq_len, count = map(int, re.search(r"\((\d+) x (\d+) tokens, (\d+) variants\)", text).groups())
+    variants = paper()["analysis"]["variants"]
+    assert len(variants) == count
+    return batch, seq_len, variants
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+def test_the_parameter_count_is_the_models_own(path):
+    """Every shape of each config: the count from its dimensions equals the parameters of the model built
+    from them (on the meta device: no memory), tied or not."""
+    cfg = load_config(ROOT / path)
+    for name in cfg["model"]["shapes"]:
+        for tied in (False, True):
+            model_cfg = {**cfg["model"], "tied_embeddings": tied}
+            args = ModelArgs.from_config(model_cfg, name, 1000)
+            with torch.device("meta"):
+                model = Transformer(args)
+            assert sizes.param_counts(model_cfg, name, 1000)["total"] == count_params(model), (name, tied)
+            assert sizes.param_counts(model_cfg, name, 1000)["blocks"] == sum(
+                p.numel() for p in model.layers.parameters()
+            )
+
+
+# The estimate against the H200's peaks (torch.cuda.max_memory_allocated), within 5% either way: the
+# plan keeps a job under 90% of its GPU (the preflight's memory bound), so an estimate 5% low still
+# leaves the job 0.9 x 1.05 < 1 of the GPU, and one 5% high wastes no more than that.
+TOLERANCE = 0.05
+
+
+@pytest.mark.parametrize("shape", ["skinny-tall", "medium", "fat-short"])
+def test_the_layer_error_estimate_meets_the_h200s_peak(shape):
+    """The medium shape's ground truth runs fp32 attention on head_dim 94, which no fused kernel takes:
+    its B x H x T x T probabilities are the peak that an 80 GB GPU does not hold."""
+    batch, seq_len, variants = measured_batch()
+    cfg = paper()
+    built = sizes.shape_of(cfg["model"], shape, sizes.LLAMA3_VOCAB)
+    estimate = sizes.analysis_peak_bytes("layer-error", built, batch, seq_len, variants, "fp32") / sizes.GIB
+    _, peak = measured_layer_error()[shape]
+    assert estimate == pytest.approx(peak, rel=TOLERANCE)
+
+
+@pytest.mark.parametrize("shape", ["skinny-tall", "medium", "fat-short"])
+@pytest.mark.parametrize("kind", ["swallowed", "envelope"])
+def test_the_forward_analyses_estimates_meet_the_h200s_peaks(shape, kind):
+    batch, seq_len, variants = measured_batch()
+    built = sizes.shape_of(paper()["model"], shape, sizes.LLAMA3_VOCAB)
+    estimate = sizes.analysis_peak_bytes(kind, built, batch, seq_len, variants) / sizes.GIB
+    assert estimate == pytest.approx(measured_findings()[shape, kind], rel=TOLERANCE)
+
+
+def test_the_analyses_time_floor_is_under_the_h200s_rate_on_an_h100():
+    """ANALYSIS_TFLOPS, the rate the analyses' time limits assume, is below every measured layer-error
+    rate (its passes' FLOPs over its seconds) slowed by the H100's bound: a limit never too short there."""
+    batch, seq_len, variants = measured_batch()
+    cfg = paper()
+    config = {**cfg, "analysis": {**cfg["analysis"], "batch_size": batch}}
+    for shape, (seconds, _) in measured_layer_error().items():
+        built = sizes.shape_of(cfg["model"], shape, sizes.LLAMA3_VOCAB)
+        flops = sizes.analysis_passes(config, "layer-error") * 2 * batch * seq_len * built.params
+        assert sizes.ANALYSIS_TFLOPS * 1e12 < flops / seconds / sizes.H100_SLOWDOWN, shape
+
+
+def test_the_paper_tiers_analyses_fit_an_80_gb_gpu():
+    """config/paper.yaml's analysis batch: every analysis of every shape under 90% of 80 GB."""
+    cfg = paper()
+    runs = __import__("streamback.runs", fromlist=["run_matrix"]).run_matrix(cfg["train"])
+    for kind in ("layer-error", "swallowed", "envelope", "loss-difference", "public"):
+        job = sizes.analysis_job(cfg, kind, runs, sizes.LLAMA3_VOCAB)
+        assert job["gpu_bytes"] <= 0.9 * 80e9, kind
+
+
+def test_export_hf_asks_for_three_models_and_the_interpreter():
+    """The export's memory: the fp32 model three times over and 4 GB, with the margin; a key overrides it."""
+    cfg = paper()
+    built = sizes.shape_of(cfg["model"], "skinny-tall", sizes.LLAMA3_VOCAB)
+    job = sizes.export_job(cfg, "skinny-tall", sizes.LLAMA3_VOCAB)
+    assert job["mem_mb"] == job["need_mb"] >= 3 * 4 * built.params / 1e6 + sizes.HOST_BASE_MB
+    cfg["analysis"]["export_resources"]["mem_mb"] = 1000
+    assert sizes.export_job(cfg, "skinny-tall", sizes.LLAMA3_VOCAB)["mem_mb"] == 1000
