@@ -83,7 +83,8 @@ def _gpus(config: dict, records: dict) -> list[tuple[str, float, bool]]:
     gpus = [(f"{gb:g} GB", gb * 1e9, gb < 100) for gb in config["plan"]["gpu_memory_gb"]]
     for record in records.values():
         memory = next((c for c in record["checks"] if c["name"] == "memory"), None)
-        if memory and memory["values"].get("available_bytes") and record["device"] not in [g[0] for g in gpus]:
+        on_gpu = "cuda" in record.get("kernels", "")
+        if on_gpu and memory and memory["values"].get("available_bytes") and record["device"] not in [g[0] for g in gpus]:
             available = memory["values"]["available_bytes"]
             gpus.append((record["device"], available, available < 100e9))
     return gpus
@@ -143,9 +144,11 @@ def _train_rows(config, records, vocab, runs, gpu, h100) -> list[dict]:
     rows, total = [], 0.0
     retries = train["resources"]["retries"]
     for name in runs:
-        if name not in hours:
-            continue
         res = run_setting(train, name, "resources")
+        if name not in hours:
+            rows.append(_row("train", 1, gpu, f"{name}: jobs of {res['runtime']} min", retries + 1, None, "jobs",
+                             "no estimate: no preflight record yet and train.stated_gpu_hours unset", ""))
+            continue
         gpus = max(res["gpus"], 1) * res["nodes"]
         run_hours = hours[name][0] * slowdown
         total += run_hours
