@@ -120,3 +120,15 @@ def test_export_hf_asks_for_three_models_and_the_interpreter():
     assert job["mem_mb"] == job["need_mb"] >= 3 * 4 * built.params / 1e6 + sizes.HOST_BASE_MB
     cfg["analysis"]["export_resources"]["mem_mb"] = 1000
     assert sizes.export_job(cfg, "skinny-tall", sizes.LLAMA3_VOCAB)["mem_mb"] == 1000
+
+
+def test_costs_md_states_the_tiers_h100_bound_from_the_h200s_hours():
+    """docs/costs.md's H100 table: each tier's H200-hours (its config's train.stated_gpu_hours) times
+    H100_SLOWDOWN, the bound the plan counts with."""
+    text = (ROOT / "docs" / "costs.md").read_text()
+    for name, path in (("one GPU", "one-gpu.yaml"), ("paper", "paper.yaml")):
+        stated = load_config(ROOT / "config" / path)["train"]["stated_gpu_hours"]
+        row = re.search(rf"^\| {name} \(`config/{path}`\) \| ([\d,.]+) \| about [\d,]+ \| ([\d,.]+) \|$", text, re.M)
+        assert row, name
+        assert float(row.group(1).replace(",", "")) == stated
+        assert float(row.group(2).replace(",", "")) == round(stated * sizes.H100_SLOWDOWN, 1)

@@ -412,3 +412,18 @@ def test_the_paper_runs_ignore_the_tiny_shapes_merged_under_them(run_snakemake, 
     change = {"model": {"shapes": {"tiny-medium": {"n_layers": 3, "dim": 96, "n_heads": 4, "n_kv_heads": 1}}}}
     jobs = planned_jobs(run_snakemake, touched, change, *paper)
     assert rules_of(jobs) == {"study_report", "all"}, jobs
+
+
+def test_a_rules_retries_of_0_means_no_retry_whatever_the_profile_says(tmp_path):
+    """What the schema says of train.resources.retries: Snakemake (Rule.restart_times) takes a rule's own
+    `retries` over --retries (the Slurm profile's), so 0 means none; a rule without one takes --retries."""
+    (tmp_path / "Snakefile").write_text(
+        "rule all:\n    input: 'zero.done', 'unset.done'\n\n"
+        "rule zero:\n    output: 'zero.done'\n    retries: 0\n    shell: 'echo x >> zero.tries; exit 1'\n\n"
+        "rule unset:\n    output: 'unset.done'\n    shell: 'echo x >> unset.tries; exit 1'\n"
+    )
+    cmd = [sys.executable, "-m", "snakemake", "-s", "Snakefile", "--cores", "1", "--retries", "2", "--keep-going"]
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode != 0
+    assert (tmp_path / "zero.tries").read_text().count("x") == 1, result.stderr[-2000:]
+    assert (tmp_path / "unset.tries").read_text().count("x") == 3
