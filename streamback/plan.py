@@ -31,7 +31,6 @@ from streamback.preflight.table import matrix_disk, matrix_disk_needs, tokens_ma
 from streamback.runs import comparisons, run_matrix, run_setting
 
 HELP = "every job kind's resources against its estimated need (memory, GPU memory, runtime, disk, GPU-hours)"
-GPU_SHARE = 0.9  # of a GPU's memory a job may use: the preflight's memory bound
 COLUMNS = ["job", "jobs", "gpu", "measure", "asked", "needed", "unit", "ok", "basis", "fix"]
 ANALYSIS_RULES = {
     "layer-error": "analyze_layer_error",
@@ -190,10 +189,10 @@ def _model_job_rows(config, vocab, runs, gpu, capacity) -> list[dict]:
                          "2 x the largest fp32 model + the interpreter" + ("" if res["gpus"] else " + its tensors"),
                          f"set analysis.resources.mem_mb to {job['need_mb']} or null"))
         if res["gpus"]:
-            limit = int(GPU_SHARE * capacity / sizes.MB)
+            limit = int(sizes.GPU_SHARE * capacity / sizes.MB)
             batch = config["analysis"]["batch_size"]
             rows.append(_row(rule, 1, gpu, "GPU memory", limit, math.ceil(job["gpu_bytes"] / sizes.MB), "MB",
-                             f"{GPU_SHARE:.0%} of {gpu}; the peak estimated from the shapes (streamback/sizes.py)",
+                             f"{sizes.GPU_SHARE:.0%} of {gpu}; the peak estimated from the shapes (streamback/sizes.py)",
                              _smaller_batch(config, kind, runs, vocab, capacity, batch)))
             rows.append(_row(rule, 1, gpu, "runtime", job["runtime"], job["need_min"], "min",
                              f"{job['models']} models, their passes at {sizes.ANALYSIS_TFLOPS:g} TFLOP/s",
@@ -225,6 +224,6 @@ def _smaller_batch(config, kind, runs, vocab, capacity, batch) -> str:
     start = config["analysis"][key]
     for smaller in range(start - 1, 0, -1):
         trial = {**config, "analysis": {**config["analysis"], key: smaller}}
-        if sizes.analysis_job(trial, kind, runs, vocab)["gpu_bytes"] <= GPU_SHARE * capacity:
+        if sizes.analysis_job(trial, kind, runs, vocab)["gpu_bytes"] <= sizes.GPU_SHARE * capacity:
             return f"set analysis.{key} to {smaller} (or run on a larger GPU)"
     return f"no analysis.{key} fits: run it on a larger GPU (analysis.resources)"

@@ -178,6 +178,42 @@ def analysis_peak_bytes(
     raise ValueError(f"no estimate for analysis kind {kind!r}")
 
 
+GPU_SHARE = 0.9  # of a GPU's memory a job may use: the preflight's memory bound (its check's 90%)
+
+
+def shape_of_args(args) -> Shape:
+    """The `Shape` of a built model's arguments (a ModelArgs: a trained model file's, an imported model's)."""
+    return Shape(
+        n_layers=args.n_layers,
+        dim=args.dim,
+        n_heads=args.n_heads,
+        n_kv_heads=args.n_kv_heads,
+        ffn=args.ffn_hidden_dim,
+        vocab=args.vocab_size,
+        tied=args.tied_embeddings,
+    )
+
+
+def fit_problem(
+    kind: str, shape: Shape, batch: int, seq_len: int, variants: list[str], reference: str, capacity: int, where: str
+) -> str | None:
+    """None where analysis `kind` of `shape` fits GPU_SHARE of `capacity` bytes at `batch`; else one line naming the
+    estimate, the GPU and the largest batch that fits (the key: analysis.batch_size, or micro_batch_size for
+    loss-difference)."""
+    need = analysis_peak_bytes(kind, shape, batch, seq_len, variants, reference)
+    room = GPU_SHARE * capacity
+    if need <= room:
+        return None
+    key = "micro_batch_size" if kind == "loss-difference" else "batch_size"
+    fits = [b for b in range(batch - 1, 0, -1) if analysis_peak_bytes(kind, shape, b, seq_len, variants, reference) <= room]
+    fix = f"set analysis.{key} to {fits[0]} or less" if fits else "no batch fits: run it on a larger GPU"
+    return (
+        f"analyze {kind}: {where} needs an estimated {need / GIB:,.1f} GiB of GPU memory at analysis.{key} {batch} "
+        f"x {seq_len} tokens, over {GPU_SHARE:.0%} of the GPU's {capacity / GIB:,.1f} GiB: {fix} (streamback/sizes.py; "
+        "`streamback plan` checks every analysis before any job)"
+    )
+
+
 def export_memory_mb(shape: Shape) -> int:
     """Host memory of export_hf: the model file read (torch.load), the permuted and converted state dict, and
     safetensors' byte copy of it as it writes (3 x the fp32 model), plus the interpreter's."""

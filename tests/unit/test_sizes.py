@@ -11,6 +11,7 @@ import torch
 from streamback import sizes
 from streamback.config import load_config
 from streamback.model.model import ModelArgs, Transformer, count_params
+from streamback.runs import run_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "docs" / "measurements" / "h200-2026-12-04"
@@ -106,7 +107,7 @@ def test_the_analyses_time_floor_is_under_the_h200s_rate_on_an_h100():
 def test_the_paper_tiers_analyses_fit_an_80_gb_gpu():
     """config/paper.yaml's analysis batch: every analysis of every shape under 90% of 80 GB."""
     cfg = paper()
-    runs = __import__("streamback.runs", fromlist=["run_matrix"]).run_matrix(cfg["train"])
+    runs = run_matrix(cfg["train"])
     for kind in ("layer-error", "swallowed", "envelope", "loss-difference", "public"):
         job = sizes.analysis_job(cfg, kind, runs, sizes.LLAMA3_VOCAB)
         assert job["gpu_bytes"] <= 0.9 * 80e9, kind
@@ -132,3 +133,20 @@ def test_costs_md_states_the_tiers_h100_bound_from_the_h200s_hours():
         assert row, name
         assert float(row.group(1).replace(",", "")) == stated
         assert float(row.group(2).replace(",", "")) == round(stated * sizes.H100_SLOWDOWN, 1)
+
+
+def test_an_analysis_over_its_gpu_stops_before_it_starts_naming_the_batch_that_fits():
+    """`streamback analyze` on a GPU checks each model against the device's memory before its passes: medium's
+    layer-error at 4 x 2048 on an 80 GB GPU (the H200's measured 96.9 GiB) names batch 2; on a 141 GB one it runs."""
+    from streamback.analysis.stage import check_fits, device_memory
+    from streamback.errors import StreambackError
+
+    cfg = paper()
+    args = ModelArgs.from_config(cfg["model"], "medium", sizes.LLAMA3_VOCAB, "streamback")
+    with pytest.raises(StreambackError, match=r"analyze layer-error: medium-streamback needs an estimated .* GiB .* "
+                                              r"set analysis.batch_size to 2 or less"):
+        check_fits("layer-error", args, 4, 2048, cfg["analysis"], 80 * 10**9, "medium-streamback")
+    check_fits("layer-error", args, 4, 2048, cfg["analysis"], 141 * 10**9, "medium-streamback")
+    check_fits("layer-error", args, 4, 2048, cfg["analysis"], None, "medium-streamback")  # the CPU: mem_mb's
+    assert device_memory("cpu") is None
+    assert sizes.shape_of_args(args) == sizes.shape_of(cfg["model"], "medium", sizes.LLAMA3_VOCAB)
