@@ -99,7 +99,8 @@ rule preflight:
     params:
         train=as_json(jobs.preflight_table(config)["train"]),
         gate=lambda wildcards, output: shell_words(["--gate", *output.gate] if output.gate else []),
-        disk=as_json(jobs.preflight_disk(config)),  # the whole matrix's peak disk (streamback/preflight/table.py)
+        # what the whole matrix's peak disk is made of (streamback/preflight/table.py's matrix_disk)
+        disk=as_json(jobs.preflight_disk(config)),
     shell:
         "streamback preflight-table --params {params.train} --records {input.records:q} --out {output.table:q} {params.gate} "
         "--disk-config {params.disk} > {log:q} 2>&1 || log_tail {log:q}"
