@@ -59,11 +59,16 @@ def run(args: argparse.Namespace) -> int:
     print(table.drop(columns=["basis", "fix"]).to_string(index=False))
     problems = table[~table.ok]
     for row in problems.itertuples():
-        print(f"plan: MISMATCH {row.job} on {row.gpu}: {row.measure} asked {row.asked:,} {row.unit}, needs "
-              f"{row.needed:,} {row.unit}: {row.fix}", file=sys.stderr)
+        print(f"plan: MISMATCH {row.job} on {row.gpu}: {row.measure} asked {_figure(row.asked)} {row.unit}, needs "
+              f"{_figure(row.needed)} {row.unit}: {row.fix}", file=sys.stderr)
     gpus = sorted(set(table.gpu) - {"any"})
     print(f"plan: {len(problems)} mismatch(es) over {table.job.nunique()} job kinds on {', '.join(gpus)}")
     return EXIT_MISMATCH if len(problems) and args.strict else 0
+
+
+def _figure(value) -> str:
+    """A figure of the table as a line prints it: thousands separated, no decimals on a whole number."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def preflight_records(config: dict) -> dict[str, dict]:

@@ -2,6 +2,7 @@
 matrix's disk check (streamback/preflight/table.py) on constructed sizes, a disk_usage passed in and
 `lfs quota`'s output."""
 
+import re
 from collections import namedtuple
 from pathlib import Path
 
@@ -151,3 +152,28 @@ def test_a_preflights_measured_checkpoint_replaces_the_estimate():
     keep = config["train"]["checkpoint"]["keep"] + 1
     params = 1164608512  # skinny-tall at Llama 3's vocabulary: test_sizes checks the count against the model
     assert measured - base == keep * (40 * GB - 12 * params)
+
+
+def test_streamback_plan_prints_each_mismatch_and_writes_the_table(tmp_path, capsys):
+    """The command on a file merged over the default config, as `streamback check` takes them: the table at
+    --out, one line per mismatch on stderr, and exit status 1 with --strict only."""
+    import pandas as pd
+    import yaml
+
+    from streamback.cli import main
+
+    merged = tmp_path / "mismatch.yaml"
+    merged.write_text(yaml.safe_dump({"analysis": {"batch_size": 4}}))
+    files = [str(ROOT / "config" / "paper.yaml"), str(merged)]
+    assert main(["plan", *files, "--out", str(tmp_path / "plan.csv")]) == 0
+    err = capsys.readouterr().err
+    assert re.search(
+        r"^plan: MISMATCH analyze_layer_error on 80 GB: GPU memory asked 72,000 MB, needs [\d,]+ MB: set "
+        r"analysis.batch_size to 2 \(or run on a larger GPU\)$",
+        err,
+        re.M,
+    )
+    assert "analyze_layer_error on 141 GB" not in err
+    table = pd.read_csv(tmp_path / "plan.csv")
+    assert list(table.columns) == ["job", "jobs", "gpu", "measure", "asked", "needed", "unit", "ok", "basis", "fix"]
+    assert main(["plan", *files, "--out", str(tmp_path / "plan.csv"), "--strict"]) == 1
