@@ -241,10 +241,9 @@ def slices(need_min: float, limit_min: int) -> int:
 
 # ---- the jobs of a config ------------------------------------------------------------------------
 
-# The analyses' eager passes (fp32 ground truth, stream variants, fp64 comparisons) ran at 40-195
-# TFLOP/s on the H200 (docs/measurements/h200-2026-12-04); an H100 moves memory up to H100_SLOWDOWN
-# times slower at the same matmul rate, and the time limits take this floor under both
-# (tests/unit/test_sizes.py checks it against the measured times)
+# The rate the analyses' time limits assume for their eager passes (fp32 ground truth, stream
+# variants, fp64 comparisons): under the H200's measured layer-error rates slowed by H100_SLOWDOWN
+# (docs/measurements/h200-2026-12-04; tests/unit/test_sizes.py checks it against the measured times)
 ANALYSIS_TFLOPS = 20.0
 # The H200's memory bandwidth over the H100 SXM's (4.8 / 3.35 TB/s, NVIDIA's datasheets): the most an
 # H100 can be slower at the same SM count and clocks, where a kernel is bound by memory
