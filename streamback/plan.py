@@ -59,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
     print(table.drop(columns=["basis", "fix"]).to_string(index=False))
     problems = table[~table.ok]
     for row in problems.itertuples():
-        print(f"plan: MISMATCH {row.job} on {row.gpu}: {row.measure} asked {_figure(row.asked)} {row.unit}, needs "
-              f"{_figure(row.needed)} {row.unit}: {row.fix}", file=sys.stderr)
+        print(
+            f"plan: MISMATCH {row.job} on {row.gpu}: {row.measure} asked {_figure(row.asked)} {row.unit}, needs "
+            f"{_figure(row.needed)} {row.unit}: {row.fix}",
+            file=sys.stderr,
+        )
     gpus = sorted(set(table.gpu) - {"any"})
     print(f"plan: {len(problems)} mismatch(es) over {table.job.nunique()} job kinds on {', '.join(gpus)}")
     return EXIT_MISMATCH if len(problems) and args.strict else 0
@@ -88,7 +91,12 @@ def _gpus(config: dict, records: dict) -> list[tuple[str, float, bool]]:
     for record in records.values():
         memory = next((c for c in record["checks"] if c["name"] == "memory"), None)
         on_gpu = "cuda" in record.get("kernels", "")
-        if on_gpu and memory and memory["values"].get("available_bytes") and record["device"] not in [g[0] for g in gpus]:
+        if (
+            on_gpu
+            and memory
+            and memory["values"].get("available_bytes")
+            and record["device"] not in [g[0] for g in gpus]
+        ):
             available = memory["values"]["available_bytes"]
             gpus.append((record["device"], available, available < 100e9))
     return gpus
@@ -96,8 +104,18 @@ def _gpus(config: dict, records: dict) -> list[tuple[str, float, bool]]:
 
 def _row(job, jobs, gpu, measure, asked, needed, unit, basis, fix, ok=None) -> dict:
     ok = (asked is None or needed is None or asked >= needed) if ok is None else ok
-    return {"job": job, "jobs": jobs, "gpu": gpu, "measure": measure, "asked": asked, "needed": needed,
-            "unit": unit, "ok": bool(ok), "basis": basis, "fix": "" if ok else fix}
+    return {
+        "job": job,
+        "jobs": jobs,
+        "gpu": gpu,
+        "measure": measure,
+        "asked": asked,
+        "needed": needed,
+        "unit": unit,
+        "ok": bool(ok),
+        "basis": basis,
+        "fix": "" if ok else fix,
+    }
 
 
 def run_h200_hours(config: dict, records: dict, vocab: int) -> dict[str, tuple[float, str]]:
@@ -133,10 +151,19 @@ def plan_table(config: dict, records: dict | None = None, disk_usage=None, quota
     disk = matrix_disk(matrix_disk_needs(config, records, vocab), **seen)
     for entry in disk:
         rows.append(
-            _row("matrix", len(runs), "any", f"disk under {entry['path']}", entry["free_bytes"] // 10**9,
-                 math.ceil(entry["needed_bytes"] / 10**9), "GB", entry["basis"],
-                 f"free {entry['shortfall_bytes'] / 10**9:,.1f} GB under {entry['path']} or move it (data.dir, a "
-                 "link for results/)", ok=entry["passed"])
+            _row(
+                "matrix",
+                len(runs),
+                "any",
+                f"disk under {entry['path']}",
+                entry["free_bytes"] // 10**9,
+                math.ceil(entry["needed_bytes"] / 10**9),
+                "GB",
+                entry["basis"],
+                f"free {entry['shortfall_bytes'] / 10**9:,.1f} GB under {entry['path']} or move it (data.dir, a "
+                "link for results/)",
+                ok=entry["passed"],
+            )
         )
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -150,24 +177,51 @@ def _train_rows(config, records, vocab, runs, gpu, h100) -> list[dict]:
     for name in runs:
         res = run_setting(train, name, "resources")
         if name not in hours:
-            rows.append(_row("train", 1, gpu, f"{name}: jobs of {res['runtime']} min", retries + 1, None, "jobs",
-                             "no estimate: no preflight record yet and train.stated_gpu_hours unset", ""))
+            rows.append(
+                _row(
+                    "train",
+                    1,
+                    gpu,
+                    f"{name}: jobs of {res['runtime']} min",
+                    retries + 1,
+                    None,
+                    "jobs",
+                    "no estimate: no preflight record yet and train.stated_gpu_hours unset",
+                    "",
+                )
+            )
             continue
         gpus = max(res["gpus"], 1) * res["nodes"]
         run_hours = hours[name][0] * slowdown
         total += run_hours
         jobs = sizes.slices(run_hours / gpus * 60, res["runtime"])
         rows.append(
-            _row("train", 1, gpu, f"{name}: jobs of {res['runtime']} min", retries + 1, jobs, "jobs",
-                 f"{run_hours:,.1f} GPU-hours on {gpus} GPUs ({hours[name][1]}; {basis})",
-                 f"set train.resources.retries to at least {jobs - 1} (or a longer runtime)")
+            _row(
+                "train",
+                1,
+                gpu,
+                f"{name}: jobs of {res['runtime']} min",
+                retries + 1,
+                jobs,
+                "jobs",
+                f"{run_hours:,.1f} GPU-hours on {gpus} GPUs ({hours[name][1]}; {basis})",
+                f"set train.resources.retries to at least {jobs - 1} (or a longer runtime)",
+            )
         )
     budget = train["budget_gpu_hours"]
     if hours:
         rows.append(
-            _row("train", len(hours), gpu, "GPU-hours of the matrix", budget, round(total, 1), "GPU-hours",
-                 f"{basis}; train.budget_gpu_hours" + (" unset" if budget is None else ""),
-                 "raise train.budget_gpu_hours or train fewer runs")
+            _row(
+                "train",
+                len(hours),
+                gpu,
+                "GPU-hours of the matrix",
+                budget,
+                round(total, 1),
+                "GPU-hours",
+                f"{basis}; train.budget_gpu_hours" + (" unset" if budget is None else ""),
+                "raise train.budget_gpu_hours or train fewer runs",
+            )
         )
     return rows
 
@@ -177,12 +231,32 @@ def _model_job_rows(config, vocab, runs, gpu, capacity) -> list[dict]:
     exported = sorted({runs[n].shape for n in _exported_runs(config, runs)})
     for shape in exported:
         job = sizes.export_job(config, shape, vocab)
-        rows.append(_row("export_hf", 1, gpu, f"host memory ({shape})", job["mem_mb"], job["need_mb"], "MB",
-                         "3 x the fp32 model + the interpreter, x 1.25", "set analysis.export_resources.mem_mb to "
-                         f"{job['need_mb']} or null"))
-        rows.append(_row("export_hf", 1, gpu, f"runtime ({shape})", job["runtime"], job["need_min"], "min",
-                         f"the model read and written at plan.disk_mb_per_s {config['plan']['disk_mb_per_s']:g}",
-                         f"set analysis.export_resources.runtime to {job['need_min']} or null"))
+        rows.append(
+            _row(
+                "export_hf",
+                1,
+                gpu,
+                f"host memory ({shape})",
+                job["mem_mb"],
+                job["need_mb"],
+                "MB",
+                "3 x the fp32 model + the interpreter, x 1.25",
+                f"set analysis.export_resources.mem_mb to {job['need_mb']} or null",
+            )
+        )
+        rows.append(
+            _row(
+                "export_hf",
+                1,
+                gpu,
+                f"runtime ({shape})",
+                job["runtime"],
+                job["need_min"],
+                "min",
+                f"the model read and written at plan.disk_mb_per_s {config['plan']['disk_mb_per_s']:g}",
+                f"set analysis.export_resources.runtime to {job['need_min']} or null",
+            )
+        )
     res = config["analysis"]["resources"]
     kinds = ["layer-error", "envelope", "swallowed"]
     kinds += ["loss-difference"] if comparisons(runs) else []
@@ -190,26 +264,65 @@ def _model_job_rows(config, vocab, runs, gpu, capacity) -> list[dict]:
     for kind in kinds:
         job = sizes.analysis_job(config, kind, runs, vocab)
         rule = ANALYSIS_RULES[kind]
-        rows.append(_row(rule, 1, gpu, "host memory", job["mem_mb"], job["need_mb"], "MB",
-                         "2 x the largest fp32 model + the interpreter" + ("" if res["gpus"] else " + its tensors"),
-                         f"set analysis.resources.mem_mb to {job['need_mb']} or null"))
+        rows.append(
+            _row(
+                rule,
+                1,
+                gpu,
+                "host memory",
+                job["mem_mb"],
+                job["need_mb"],
+                "MB",
+                "2 x the largest fp32 model + the interpreter" + ("" if res["gpus"] else " + its tensors"),
+                f"set analysis.resources.mem_mb to {job['need_mb']} or null",
+            )
+        )
         if res["gpus"]:
             limit = int(sizes.GPU_SHARE * capacity / sizes.MB)
             batch = config["analysis"]["batch_size"]
-            rows.append(_row(rule, 1, gpu, "GPU memory", limit, math.ceil(job["gpu_bytes"] / sizes.MB), "MB",
-                             f"{sizes.GPU_SHARE:.0%} of {gpu}; the peak estimated from the shapes (streamback/sizes.py)",
-                             _smaller_batch(config, kind, runs, vocab, capacity, batch)))
-            rows.append(_row(rule, 1, gpu, "runtime", job["runtime"], job["need_min"], "min",
-                             f"{job['models']} models, their passes at {sizes.ANALYSIS_TFLOPS:g} TFLOP/s",
-                             f"set analysis.resources.runtime to {job['need_min']} or null"))
+            rows.append(
+                _row(
+                    rule,
+                    1,
+                    gpu,
+                    "GPU memory",
+                    limit,
+                    math.ceil(job["gpu_bytes"] / sizes.MB),
+                    "MB",
+                    f"{sizes.GPU_SHARE:.0%} of {gpu}; the peak estimated from the shapes (streamback/sizes.py)",
+                    _smaller_batch(config, kind, runs, vocab, capacity, batch),
+                )
+            )
+            rows.append(
+                _row(
+                    rule,
+                    1,
+                    gpu,
+                    "runtime",
+                    job["runtime"],
+                    job["need_min"],
+                    "min",
+                    f"{job['models']} models, their passes at {sizes.ANALYSIS_TFLOPS:g} TFLOP/s",
+                    f"set analysis.resources.runtime to {job['need_min']} or null",
+                )
+            )
     eval_runs = list(runs)
     if eval_runs:
-        shape = max({runs[n].shape for n in eval_runs},
-                    key=lambda s: sizes.shape_of(config["model"], s, vocab).params)
+        shape = max({runs[n].shape for n in eval_runs}, key=lambda s: sizes.shape_of(config["model"], s, vocab).params)
         job = sizes.evaluate_job(config, shape, vocab)
-        rows.append(_row("evaluate", len(eval_runs), gpu, "host memory", job["mem_mb"], job["need_mb"], "MB",
-                         "2 x the fp32 model + the interpreter, x 1.25",
-                         f"set eval.resources.mem_mb to {job['need_mb']} or null"))
+        rows.append(
+            _row(
+                "evaluate",
+                len(eval_runs),
+                gpu,
+                "host memory",
+                job["mem_mb"],
+                job["need_mb"],
+                "MB",
+                "2 x the fp32 model + the interpreter, x 1.25",
+                f"set eval.resources.mem_mb to {job['need_mb']} or null",
+            )
+        )
     return rows
 
 

@@ -32,7 +32,14 @@ MB = 10**6
 LLAMA3_VOCAB = 128256
 # bytes of an element of each stream format's container (streamback/model/formats.py's _CONTAINER)
 STREAM_BYTES = {
-    "fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8_e4m3": 2, "fp8_e5m2": 2, "mxfp8": 4, "nvfp4": 4,
+    "fp64": 8,
+    "fp32": 4,
+    "bf16": 2,
+    "fp16": 2,
+    "fp8_e4m3": 2,
+    "fp8_e5m2": 2,
+    "mxfp8": 4,
+    "nvfp4": 4,
 }
 REFERENCE_BYTES = {"fp64": 8, "fp32": 4}
 # Host memory of a job beside its tensors: the interpreter with torch, pandas and lm-eval imported,
@@ -135,9 +142,7 @@ def _block_saved(shape: Shape, tokens: int, batch: int, seq_len: int, compute: i
     return attention + dense + stream * tokens * d  # the residual between the sublayers, in the stream's dtype
 
 
-def _pass_peak(
-    shape: Shape, batch: int, seq_len: int, compute: int, stream: int, grad: bool, capture: bool
-) -> int:
+def _pass_peak(shape: Shape, batch: int, seq_len: int, compute: int, stream: int, grad: bool, capture: bool) -> int:
     """Bytes of one pass's own tensors at its peak: with gradients, at the loss's backward (every block's saved
     tensors, the captured residuals and three fp32 vocabulary-wide tensors); without, the captured residuals (if
     held), one block's largest temporaries and the logits in the compute dtype and in fp32."""
@@ -205,7 +210,9 @@ def fit_problem(
     if need <= room:
         return None
     key = "micro_batch_size" if kind == "loss-difference" else "batch_size"
-    fits = [b for b in range(batch - 1, 0, -1) if analysis_peak_bytes(kind, shape, b, seq_len, variants, reference) <= room]
+    fits = [
+        b for b in range(batch - 1, 0, -1) if analysis_peak_bytes(kind, shape, b, seq_len, variants, reference) <= room
+    ]
     fix = f"set analysis.{key} to {fits[0]} or less" if fits else "no batch fits: run it on a larger GPU"
     return (
         f"analyze {kind}: {where} needs an estimated {need / GIB:,.1f} GiB of GPU memory at analysis.{key} {batch} "

@@ -264,8 +264,10 @@ def matrix_disk(needs: dict[Path, tuple[int, str]], disk_usage=None, quota=lfs_q
                 "needed_bytes": group["needed"],
                 "passed": shortfall == 0,
                 "shortfall_bytes": shortfall,
-                "basis": f"{free / GB:,.1f} GB free; {seen}" + (f" ({left / GB:,.1f} GB left)" if left is not None else "")
-                + "; " + "; ".join(group["what"]),
+                "basis": f"{free / GB:,.1f} GB free; {seen}"
+                + (f" ({left / GB:,.1f} GB left)" if left is not None else "")
+                + "; "
+                + "; ".join(group["what"]),
             }
         )
     return out

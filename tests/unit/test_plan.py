@@ -11,13 +11,7 @@ import pytest
 from streamback import layout
 from streamback.check import read_files, resolve
 from streamback.plan import plan_table
-from streamback.preflight.table import (
-    GB,
-    disk_problems,
-    matrix_disk,
-    matrix_disk_needs,
-    parse_lfs_quota,
-)
+from streamback.preflight.table import GB, disk_problems, matrix_disk, matrix_disk_needs, parse_lfs_quota
 from streamback.runs import run_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +72,11 @@ def test_a_config_made_to_mismatch_names_each_mismatch():
     assert ("export_hf", "80 GB", "host memory (skinny-tall)") in found
     # 100B tokens on 8 GPUs: more than one 48-hour job, with no retry to resume
     assert ("train", "141 GB", "medium-streamback") in found
-    assert ("train", "80 GB", "GPU-hours of the matrix") in found and ("train", "141 GB", "GPU-hours of the matrix") in found
+    assert ("train", "80 GB", "GPU-hours of the matrix") in found and (
+        "train",
+        "141 GB",
+        "GPU-hours of the matrix",
+    ) in found
     assert any(row.job == "matrix" and not row.ok for row in bad.itertuples())  # 100 GB free: far too little
     assert all(bad.fix.str.len() > 0)
 
@@ -171,7 +169,7 @@ def test_streamback_plan_prints_each_mismatch_and_writes_the_table(tmp_path, cap
         r"^plan: MISMATCH analyze_layer_error on 80 GB: GPU memory asked 72,000 MB, needs [\d,]+ MB: set "
         r"analysis.batch_size to 2 \(or run on a larger GPU\)$",
         err,
-        re.M,
+        re.MULTILINE,
     )
     assert "analyze_layer_error on 141 GB" not in err
     table = pd.read_csv(tmp_path / "plan.csv")

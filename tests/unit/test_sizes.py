@@ -21,7 +21,7 @@ CONFIGS = ["config/config.yaml", "config/paper.yaml", "config/one-gpu.yaml"]
 def measured_layer_error() -> dict[str, tuple[float, float]]:
     """shape -> (seconds, peak GiB) of layer-error, from the README's table of the analysis phase."""
     text = (H200 / "README.md").read_text()
-    rows = re.findall(r"^\| ([a-z-]+) \(\d+ x \d+\) \| ([\d.]+) s \| \**([\d.]+)\** \|", text, re.M)
+    rows = re.findall(r"^\| ([a-z-]+) \(\d+ x \d+\) \| ([\d.]+) s \| \**([\d.]+)\** \|", text, re.MULTILINE)
     assert len(rows) == 3, "the README's layer-error table changed: update this reader"
     return {shape: (float(seconds), float(peak)) for shape, seconds, peak in rows}
 
@@ -95,7 +95,7 @@ def test_the_forward_analyses_estimates_meet_the_h200s_peaks(shape, kind):
 def test_the_analyses_time_floor_is_under_the_h200s_rate_on_an_h100():
     """ANALYSIS_TFLOPS, the rate the analyses' time limits assume, is below every measured layer-error
     rate (its passes' FLOPs over its seconds) slowed by the H100's bound: a limit never too short there."""
-    batch, seq_len, variants = measured_batch()
+    batch, seq_len, _ = measured_batch()
     cfg = paper()
     config = {**cfg, "analysis": {**cfg["analysis"], "batch_size": batch}}
     for shape, (seconds, _) in measured_layer_error().items():
@@ -129,7 +129,9 @@ def test_costs_md_states_the_tiers_h100_bound_from_the_h200s_hours():
     text = (ROOT / "docs" / "costs.md").read_text()
     for name, path in (("one GPU", "one-gpu.yaml"), ("paper", "paper.yaml")):
         stated = load_config(ROOT / "config" / path)["train"]["stated_gpu_hours"]
-        row = re.search(rf"^\| {name} \(`config/{path}`\) \| ([\d,.]+) \| about [\d,]+ \| ([\d,.]+) \|$", text, re.M)
+        row = re.search(
+            rf"^\| {name} \(`config/{path}`\) \| ([\d,.]+) \| about [\d,]+ \| ([\d,.]+) \|$", text, re.MULTILINE
+        )
         assert row, name
         assert float(row.group(1).replace(",", "")) == stated
         assert float(row.group(2).replace(",", "")) == round(stated * sizes.H100_SLOWDOWN, 1)
@@ -143,8 +145,11 @@ def test_an_analysis_over_its_gpu_stops_before_it_starts_naming_the_batch_that_f
 
     cfg = paper()
     args = ModelArgs.from_config(cfg["model"], "medium", sizes.LLAMA3_VOCAB, "streamback")
-    with pytest.raises(StreambackError, match=r"analyze layer-error: medium-streamback needs an estimated .* GiB .* "
-                                              r"set analysis.batch_size to 2 or less"):
+    with pytest.raises(
+        StreambackError,
+        match=r"analyze layer-error: medium-streamback needs an estimated .* GiB .* "
+        r"set analysis.batch_size to 2 or less",
+    ):
         check_fits("layer-error", args, 4, 2048, cfg["analysis"], 80 * 10**9, "medium-streamback")
     check_fits("layer-error", args, 4, 2048, cfg["analysis"], 141 * 10**9, "medium-streamback")
     check_fits("layer-error", args, 4, 2048, cfg["analysis"], None, "medium-streamback")  # the CPU: mem_mb's

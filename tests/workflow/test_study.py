@@ -155,7 +155,8 @@ def test_the_plan_of_the_study_sizes_every_job_kind(study):
     """`snakemake plan` (a local rule, run beside the study): one table of every job kind against its need, on
     both GPUs of plan.gpu_memory_gb; the tiny study asks for enough of everything."""
     plan = pd.read_csv(study / layout.table(layout.PLAN_TABLE))
-    assert {"train", "export_hf", "analyze_layer_error", "analyze_loss_difference", "evaluate", "matrix"} <= set(plan.job)
+    kinds = {"train", "export_hf", "analyze_layer_error", "analyze_loss_difference", "evaluate", "matrix"}
+    assert kinds <= set(plan.job)
     assert {"80 GB", "141 GB"} <= set(plan.gpu)
     assert plan.ok.all(), plan[~plan.ok].to_string()
     assert "plan: 0 mismatch(es)" in (study / "logs" / "plan.log").read_text()
