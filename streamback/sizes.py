@@ -118,8 +118,11 @@ def model_file_bytes(shape: Shape) -> int:
     return 4 * shape.params
 
 
-def _fused_attention(head_dim: int, nbytes: int) -> bool:
-    """Does CUDA's SDPA take a fused kernel (keeping no probabilities) for this head_dim and dtype?"""
+def _fused_attention(head_dim: int, nbytes: int, cuda: bool) -> bool:
+    """Does SDPA take a fused kernel (keeping no probabilities) for this head_dim and dtype? On the CPU always
+    (its flash kernel takes every dtype and head_dim)."""
+    if not cuda:
+        return True
     if nbytes == 2:
         return head_dim <= 256  # flash attention pads head_dim to a multiple of 8
     if nbytes == 4:
@@ -127,12 +130,14 @@ def _fused_attention(head_dim: int, nbytes: int) -> bool:
     return False  # fp64: the math kernel
 
 
-def _block_saved(shape: Shape, tokens: int, batch: int, seq_len: int, compute: int, stream: int) -> int:
+def _block_saved(
+    shape: Shape, tokens: int, batch: int, seq_len: int, compute: int, stream: int, cuda: bool = True
+) -> int:
     """Bytes one block keeps for its backward pass (eager), beside its input residual (the capture's)."""
     d, f, heads = shape.dim, shape.ffn, shape.n_heads
     hd = shape.head_dim
-    if _fused_attention(hd, compute):
-        padded = 8 * math.ceil(hd / 8) if compute == 2 else hd
+    if _fused_attention(hd, compute, cuda):
+        padded = 8 * math.ceil(hd / 8) if compute == 2 and cuda else hd
         attention = compute * tokens * 4 * heads * padded + 4 * batch * heads * seq_len  # q, k, v, out; logsumexp
     else:
         # q and k scaled, v, and the softmax's output
@@ -142,7 +147,9 @@ def _block_saved(shape: Shape, tokens: int, batch: int, seq_len: int, compute: i
     return attention + dense + stream * tokens * d  # the residual between the sublayers, in the stream's dtype
 
 
-def _pass_peak(shape: Shape, batch: int, seq_len: int, compute: int, stream: int, grad: bool, capture: bool) -> int:
+def _pass_peak(
+    shape: Shape, batch: int, seq_len: int, compute: int, stream: int, grad: bool, capture: bool, cuda: bool = True
+) -> int:
     """Bytes of one pass's own tensors at its peak: with gradients, at the loss's backward (every block's saved
     tensors, the captured residuals and three fp32 vocabulary-wide tensors); without, the captured residuals (if
     held), one block's largest temporaries and the logits in the compute dtype and in fp32."""
@@ -150,30 +157,37 @@ def _pass_peak(shape: Shape, batch: int, seq_len: int, compute: int, stream: int
     residuals = (shape.n_layers + 1) * tokens * shape.dim * stream if capture else 0
     logit = max(compute, 4)
     if grad:
-        saved = shape.n_layers * _block_saved(shape, tokens, batch, seq_len, compute, stream)
+        saved = shape.n_layers * _block_saved(shape, tokens, batch, seq_len, compute, stream, cuda)
         return saved + residuals + 3 * tokens * shape.vocab * logit
     temporaries = 3 * tokens * shape.ffn * compute
     return residuals + temporaries + tokens * shape.vocab * (compute + logit)
 
 
 def analysis_peak_bytes(
-    kind: str, shape: Shape, batch: int, seq_len: int, variants: list[str], reference: str = "fp32"
+    kind: str,
+    shape: Shape,
+    batch: int,
+    seq_len: int,
+    variants: list[str],
+    reference: str = "fp32",
+    cuda: bool = True,
 ) -> int:
-    """Estimated peak GPU bytes of one analysis job of `kind` (its models one after another, so one model's
-    peak): layer-error (and public, on its windows) holds the ground truth and one variants' model; swallowed
-    and envelope one model, forward only; loss-difference one model on `batch` windows (its micro-batch)."""
+    """Estimated peak bytes of one analysis job of `kind` on a GPU (`cuda`) or the CPU (its models one after
+    another, so one model's peak): layer-error (and public, on its windows) holds the ground truth and one
+    variants' model; swallowed and envelope one model, forward only; loss-difference one model on `batch` windows
+    (its micro-batch)."""
     params = shape.params
     if kind in ("layer-error", "public"):
         ref = REFERENCE_BYTES[reference]
         blocks = shape.n_layers * shape.block_params
         # the ground truth's pass: its parameters (in its dtype) and the variants' model's (fp32) already on the device
-        truth = ref * params + 4 * params + _pass_peak(shape, batch, seq_len, ref, ref, True, True)
+        truth = ref * params + 4 * params + _pass_peak(shape, batch, seq_len, ref, ref, True, True, cuda)
         # a variant's pass: both models, the truth's block gradients, the bf16 weight copies the matmuls keep,
         # the truth's residuals and their gradients, and this pass's own tensors in its widest stream
         widest = max(STREAM_BYTES[v.removesuffix("_sr").split(":")[0]] for v in variants)
         held = 2 * (shape.n_layers + 1) * batch * seq_len * shape.dim * ref
         variant = (ref + 4) * params + ref * blocks + 2 * blocks + held
-        variant += _pass_peak(shape, batch, seq_len, 2, widest, True, True)
+        variant += _pass_peak(shape, batch, seq_len, 2, widest, True, True, cuda)
         return max(truth, variant)
     if kind == "swallowed":
         widest = max(STREAM_BYTES[v.removesuffix("_sr").split(":")[0]] for v in variants)
@@ -327,7 +341,10 @@ def analysis_job(config: dict, kind: str, runs: dict, vocab: int) -> dict:
     models = {"public": len(shapes)}.get(kind, sum(1 for spec in runs.values() if spec.shape in shapes))
     batch, seq_len = analysis_batch(config, kind)
     built = [shape_of(config["model"], s, vocab) for s in shapes]
-    peaks = [analysis_peak_bytes(kind, s, batch, seq_len, cfg["variants"], cfg["reference"]) for s in built]
+    peaks = [
+        analysis_peak_bytes(kind, s, batch, seq_len, cfg["variants"], cfg["reference"], bool(res["gpus"]))
+        for s in built
+    ]
     gpu_bytes = max(peaks, default=0)
     biggest = max(built, key=lambda s: s.params, default=None)
     on_gpu = bool(res["gpus"])

@@ -155,3 +155,52 @@ def test_an_analysis_over_its_gpu_stops_before_it_starts_naming_the_batch_that_f
     check_fits("layer-error", args, 4, 2048, cfg["analysis"], None, "medium-streamback")  # the CPU: mem_mb's
     assert device_memory("cpu") is None
     assert sizes.shape_of_args(args) == sizes.shape_of(cfg["model"], "medium", sizes.LLAMA3_VOCAB)
+
+
+def _allocator_peak(fn) -> int:
+    """Peak bytes the CPU allocator reports (profiler memory events) over `fn()`, above what existed before."""
+    import gc
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from streamback.model import compute
+
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, compute.use("native"):
+        fn()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    current = peak = 0
+    for event in events:
+        current += event.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+# Within 10% on the CPU: the jobs ask for MARGIN (1.25) times the estimate, so one 10% low still fits its job.
+# These tiny shapes make the small tensors the estimate leaves out (norm statistics, the comparisons' fp64
+# temporaries) a larger share than at the paper's sizes, where the H200's peaks are within 5%.
+CPU_TOLERANCE = 0.10
+
+
+@pytest.mark.slow
+def test_the_cpu_estimate_meets_the_allocators_peak_of_the_real_analyses():
+    """The analysis code itself (streamback.analysis.precision) on a tiny model with the tiny shapes' fp64 ground
+    truth, on native bf16 kernels (those whose tensors the estimate counts), against the CPU allocator's own
+    accounting."""
+    reference = "fp64"
+    from streamback.analysis.precision import layer_error
+    from streamback.model.weights import TrainedModel
+
+    args = ModelArgs(dim=128, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=512, multiple_of=32, block="streamback")
+    model = Transformer(args)
+    model.init_weights(0)
+    trained = TrainedModel(args, {k: v.detach().clone() for k, v in model.state_dict().items()}, "fp32", torch.bfloat16)
+    del model
+    batch, seq_len, variants = 4, 64, ["bf16", "fp32", "nvfp4"]
+    tokens = torch.randint(0, args.vocab_size, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    shape = sizes.shape_of_args(args)
+    estimate = sizes.analysis_peak_bytes("layer-error", shape, batch, seq_len, variants, reference, cuda=False)
+    peak = _allocator_peak(lambda: layer_error(trained, tokens, reference, variants, "cpu", 0))
+    assert estimate == pytest.approx(peak, rel=CPU_TOLERANCE)
