@@ -28,7 +28,7 @@ from streamback.check import read_files, resolve
 from streamback.config import public_models
 from streamback.io import write_csv
 from streamback.preflight.table import matrix_disk, matrix_disk_needs, tokens_manifest
-from streamback.runs import comparisons, run_matrix, run_setting
+from streamback.runs import comparisons, run_matrix, run_processes, run_setting
 
 HELP = "every job kind's resources against its estimated need (memory, GPU memory, runtime, disk, GPU-hours)"
 COLUMNS = ["job", "jobs", "gpu", "measure", "asked", "needed", "unit", "ok", "basis", "fix"]
@@ -119,7 +119,8 @@ def _row(job, jobs, gpu, measure, asked, needed, unit, basis, fix, ok=None) -> d
 
 
 def run_h200_hours(config: dict, records: dict, vocab: int) -> dict[str, tuple[float, str]]:
-    """run -> (its GPU-hours on the H200, where the figure comes from)."""
+    """run -> (its GPU-hours, where the figure comes from): its arm's preflight projection on the GPUs it ran on,
+    else its FLOPs' share of train.stated_gpu_hours (H200-hours)."""
     train, runs = config["train"], run_matrix(config["train"])
     flops = {
         name: sizes.shape_of(config["model"], spec.shape, vocab).flops_per_token(train["seq_len"])
@@ -191,8 +192,9 @@ def _train_rows(config, records, vocab, runs, gpu, h100) -> list[dict]:
                 )
             )
             continue
-        gpus = max(res["gpus"], 1) * res["nodes"]
-        run_hours = hours[name][0] * slowdown
+        gpus = run_processes(train, name)
+        measured = hours[name][1].startswith("the preflight")  # on the GPUs it ran on: no H100 bound on top
+        run_hours = hours[name][0] * (1.0 if measured else slowdown)
         total += run_hours
         jobs = sizes.slices(run_hours / gpus * 60, res["runtime"])
         rows.append(
@@ -204,7 +206,7 @@ def _train_rows(config, records, vocab, runs, gpu, h100) -> list[dict]:
                 retries + 1,
                 jobs,
                 "jobs",
-                f"{run_hours:,.1f} GPU-hours on {gpus} GPUs ({hours[name][1]}; {basis})",
+                f"{run_hours:,.1f} GPU-hours on {gpus} GPUs ({hours[name][1]}" + (")" if measured else f"; {basis})"),
                 f"set train.resources.retries to at least {jobs - 1} (or a longer runtime)",
             )
         )

@@ -175,3 +175,23 @@ def test_streamback_plan_prints_each_mismatch_and_writes_the_table(tmp_path, cap
     table = pd.read_csv(tmp_path / "plan.csv")
     assert list(table.columns) == ["job", "jobs", "gpu", "measure", "asked", "needed", "unit", "ok", "basis", "fix"]
     assert main(["plan", *files, "--out", str(tmp_path / "plan.csv"), "--strict"]) == 1
+
+
+def test_a_preflights_projection_replaces_the_stated_cost_without_the_h100_bound():
+    """An arm with a preflight record: its runs' hours are that projection, as measured on its GPUs (no bound on
+    top); the other arms keep their share of the stated cost."""
+    config = tier("paper.yaml")
+    arm = "medium-baseline"
+    record = {
+        "device": "NVIDIA H100 80GB HBM3",
+        "kernels": "native bf16 on cuda",
+        "checks": [
+            {"name": "speed", "values": {"projected_hours": 800.0}},
+            {"name": "memory", "values": {"available_bytes": 85 * 10**9}},
+        ],
+    }
+    table = plan_table(config, {arm: record}, roomy, no_quota)
+    assert "NVIDIA H100 80GB HBM3" in set(table.gpu)  # the measured GPU is planned for too
+    row = table[(table.gpu == "80 GB") & (table.measure == f"{arm}: jobs of 2880 min")].iloc[0]
+    assert row.basis.startswith("800.0 GPU-hours on 8 GPUs (the preflight of medium-baseline on NVIDIA H100")
+    assert row.needed == 3  # 100 hours on 8 GPUs: three 48-hour jobs
