@@ -27,7 +27,7 @@ from streamback import layout, sizes
 from streamback.check import read_files, resolve
 from streamback.config import public_models
 from streamback.io import write_csv
-from streamback.preflight.table import matrix_disk, matrix_disk_needs, tokens_manifest
+from streamback.preflight.table import matrix_disk, matrix_disk_needs
 from streamback.runs import comparisons, run_matrix, run_processes, run_setting
 
 HELP = "every job kind's resources against its estimated need (memory, GPU memory, runtime, disk, GPU-hours)"
@@ -142,7 +142,7 @@ def plan_table(config: dict, records: dict | None = None, disk_usage=None, quota
     """The plan's rows (COLUMNS) for the resolved `config`; `records`: the arms' preflight records;
     `disk_usage` and `quota` as matrix_disk takes them (default: shutil.disk_usage, lfs quota)."""
     records = records or {}
-    vocab = sizes.vocab_of(config, tokens_manifest(config["data"]))
+    vocab = sizes.vocab_of(config)
     runs = run_matrix(config["train"])
     rows = []
     for gpu, capacity, h100 in _gpus(config, records):

@@ -20,9 +20,11 @@ files). Standard library only: the rule files import it.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
+from streamback import layout
 from streamback.runs import comparisons
 
 GIB = 2**30
@@ -272,12 +274,19 @@ H100_SLOWDOWN = 4.8 / 3.35
 CPU_RUNTIME_MIN = 60  # an analysis on the CPU: no rate to derive a time from
 
 
-def vocab_of(config: dict, manifest: dict | None = None) -> int:
-    """The vocabulary the sizes assume: plan.vocab_size, else the tokenized corpus's (`manifest`), else a BPE's
+def tokens_manifest(data: dict) -> dict | None:
+    """The tokenized corpus's manifest (results/tokens/<corpus>/manifest.json, or data.dir's) where it exists."""
+    path = layout.tokens_dir(data) / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def vocab_of(config: dict) -> int:
+    """The vocabulary the sizes assume: plan.vocab_size, else the tokenized corpus's (its manifest), else a BPE's
     asked size, else Llama 3's."""
     if config["plan"]["vocab_size"] is not None:
         return config["plan"]["vocab_size"]
-    if manifest is not None:
+    manifest = tokens_manifest(config["data"])
+    if manifest is not None and "vocab_size" in manifest:
         return manifest["vocab_size"]
     tokenizer = config["data"]["tokenizer"]
     return tokenizer["vocab_size"] if tokenizer["kind"] == "bpe" else LLAMA3_VOCAB

@@ -275,7 +275,7 @@ def matrix_disk(needs: dict[Path, tuple[int, str]], disk_usage=None, quota=lfs_q
 
 def disk_problems(config: dict, records: dict, disk_usage=None, quota=lfs_quota) -> list[str]:
     """One line per file system the matrix will not fit on at its peak, naming the path and the shortfall."""
-    vocab = sizes.vocab_of(config, tokens_manifest(config["data"]))
+    vocab = sizes.vocab_of(config)
     lines = []
     for entry in matrix_disk(matrix_disk_needs(config, records, vocab), disk_usage, quota):
         if not entry["passed"]:
@@ -285,9 +285,3 @@ def disk_problems(config: dict, records: dict, disk_usage=None, quota=lfs_quota)
                 f"({entry['basis']}): free space, or move them (data.dir; results/ as a link)"
             )
     return lines
-
-
-def tokens_manifest(data: dict) -> dict | None:
-    """The tokenized corpus's manifest where it exists (its vocabulary sizes the models), else None."""
-    path = layout.tokens_dir(data) / "manifest.json"
-    return json.loads(path.read_text()) if path.is_file() else None

@@ -12,7 +12,7 @@ from streamback.runs import comparisons
 
 ANALYSIS_RES = config["analysis"]["resources"]
 # the vocabulary the jobs are sized for (streamback/sizes.py): the corpus's once tokenized
-SIZE_VOCAB = sizes.vocab_of(config, manifest_or_none())
+SIZE_VOCAB = sizes.vocab_of(config)
 ANALYSIS_RUNS = list(RUNS)  # rule train's matrix
 ANALYSIS_SHAPES = list(dict.fromkeys(spec.shape for spec in RUNS.values()))
 COMPARED = comparisons(RUNS)  # (shape, baseline, other)

@@ -243,12 +243,6 @@ def analysis_params(kind, runs):
     }
 
 
-def manifest_or_none():
-    """The tokenized corpus's manifest where it exists (its vocabulary sizes the jobs), else None."""
-    path = layout.tokens_dir(config["data"]) / "manifest.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def analysis_resources(kind):
     """An analysis job's resources: memory and time limit from its size (streamback/sizes.py) or the config's."""
     resources = config["analysis"]["resources"]
