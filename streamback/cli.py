@@ -26,6 +26,7 @@ from streamback.progress import plain_logs
 
 COMMANDS = {
     "check": "streamback.check",
+    "plan": "streamback.plan",
     "drift": "streamback.drift.stage",
     "corpus": "streamback.data.generate",
     "tokenize": "streamback.data.tokenize",

@@ -163,6 +163,7 @@ def recipe_dirs(checkpoints: str | Path) -> list[Path]:
 
 PREFLIGHT_DIR = RESULTS / "preflight"
 PREFLIGHT_TABLE = "preflights"  # table(name): every arm's checks, and the matrix's projected cost
+PLAN_TABLE = "plan"  # table(name) of `streamback plan`: every job kind's resources against its estimated need
 
 
 def preflight_file(arm: str) -> Path:

@@ -67,6 +67,7 @@ from streamback.model.capture import STREAM_POINTS, StreamCapture
 from streamback.model.formats import StreamFormat
 from streamback.model.reversible import ReversibleStream, step_back_block
 from streamback.runs import shape_problems
+from streamback.sizes import ffn_hidden_dim
 
 BLOCKS = ("baseline", "streamback")
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -137,10 +138,7 @@ class ModelArgs:
 
     @property
     def ffn_hidden_dim(self) -> int:
-        hidden = int(2 * 4 * self.dim / 3)
-        if self.ffn_dim_multiplier is not None:
-            hidden = int(self.ffn_dim_multiplier * hidden)
-        return self.multiple_of * math.ceil(hidden / self.multiple_of)
+        return ffn_hidden_dim(self.dim, self.multiple_of, self.ffn_dim_multiplier)
 
     @classmethod
     def from_config(

@@ -151,6 +151,17 @@ def test_a_finished_study_has_nothing_to_rerun(study, run_snakemake):
     assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
 
 
+def test_the_plan_of_the_study_sizes_every_job_kind(study):
+    """`snakemake plan` (a local rule, run beside the study): one table of every job kind against its need, on
+    both GPUs of plan.gpu_memory_gb; the tiny study asks for enough of everything."""
+    plan = pd.read_csv(study / layout.table(layout.PLAN_TABLE))
+    kinds = {"train", "export_hf", "analyze_layer_error", "analyze_loss_difference", "evaluate", "matrix"}
+    assert kinds <= set(plan.job)
+    assert {"80 GB", "141 GB"} <= set(plan.gpu)
+    assert plan.ok.all(), plan[~plan.ok].to_string()
+    assert "plan: 0 mismatch(es)" in (study / "logs" / "plan.log").read_text()
+
+
 @pytest.mark.slow
 def test_a_stage_that_has_not_run_is_named(study, tmp_path):
     copy = tmp_path / "copy"

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from snakemake.settings.types import DeploymentMethod
 
-from streamback import jobs, layout
+from streamback import jobs, layout, sizes
 from streamback.runs import run_setting
 
 # Jobs run `streamback <stage> ...`, a shell function for `python -m streamback` with the
@@ -243,11 +243,13 @@ def analysis_params(kind, runs):
     }
 
 
-def analysis_resources():
+def analysis_resources(kind):
+    """An analysis job's resources: memory and time limit from its size (streamback/sizes.py) or the config's."""
     resources = config["analysis"]["resources"]
+    job = sizes.analysis_job(config, kind, RUNS, SIZE_VOCAB)
     return {
-        "mem_mb": resources["mem_mb"],
-        "runtime": resources["runtime"],
+        "mem_mb": job["mem_mb"],
+        "runtime": job["runtime"],
         "gpu": resources["gpus"] or None,
         "cpus_per_gpu": resources["threads"] if resources["gpus"] else None,
     }
