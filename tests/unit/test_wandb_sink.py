@@ -106,17 +106,22 @@ class OneSecond:
 
 
 def test_the_wandb_run_holds_the_metrics_and_a_resume_appends_to_it(tokens, tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from wandb.sdk import wandb_init
 
     monkeypatch.setattr(wandb_init, "time", OneSecond())
     monkeypatch.setenv("WANDB_SILENT", "true")
     settings = {"project": "streamback-test", "mode": "offline"}
     assert train(tokens, tmp_path, settings) == 0
+    # run.finish() only tells W&B's service that the run is done (inform_finish, not waited for), and a second run
+    # of the same id in this process goes to the same service: end it (waited for), as each attempt's own process
+    # does at exit, before the next attempt starts
+    wandb.teardown()
     first = read_metrics(tmp_path / "out" / layout.METRICS_FILE)  # the first attempt's steps 1-10
     (recipe,) = layout.recipe_dirs(tmp_path / "ckpt")
     shutil.rmtree(ckpt.checkpoint_dir(recipe, 10))  # the second attempt resumes from step 5 and logs steps 6-10 again
     assert train(tokens, tmp_path, settings) == 0
+    wandb.teardown()  # every file written whole before it is read
     metrics = read_metrics(tmp_path / "out" / layout.METRICS_FILE)
 
     # each attempt's W&B file, in the order they started: its run record's start time (nanoseconds), not the
