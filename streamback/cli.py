@@ -192,11 +192,12 @@ def expected_fault(err: BaseException) -> str | None:
 def exit_with(status: int | str | None) -> NoReturn:
     """End `python -m streamback` with `status`, as sys.exit would. A torchrun worker (WORLD_SIZE > 1: its stage
     has done its work, written its outputs and the status file, and torn its process group down) ends with
-    os._exit after flushing what it printed: the interpreter's finalization is skipped, in which gloo's worker
+    os._exit after flushing what it printed: the interpreter's finalization is skipped. There gloo's worker
     threads may still run (destroy_process_group drops only c10d's own references to the group; another
-    object, such as FSDP2's device mesh, may keep it alive) and may ask for the GIL and are ended by CPython mid-C++ frame, which aborts the process ("terminate
-    called without an active exception", SIGABRT) after a run that passed (pytorch/pytorch#179291; torch has no
-    ProcessGroupGloo shutdown, pytorch/pytorch#130345). docs/reliability.md says more."""
+    object, such as FSDP2's device mesh, may keep it alive), and one that asks for the GIL is ended by CPython
+    mid-C++ frame, which aborts the process ("terminate called without an active exception", SIGABRT) after
+    a run that passed (pytorch/pytorch#179291; torch has no ProcessGroupGloo shutdown,
+    pytorch/pytorch#130345). docs/reliability.md says more."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         sys.exit(status)
     if isinstance(status, str):  # sys.exit's meaning: the message on stderr, status 1

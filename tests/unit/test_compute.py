@@ -143,7 +143,7 @@ LAMBDA = 6.0  # Hoeffding: P(|loss error| > LAMBDA * sqrt(sum c_i^2)) <= 2 exp(-
 
 
 def gamma(k):
-    """Higham's gamma_k = k u / (1 - k u) for fp32: |fl(sum of k terms) - sum| <= gamma_k * sum |terms|, in ANY order."""
+    """Higham's gamma_k = k u / (1 - k u) for fp32: |fl(sum of k terms) - sum| <= gamma_k sum |terms|, any order."""
     return k * FP32_U / (1 - k * FP32_U)
 
 
@@ -295,7 +295,8 @@ def test_every_op_rounds_where_native_bf16_rounds(model_of, tokens):
         elif name == "emulated":
             assert 0.5 <= ratio <= 1 + ERROR_BUDGET, what  # measured: 0.56-0.93 (module docstring), margin 1.1x below
     # the control: a GEMM's or the attention's output unrounded is far more accurate than either path (derived: fp32's
-    # unit roundoff is 2^-16 of bf16's, plus gamma_k of the summation: measured 4e-5 to 5e-5 of native's, 0.01 holds 200x)
+    # unit roundoff is 2^-16 of bf16's, plus gamma_k of the summation: measured 4e-5 to 5e-5 of native's, 0.01 holds
+    # 200x)
     assert errors[("linear", 0, "skipped")] < 0.01 * errors[("linear", 0, "native")]
     assert errors[("attention", 0, "skipped")] < 0.01 * errors[("attention", 0, "native")]
 
@@ -347,7 +348,8 @@ def test_a_trained_model_s_loss_and_gradients_agree_to_rounding_order(tokens):
         assert abs(loss - fp64_loss) <= bound, (name, loss, fp64_loss, bound)
         # measured: the gradients' error is 0.92-0.97 of the simulated rounding model's on those paths of an AMD EPYC
         # and with ATEN_CPU_CAPABILITY=avx2 alone (8 draws; they spread +-4%), margin 1.2x below and 1.3x above:
-        # fp16 compute (0.13) and GEMM outputs rounded to 5 bits (2.24) fail it; one bit fewer (1.24-1.32) is at its edge
+        # fp16 compute (0.13) and GEMM outputs rounded to 5 bits (2.24) fail it; one bit fewer (1.24-1.32) is at its
+        # edge
         ratio = error(grads) / simulated_error()
         assert 3 / 4 <= ratio <= 5 / 4, (name, ratio)
         # measured: each weight matrix's 0.55-1.23 of the model's there, margin 1.6x; the norm gains (64 entries each,
