@@ -629,8 +629,10 @@ def test_tables_aggregate_and_pair_the_runs(evaluated, monkeypatch):
         only_a = sum(x > y for x, y in zip(a, b))
         only_b = sum(y > x for x, y in zip(a, b))
         assert (row.baseline_only, row.run_only, row.n) == (only_a, only_b, len(a))
+        # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
         assert row.diff == pytest.approx(sum(b) / len(b) - sum(a) / len(a)) and row.ci_low <= row.diff <= row.ci_high
         want_p = mcnemar([[0, only_a], [only_b, 0]], exact=True).pvalue if only_a + only_b else 1.0
+        # derived: statsmodels' exact McNemar p is the same binomial tail (fp64 roundings only)
         assert row.p_mcnemar == pytest.approx(want_p) and row.tests == 4 and row.p_holm >= row.p_mcnemar
         assert row.family == (
             "micro-streamback vs micro-baseline, 4 tests: streamback_pairs_agreement acc; streamback_pairs_brackets "
@@ -673,6 +675,7 @@ def test_the_rows_over_seeds_have_the_values_the_statistics_give(evaluated, monk
             and row.run == "micro-streamback"
         )
         summary = stats.across_seeds(seeds["diff"].to_numpy(), pairs_cfg["confidence"])
+        # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
         assert (row.diff, row.ci_low, row.ci_high, row.sd, row.p_seeds) == pytest.approx(
             (summary["mean"], summary["low"], summary["high"], summary["sd"], summary["p"]), nan_ok=True
         )
@@ -687,14 +690,18 @@ def test_the_rows_over_seeds_have_the_values_the_statistics_give(evaluated, monk
             }
             items.append([outcome[RUNS[1]][i] - outcome[RUNS[0]][i] for i in sorted(outcome[RUNS[0]])])
         boot = stats.hierarchical_bootstrap(items, pairs_cfg["confidence"], pairs_cfg["resamples"], pairs_cfg["seed"])
+        # exact but for the CSV's decimal round trip: the same seeded bootstrap of the same items
         assert (row.boot_low, row.boot_high) == pytest.approx(boot[1:])
         noise = stats.within_se(items)
+        # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6); here
+        # and below
         assert row.within_se == pytest.approx(noise) and noise > 0
         assert row.mde == pytest.approx(stats.seed_mde(summary["sd"], 2, pairs_cfg["alpha"], pairs_cfg["power"], noise))
         assert row.seeds_for_target == pytest.approx(
             stats.seeds_needed(max(summary["sd"], noise), pairs_cfg["target"], pairs_cfg["alpha"], pairs_cfg["power"]),
             nan_ok=True,
         )
+        # exact: the sd of two equal evaluations
         assert row.baseline_sd == pytest.approx(0.0)  # both seeds' baselines are the same evaluation here
         assert row.verdict.startswith(("within seed noise", "consistent across seeds"))
     assert len(pairs[pairs.seed == "all"]) == 4

@@ -142,7 +142,7 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
         assert stop_at == 8 or "resuming from step" in err
         stopped = read_metrics(live / "metrics.jsonl")
         assert ckpt.list_checkpoints(live)[-1][0] == stopped[-1]["step"] < STEPS
-        # measured: 0 (bit for bit) on an AMD EPYC's kernel paths; derived margin: two ranks' fp32 sums of two terms are
+        # measured: 0 (bit for bit) on an AMD EPYC (docstring); derived: two ranks' fp32 sums of two terms are
         # order-free, and 1e-5 at losses ~6 is ~20 fp32 ulps
         assert np.allclose([r["loss"] for r in stopped], [r["loss"] for r in ref[: len(stopped)]], rtol=0, atol=1e-5)
 
