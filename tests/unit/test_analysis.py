@@ -52,6 +52,7 @@ def test_sign_flips_and_errors_on_a_hand_built_case():
     # opposite signs at entries 1 and 3; a zero on either side (entries 2 and 4) is not a flip
     assert stats["sign_flips"] == 2 and stats["sign_flip_fraction"] == 2 / 6
     assert stats["max_abs_error"] == 6.0  # |3 - (-3)|
+    # derived: two fp64 square roots and a quotient of exact integer sums: a few 2^-53; 1e-15 is 4 ulps
     assert stats["rel_error"] == pytest.approx(
         math.sqrt(16 + 1 + 36 + 16) / math.sqrt(1 + 4 + 1 + 9 + 16 + 25), rel=1e-15
     )
@@ -157,6 +158,8 @@ def test_the_chunked_layer_error_of_each_window_is_the_straightforward_one(tmp_p
     assert list(ours.columns) == list(theirs.columns) and len(ours) == 3 * 4 * (4 + 4 + 3)
     exact = ["variant", "kind", "layer", "window", "max_abs_error", "sign_flips", "sign_flip_fraction"]
     pd.testing.assert_frame_equal(ours[exact], theirs[exact])
+    # derived (probabilistic): chunked and whole fp64 sums of n <= 5e4 squares differ by ~sqrt(n) 2^-53 = 2.5e-14
+    # (a worst case, n 2^-53 = 5.5e-12, would not hold): 1e-12 is 40x that
     assert np.allclose(ours.rel_error, theirs.rel_error, rtol=1e-12, atol=0) and (ours.sign_flips > 0).any()
 
 
@@ -192,6 +195,7 @@ def test_the_swallowed_table_taken_as_each_add_happens_is_the_one_of_the_capture
 @pytest.mark.parametrize("n", [1, 2, 999, 1000, 1001, 12345])
 def test_abs_quantile_is_numpy_s(n):
     x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    # derived: numpy's linear interpolation between the same two order statistics, in fp64: a few 2^-53
     assert abs_quantile(x) == pytest.approx(float(np.quantile(x.abs().double().numpy(), 0.999)), rel=1e-12, abs=0)
 
 
@@ -210,6 +214,7 @@ def test_envelope_equals_a_direct_computation(tmp_path):
     for row, h in zip(table.itertuples(), seen):
         values = h.double().numpy()
         assert row.max == values.max() and row.min == values.min()
+        # derived: the same interpolation of the same order statistics in fp64, as above
         assert row.abs_p999 == pytest.approx(np.quantile(np.abs(values), 0.999), rel=1e-12)
 
 
@@ -263,6 +268,7 @@ def test_the_note_s_swallowed_update():
     d = torch.tensor([1.9, 2.1, 0.0]).bfloat16()
     stats = swallow_stats(h, d, bf16.add(h, d))
     lost = (600 - (600 + d[0].double())).abs() + (604 - (600 + d[1].double())).abs()
+    # derived: exact bf16 values summed in fp64 (exact) and one division: 1 ulp; 1e-15 is 4
     assert stats["swallowed_fraction"] == 0.5 and stats["lost_mass_fraction"] == pytest.approx(
         float(lost / d.double().sum()), rel=1e-15
     )
@@ -299,6 +305,7 @@ def test_loss_difference_on_two_hand_written_metrics_files(tmp_path):
     )
     train, val = curves[curves.split == "train"], curves[curves.split == "val"]
     assert train.step.tolist() == [1, 2, 3, 4, 5] and train.tokens.tolist() == [100, 200, 300, 400, 500]
+    # derived: differences of decimal losses in fp64 (each within 2^-53 x 5): 1e-12 is far wider
     assert train.difference.tolist() == pytest.approx([0.0, 0.1, -0.1, 0.2, 0.25], abs=1e-12)  # baseline minus other
     assert train.smoothed.tolist() == pytest.approx([0.0, 0.05, 0.0, 0.05, 0.225], abs=1e-12)  # steps (s - 2, s]
     assert val.step.tolist() == [2, 5] and val.difference.tolist() == [0.25, -0.5]  # only steps both logged
@@ -307,6 +314,7 @@ def test_loss_difference_on_two_hand_written_metrics_files(tmp_path):
         read_metrics(tmp_path / "a.jsonl"), read_metrics(tmp_path / "b.jsonl"), smooth_steps=2, points=2
     )
     assert thinned[thinned.split == "train"].step.tolist() == [1, 4, 5]  # every third step, the last kept
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
     assert thinned[thinned.split == "train"].smoothed.tolist()[-1] == pytest.approx(0.225)  # smoothed before thinning
 
 
@@ -314,6 +322,7 @@ def test_paired_interval_against_hand_values_and_scipy_free_reference():
     mean, low, high = paired_difference(np.array([2.0, 4.0, 6.0, 8.0]), np.array([1.0, 2.0, 3.0, 4.0]), 0.95)
     # d = 1, 2, 3, 4: mean 2.5, sd sqrt(5/3), t(0.975, 3) = 3.182446305284263 (the t table)
     half = 3.182446305284263 * math.sqrt(5 / 3) / 2
+    # derived: the t quantile to 16 digits from the table and fp64 arithmetic: a few 2^-53
     assert (mean, low, high) == pytest.approx((2.5, 2.5 - half, 2.5 + half), rel=1e-12)
     with pytest.raises(StreambackError, match="at least 2"):
         paired_difference(np.array([1.0]), np.array([0.0]), 0.95)

@@ -86,9 +86,13 @@ def test_the_rows_over_seeds_carry_the_resolution(tables):
     row = loss[(loss.seed == "all") & (loss.split == "val")].iloc[0]
     seeds = loss[(loss.seed != "all") & (loss.split == "val")]
     sd = seeds.final_difference.std(ddof=1)
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
     assert row.seeds == 3 and row.sd == pytest.approx(sd) and row.band == 0.001 and row.target == 0.002
+    # derived: a sample sd of 64 draws has relative sd 1/sqrt(2 x 63) = 0.09: 0.3 is 3.4 sd
     assert row.within_se == pytest.approx(0.02 / 8, rel=0.3)  # 64 windows of noise 0.02
     sigma = max(sd, row.within_se)
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6); here and
+    # below
     assert row.mde == pytest.approx(stats.seed_mde(sigma, 3, 0.05, 0.8))
     assert row.seeds_for_band == stats.seeds_needed(sigma, 0.001) and row.seeds_for_band > 3
     assert row.p_seeds == 0.25  # every seed the same sign: the exact floor of three seeds
@@ -176,6 +180,8 @@ def test_the_benchmark_answer_leads_with_the_tasks_that_can_rank(tables):
     )
     clear, coin = table.iloc[0], table.iloc[1]
     sd = 0.01 * np.sqrt(2 / 3)  # np.std of -1, 0, 1 times 0.01
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6); here and
+    # below
     assert clear.snr == pytest.approx(0.1 / sd) and clear.can_rank
     assert coin.snr == pytest.approx(0.01 / (5 * sd)) and not coin.can_rank and coin.decision_accuracy < 0.6
     table.to_csv(layout.table("task_snr"), index=False)

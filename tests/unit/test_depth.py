@@ -134,6 +134,7 @@ def test_a_row_per_depth_with_the_loss_rows_over_the_seeds_as_they_are(built):
     assert (table.stream == "fp32").all() and (table.seeds == 3).all() and (table.runs == 6).all()
     for row in table.itertuples():
         mean = np.mean([val_difference(row.depth, s) for s in SEEDS])
+        # derived: figures of constructed inputs by hand (fp64 roundings only, within approx's default 1e-6)
         assert row.val_difference == pytest.approx(mean) and row.val_low == pytest.approx(mean - 1)
         assert row.val_mde == 0.003 and row.val_seeds_for_band == 40 and row.val_verdict == "within seed noise"
 
@@ -143,6 +144,8 @@ def test_the_per_run_measures_by_hand(built):
     for row in table.itertuples():
         ratios = [flip_ratio(row.depth, b, s) for b in RUN_JITTER for s in SEEDS]
         mean, low, high = np.mean(ratios), *sps.t.interval(0.95, 5, np.mean(ratios), sps.sem(ratios))
+        # derived: figures of constructed inputs by hand (fp64 roundings only, within approx's default 1e-6); here and
+        # below
         assert (row.grad_flip_ratio, row.grad_flip_ratio_low, row.grad_flip_ratio_high) == pytest.approx(
             (mean, low, high)
         )
@@ -159,6 +162,7 @@ def test_the_trends_by_hand(built):
     linear in log2(depth)); the train split's constant and the stream gradients' 1.0 have no trend."""
     _, _, trend = built
     val = trend.loc["val_difference"]
+    # derived: figures of constructed inputs by hand (fp64 roundings only, within approx's default 1e-6); here and below
     assert val.slope == pytest.approx(0.001) and val.verdict == "grows with depth" and val.depths == 3
     se = math.sqrt(2 * 0.25 * np.var([-0.0002, 0, 0.0002], ddof=1) / 3)  # w = -1/2, 0, 1/2
     half = sps.t.ppf(0.975, 4) * se  # Welch-Satterthwaite: two equal terms of 2 degrees of freedom each
@@ -169,6 +173,7 @@ def test_the_trends_by_hand(built):
     assert trend.loc["swallowed_bf16", "verdict"] == "grows with depth"
     assert trend.loc["last_error_ratio", "verdict"] == "no trend this tier resolves"  # no spread over runs
     for flat in ("train_difference", "stream_grad_flip_ratio", "swallowed_stream"):
+        # derived: a slope fitted to equal values is 0 up to fp64 roundings (a few 2^-53): 1e-12 is wider
         assert trend.loc[flat, "slope"] == pytest.approx(0, abs=1e-12)
         assert trend.loc[flat, "verdict"] == "no trend this tier resolves"
 
@@ -233,6 +238,7 @@ def test_a_stream_below_bf16_on_one_depth_has_its_row_and_no_trend(tmp_path, mon
     row = table[table.comparison == "streamback-mxfp8"].iloc[0]
     assert (row.depth, row.stream, row.seeds, row.runs) == (4, "mxfp8", 1, 2)
     ratios = [1.5 * flip_ratio(4, block, 0) for block in RUN_JITTER]
+    # derived: figures of constructed inputs by hand (fp64 roundings only, within approx's default 1e-6)
     assert row.grad_flip_ratio == pytest.approx(np.mean(ratios)) and row.last_error_ratio == pytest.approx(3 / 8)
     assert row.swallowed_stream == 0.5 and row.val_difference == pytest.approx(val_difference(4, 0))
     assert not math.isnan(row.val_low)  # the analysis' own interval, copied

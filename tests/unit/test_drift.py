@@ -123,9 +123,13 @@ def test_vectorised_grid_matches_native_dtype_loop():
                 expected = _native_loop(path, cfg, s["mu"], s["sigma"], seed)
                 assert torch.equal(sim.final[path][k, j], expected), (path, s, seed)
                 drift = (expected.double() - sim.initial[path]).mean().item()
+                # derived: the same fp64 mean of fp32 values (n x 2^-53 relative at most, ~1e-14 here): 1e-9 is far
+                # wider
                 assert summary.loc[(s["mu"], s["sigma"], path, seed), "drift"] == pytest.approx(drift, abs=1e-9)
     # the recorded trajectory ends at the final values
     final_means = torch.stack([sim.final[p].mean(-1) for p in sim.paths])
+    # derived (probabilistic): the same fp32 means, maybe summed in another order: ~sqrt(n) 2^-24 = 1e-6 for n = 256
+    # coordinates, inside allclose's default rtol 1e-5
     assert sim.steps_recorded[-1] == 300 and torch.allclose(sim.traj_mean[-1], final_means)
 
 
@@ -189,6 +193,7 @@ def test_figures_tell_every_path_apart_and_name_what_is_not_drawn():
     rows = below["data"]["values"] if "values" in below.get("data", {}) else spec["datasets"][below["data"]["name"]]
     assert {r["path"] for r in rows} == set(sim.paths) - {"fp32"}
     fp32_mean = {r["step"]: r["mean"] for r in spec["datasets"][top["data"]["name"]] if r["path"] == "fp32"}
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
     assert all(r["minus_fp32"] == pytest.approx(r["mean"] - fp32_mean[r["step"]]) for r in rows)
     ratio = ratio_chart(summary_table(cfg, sim)).to_dict()
     assert any("Not drawn: fp8_e4m3" in line for line in ratio["title"]["subtitle"])

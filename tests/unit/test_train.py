@@ -51,6 +51,7 @@ from helpers.train import (  # noqa: F401  (reference: the module's reference ru
 def test_wsd_values_at_the_phase_boundaries():
     lr, total, warmup, decay = 4e-4, 100, 10, 20
     values = {s: wsd_lr(s, lr, total, warmup, decay) for s in (0, 4, 9, 10, 79, 80, 90, 99, 100, 150)}
+    # derived: the schedule's formula by hand (fp64 roundings only, within approx's 1e-6), here and below
     assert values[0] == pytest.approx(lr / 10)  # first update: lr / warmup, not zero
     assert values[4] == pytest.approx(lr * 5 / 10)
     assert (
@@ -214,6 +215,7 @@ def test_run_outputs_and_same_seed_same_metrics(reference, tokens, tmp_path):
         "layers.1.ffn_norm",
         "norm",
     }
+    # derived: the schedule's formula by hand (fp64, then JSON's exact round trip)
     assert records[0]["lr"] == pytest.approx(3e-3 / 4)
     assert records[-1]["lr"] == pytest.approx(
         3e-3 * (1 + math.cos(math.pi * 7 / 8)) / 2
