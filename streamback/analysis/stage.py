@@ -25,6 +25,7 @@ from streamback.analysis.inputs import Subject, read_subject, subjects, validati
 from streamback.analysis.loss import (
     across_seeds_curves,
     final_differences,
+    primary_table,
     loss_curves,
     model_window_losses,
     split_windows,
@@ -277,5 +278,6 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
     ]
     return {
         "loss_difference": finals,
+        layout.PRIMARY_TABLE: primary_table(finals, cfg),
         "loss_curves": pd.concat([curves, across_seeds_curves(curves)], ignore_index=True)[curve_columns],
     }
