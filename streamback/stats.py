@@ -28,9 +28,20 @@ each seed gives one paired difference):
   seeds" needs the t interval and the bootstrap to exclude zero, and a spread over seeds;
 - `seed_mde`, `seeds_needed`: the smallest difference n seeds detect at a given power, and the
   seeds a target difference needs, from the spread of the per-seed differences.
+Every interval over seeds takes one value a seed (`per_seed`: a seed's paired difference, or the
+mean of its runs, which share the seed's weights and batches). Over strata (shapes):
+- `contrast`: a fixed contrast of independent groups' means with Welch's t interval and p;
+- `stratified_mean`: the mean over shapes of their seeds' means, its interval, pooled sd with its
+  chi-square interval (`sd_interval`) and MDE with the range that interval gives;
+- `primary_test`: the tier's one primary test (the final validation loss pooled over shapes, the
+  shapes as strata, the seeds as units): `stratified_mean`, the exact sign-flip p over every seed,
+  and two one-sided tests of equivalence (`tost_p`) within the paper's band and within the MDE,
+  each read in words by `equivalence_verdict` ("equivalent within ±X", "different", "different,
+  but within ±X", "inconclusive").
 Across depths (`depth_trend`): the slope of a measure against log2(depth) (its change per doubling
-of depth), from the per-seed (or per-run) values at each depth, with a Welch t interval and a
-bootstrap within depths, and a verdict in words (`trend_verdict`).
+of depth), from the per-seed values at each depth, with a Welch t interval, p and a bootstrap
+within depths, every adjacent contrast beside it, and a verdict in words (`trend_verdict`, which
+also takes the slope's Holm-adjusted p over its family).
 Per task, over models (`task_snr`): signal-and-noise's signal-to-noise ratio, the decision
 accuracy it implies and whether the task can rank the models at all.
 Binomial probabilities are computed in log space from log-factorials (numpy only); t quantiles
@@ -41,6 +52,7 @@ computation.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -536,54 +548,71 @@ def equivalence_verdict(different: bool, p_tost: float, band: float, alpha: floa
     return EQUIVALENCE_WORDS[2]
 
 
-def primary_test(
-    strata: dict[str, Sequence[float]], confidence: float, power: float, band: float, fmt=lambda x: f"{x:g}"
-) -> dict:
-    """The tier's one primary test: each stratum (a shape) holds its seeds' paired differences (one
-    a seed); the estimate is the mean over strata of their means (each shape weighs the same), with
-    the Welch t interval of that contrast (`contrast`), the exact sign-flip p over every seed of every
-    stratum (each difference weighted by 1 / (strata x its stratum's seeds), so the statistic flipped
-    is the estimate itself) and its floor 2 / 2^n, the minimum detectable effect at `power` and level
-    alpha = 1 - confidence (`seed_mde` at the pooled sd sqrt(n) se over n seeds, with its range from
-    the sd's chi-square interval, `sd_interval`) and two equivalence tests (`tost_p`): within the
-    paper's ±`band` and within the smallest band the tier resolves, ±mde. `different`: the t interval
-    excludes 0 and the sign-flip p <= alpha. Verdicts: `equivalence_verdict` against each band."""
+def stratified_mean(strata: dict[str, Sequence[float]], confidence: float = 0.95, power: float = 0.8) -> dict:
+    """The mean over strata (shapes) of their units' means, each stratum weighing the same, its
+    units one value a training seed: the Welch t interval of that contrast (`contrast`), the pooled
+    sd of a unit (sqrt(n) se over n units) with its chi-square interval (`sd_interval`, at the
+    contrast's degrees of freedom) and the minimum detectable effect at `power` and level 1 -
+    confidence (`seed_mde` over n units) with its range at that interval's ends. Returns strata,
+    shapes (their names), seeds (n), estimate, se, df, low, high, sd, sd_low, sd_high, mde, mde_low,
+    mde_high."""
     names = [s for s, v in strata.items() if len(v)]
     arrays = [np.asarray(strata[s], dtype=np.float64) for s in names]
     if not arrays:
-        raise ValueError("primary_test needs at least one stratum with a seed")
+        raise ValueError("a stratified mean needs at least one stratum with a seed")
     alpha = 1 - confidence
     k = len(arrays)
     c = contrast(arrays, [1 / k] * k, confidence)
     n = int(sum(a.size for a in arrays))
-    weighted = np.concatenate([a / (k * a.size) for a in arrays])
-    p = sign_flip_p(weighted) if n > 1 else math.nan
-    df_pooled = c["df"]
     sd = c["se"] * math.sqrt(n) if math.isfinite(c["se"]) else math.nan
-    mde = seed_mde(sd, n, alpha, power) if math.isfinite(sd) else math.nan
     sd_low, sd_high = sd_interval(sd, c["df"], confidence)
-    mde_range = [seed_mde(s, n, alpha, power) if math.isfinite(s) else math.nan for s in (sd_low, sd_high)]
-    different = bool(math.isfinite(c["low"]) and (c["low"] > 0 or c["high"] < 0) and p <= alpha)
-    p_band = tost_p(c["estimate"], c["se"], df_pooled, band)
-    p_mde = tost_p(c["estimate"], c["se"], df_pooled, mde) if math.isfinite(mde) else math.nan
+    mde = [seed_mde(s, n, alpha, power) if math.isfinite(s) else math.nan for s in (sd, sd_low, sd_high)]
     return {
         "strata": k,
         "shapes": ", ".join(names),
         "seeds": n,
-        "estimate": c["estimate"],
-        "se": c["se"],
-        "df": c["df"],
-        "low": c["low"],
-        "high": c["high"],
-        "p": p,
-        "p_floor": min(1.0, 2.0 / 2**n),
-        "different": different,
+        **{key: c[key] for key in ("estimate", "se", "df", "low", "high")},
         "sd": sd,
         "sd_low": sd_low,
         "sd_high": sd_high,
-        "mde": mde,
-        "mde_low": mde_range[0],
-        "mde_high": mde_range[1],
+        "mde": mde[0],
+        "mde_low": mde[1],
+        "mde_high": mde[2],
+    }
+
+
+def primary_test(
+    strata: dict[str, Sequence[float]], confidence: float, power: float, band: float, fmt=lambda x: f"{x:g}"
+) -> dict:
+    """The tier's one primary test: each stratum (a shape) holds its seeds' paired differences (one
+    a seed); the estimate is the mean over strata of their means with its t interval, pooled sd and
+    minimum detectable effect with their ranges (`stratified_mean`), the exact sign-flip p over
+    every seed of every stratum (each difference weighted by 1 / (strata x its stratum's seeds), so
+    the statistic flipped is the estimate itself) and its floor 2 / 2^n, and two equivalence tests
+    (`tost_p`): within the paper's ±`band` and within the smallest band the tier resolves, ±mde;
+    the seeds (units) the band would take at the pooled sd and at its interval's ends
+    (`seeds_for_band`, `_low`, `_high`: `seeds_needed`). `different`: the t interval excludes 0 and the sign-flip p <= alpha = 1 - confidence.
+    Verdicts: `equivalence_verdict` against each band."""
+    alpha = 1 - confidence
+    pooled = stratified_mean(strata, confidence, power)
+    arrays = [np.asarray(v, dtype=np.float64) for v in strata.values() if len(v)]
+    k, n = pooled["strata"], pooled["seeds"]
+    weighted = np.concatenate([a / (k * a.size) for a in arrays])
+    p = sign_flip_p(weighted) if n > 1 else math.nan
+    low, high, mde = pooled["low"], pooled["high"], pooled["mde"]
+    different = bool(math.isfinite(low) and (low > 0 or high < 0) and p <= alpha)
+    p_band = tost_p(pooled["estimate"], pooled["se"], pooled["df"], band)
+    p_mde = tost_p(pooled["estimate"], pooled["se"], pooled["df"], mde) if math.isfinite(mde) else math.nan
+    sigma = [pooled[k] for k in ("sd", "sd_low", "sd_high")]
+    needed = [seeds_needed(x, band, alpha, power) if math.isfinite(x) else math.nan for x in sigma]
+    return {
+        **pooled,
+        "seeds_for_band": needed[0],
+        "seeds_for_band_low": needed[1],
+        "seeds_for_band_high": needed[2],
+        "p": p,
+        "p_floor": min(1.0, 2.0 / 2**n),
+        "different": different,
         "band": band,
         "tost_p_band": p_band,
         "verdict_band": equivalence_verdict(different, p_band, band, alpha, fmt),
@@ -639,7 +668,7 @@ def depth_trend(
     if x.size < 2:
         return {**out, "verdict": trend_verdict(out)}
     order = np.argsort(x)
-    for a, b in zip(order[:-1], order[1:]):
+    for a, b in itertools.pairwise(order):
         step = contrast([arrays[a], arrays[b]], [-1.0, 1.0], confidence)
         out["contrasts"].append(
             {

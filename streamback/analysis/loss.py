@@ -20,7 +20,10 @@ sd, never below the windows' own noise `within_se`) and the seeds that analysis.
 analysis.target (`band`, `target`) would take at that spread (`seeds_for_band`,
 `seeds_for_target`; empty past 100,000), each with its range from the sd's interval (`mde_low`,
 `mde_high`, `seeds_for_band_low`, ...), and, as these verdicts are secondary, the family they are
-Holm-adjusted over (`family`: the shapes of a comparison and split) and `p_holm`. The primary test
+Holm-adjusted over (`family`: the shapes of a comparison and split) and `p_holm`, with the two
+one-sided tests of equivalence within analysis.band (`tost_p_band`) and `equivalence`, the
+verdict in words (`stats.equivalence_verdict`; "different" needs the t interval to exclude 0 and
+the Holm p to be at most 1 - confidence). The primary test
 (`primary_table`, results/tables/primary.csv) pools the shapes. The curves' across-seeds rows are the mean
 over seeds at each step logged by all of them, with the seeds' range of the smoothed difference
 (`band_low`, `band_high`).
@@ -181,6 +184,13 @@ def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, cfg: di
         family = f"final {split} loss of {comparison}, per shape ({len(members)} tests)"
         for r, adjusted in zip(members, stats.holm([r["p_seeds"] for r in members])):
             r.update(family=family, p_holm=adjusted)
+            n, sd = r["seeds"], r["sd"]
+            se = sd / math.sqrt(n) if n > 1 else math.nan
+            different = bool(n > 1 and (r["ci_low"] > 0 or r["ci_high"] < 0) and adjusted <= alpha)
+            r["tost_p_band"] = stats.tost_p(r["final_difference"], se, n - 1, cfg["band"])
+            r["equivalence"] = stats.equivalence_verdict(
+                different, r["tost_p_band"], cfg["band"], alpha, lambda x: f"{x:g} nats"
+            )
             if r["verdict"].startswith("consistent") and not adjusted <= alpha:
                 r["verdict"] += f"; but p = {r['p_seeds']:.2g} over seeds is {adjusted:.2g} after Holm over the family"
     columns = [
@@ -217,6 +227,8 @@ def final_differences(pairs, matrix, losses: dict, curves: pd.DataFrame, cfg: di
         "seeds_for_target",
         "seeds_for_target_low",
         "seeds_for_target_high",
+        "tost_p_band",
+        "equivalence",
         "verdict",
     ]
     return pd.DataFrame(rows, columns=columns)
@@ -245,6 +257,9 @@ PRIMARY_COLUMNS = [
     "mde_low",
     "mde_high",
     "band",
+    "seeds_for_band",
+    "seeds_for_band_low",
+    "seeds_for_band_high",
     "tost_p_band",
     "verdict_band",
     "tost_p_mde",

@@ -25,9 +25,9 @@ from streamback.analysis.inputs import Subject, read_subject, subjects, validati
 from streamback.analysis.loss import (
     across_seeds_curves,
     final_differences,
-    primary_table,
     loss_curves,
     model_window_losses,
+    primary_table,
     split_windows,
     thin,
 )

@@ -453,11 +453,12 @@ def speed_and_memory() -> list:
 
 
 def the_answer(study: Study) -> list:
-    """The answer, drawn first: the forest plot of every comparison over the seeds, the verdict
-    table under it, then the answer in sentences."""
+    """The answer: its first sentence the primary test's (primary.csv), at most four short ones after
+    it (`answer.headline`), then the forest plot of every comparison over the seeds in the paper's
+    order of shapes, the primary test's table, the verdict table, and the answer in detail."""
 
     sources = _read_tables(("loss_difference", "benchmark_pairs"))
-    blocks = []
+    blocks = answer.headline(study.config)
     if sources is None:
         blocks.append(
             _missing(
@@ -467,14 +468,22 @@ def the_answer(study: Study) -> list:
             )
         )
     else:
+        order = study.config["train"]["runs"]["shapes"]  # the paper's order: skinny-tall, medium, fat-short
         blocks += [
-            differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"])),
+            differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"]), order),
             caption("seed_differences"),
         ]
+    primary = answer.primary_view()
+    if primary is not None:
+        blocks += [Subheading("The primary test"), primary, caption("primary")]
     table = answer.verdicts()
     if table is not None:
-        blocks += [Subheading("Verdicts over the training seeds"), table, caption("verdicts")]
-    return blocks + answer.sentences(study.config, comparisons(run_matrix(study.config["train"])))
+        blocks += [Subheading("Verdicts over the training seeds (secondary)"), table, caption("verdicts")]
+    return (
+        blocks
+        + [Subheading("In detail")]
+        + answer.sentences(study.config, comparisons(run_matrix(study.config["train"])))
+    )
 
 
 def sections(study: Study) -> list[tuple[str, list]]:

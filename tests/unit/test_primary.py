@@ -105,7 +105,10 @@ def test_the_primary_test_pools_shapes_as_strata_and_seeds_as_units():
     sum s^2 / n / 9, Welch-Satterthwaite's df, and the exact sign flip over the 15 seeds (2^15
     patterns, counted here by brute force)."""
     rng = np.random.default_rng(0)
-    strata = {name: mean + rng.normal(0, sd, 5) for name, mean, sd in (("a", 0.017, 0.03), ("b", 0.034, 0.05), ("c", 0.021, 0.025))}
+    strata = {
+        name: mean + rng.normal(0, sd, 5)
+        for name, mean, sd in (("a", 0.017, 0.03), ("b", 0.034, 0.05), ("c", 0.021, 0.025))
+    }
     test = stats.primary_test(strata, 0.95, 0.8, 0.001)
     arrays = list(strata.values())
     estimate = np.mean([a.mean() for a in arrays])
@@ -113,7 +116,9 @@ def test_the_primary_test_pools_shapes_as_strata_and_seeds_as_units():
     df = parts.sum() ** 2 / np.sum(parts**2 / 4)
     half = sps.t.ppf(0.975, df) * math.sqrt(parts.sum())
     assert test["estimate"] == pytest.approx(estimate) and test["seeds"] == 15 and test["strata"] == 3
-    assert (test["low"], test["high"]) == pytest.approx((estimate - half, estimate + half)) and test["df"] == pytest.approx(df)
+    assert (test["low"], test["high"]) == pytest.approx((estimate - half, estimate + half)) and test[
+        "df"
+    ] == pytest.approx(df)
     d = np.concatenate(arrays)  # equal seeds per shape: the weights are equal, so the plain sign flip
     signs = np.array(list(itertools.product((-1, 1), repeat=15)))
     assert test["p"] == pytest.approx(np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-12))
@@ -121,7 +126,9 @@ def test_the_primary_test_pools_shapes_as_strata_and_seeds_as_units():
     sd = math.sqrt(parts.sum() * 15)
     assert test["sd"] == pytest.approx(sd) and test["mde"] == pytest.approx(stats.seed_mde(sd, 15, 0.05, 0.8))
     low, high = stats.sd_interval(sd, df)
-    assert test["mde_low"] == pytest.approx(stats.seed_mde(low, 15)) and test["mde_high"] == pytest.approx(stats.seed_mde(high, 15))
+    assert test["mde_low"] == pytest.approx(stats.seed_mde(low, 15)) and test["mde_high"] == pytest.approx(
+        stats.seed_mde(high, 15)
+    )
     assert test["tost_p_band"] == pytest.approx(stats.tost_p(estimate, math.sqrt(parts.sum()), df, 0.001))
     assert test["different"] == (test["low"] > 0 and test["p"] <= 0.05)
     assert test["verdict_band"] in ("different", "inconclusive")  # ±0.001 is far inside these intervals
