@@ -563,9 +563,11 @@ def lead(verdict: str) -> str:
 def primary_sentence(row) -> str:
     """The page's first sentence: the paper's question answered from the primary test (a row of primary.csv)."""
     d = row.estimate
+    units = f"{int(row.seeds)} seeds of {int(row.strata)} shape{'s' if row.strata != 1 else ''}"
     numbers = (
-        f"95% t interval {row.low:+.4f} to {row.high:+.4f} nats over {int(row.seeds)} seeds of {int(row.strata)} "
-        f"shape{'s' if row.strata != 1 else ''}, exact sign-flip p = {row.p:.2g}"
+        f"95% t interval {row.low:+.4f} to {row.high:+.4f} nats over {units}, exact sign-flip p = {row.p:.2g}"
+        if pd.notna(row.low)
+        else f"over {units}: one seed a shape gives no interval"
     )
     return (
         f"{lead(row.verdict_band)}: StreamBack's final validation loss is {abs(d):.4f} nats "

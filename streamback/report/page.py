@@ -343,15 +343,22 @@ def depth_section(study: Study) -> list:
     main = table[table.comparison == "streamback"] if (table.comparison == "streamback").any() else table
     depths = ", ".join(str(d) for d in sorted(main.depth.unique()))
     seeds = f"{main.seeds.min()} to {main.seeds.max()}" if main.seeds.nunique() > 1 else str(main.seeds.iloc[0])
+    steps = [c for c in trend.columns if "_vs_" in c and not c.endswith(("_low", "_high"))]
+
+    def contrasts(r) -> str:
+        shown = [f"{c.replace('_vs_', ' vs ')} {r[c]:+.4g}" for c in steps if pd.notna(r[c])]
+        return f"; {', '.join(shown)}" if shown else ""
+
     parts = [
         f"{r.what}: {r.slope:+.4g} a doubling"
         + (
-            f" ({r.low:+.4g} to {r.high:+.4g}, t; {r.boot_low:+.4g} to {r.boot_high:+.4g}, bootstrap)"
+            f" ({r.low:+.4g} to {r.high:+.4g}, t; {r.boot_low:+.4g} to {r.boot_high:+.4g}, bootstrap"
+            f"{contrasts(r)}; Holm p {'n/a' if pd.isna(r.p_holm) else format(r.p_holm, '.2g')})"
             if pd.notna(r.low)
             else ""
         )
         + f", {r.verdict}"
-        for r in trend[trend.comparison == "streamback"].itertuples()
+        for _, r in trend[trend.comparison == "streamback"].iterrows()
         if pd.notna(r.slope)
     ]
     text = (

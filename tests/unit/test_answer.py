@@ -286,3 +286,25 @@ def test_a_seed_s_duplicate_runs_give_the_one_run_a_seed_interval(tables):
     assert f"95% t interval {low:+.2f} to {high:+.2f} over 3 seeds" in answer.swallowed(matrix)[0]
     headline = answer.headline(config)
     assert f"(×{np.exp(sps.t.interval(0.95, 2, logs.mean(), sps.sem(logs))[0]):.1f}" in headline[1]
+
+
+def test_the_first_sentence_of_each_primary_verdict():
+    """primary.csv's verdict against the paper's band opens the page's first sentence in plain words;
+    one seed a shape gives no interval and says so."""
+    row = pd.Series(
+        {"estimate": 0.024, "low": 0.006, "high": 0.042, "seeds": 15, "strata": 3, "p": 0.004, "band": 0.001}
+    )
+    for verdict, opening in (
+        ("different", "On this tier the fp32 stream changes training: "),
+        ("different, but within ±0.05 nats", "On this tier the fp32 stream changes training, but by less than"),
+        ("equivalent within ±0.001 nats", "On this tier the fp32 stream does not change training beyond the paper's"),
+        ("inconclusive", "This tier cannot tell whether the fp32 stream changes training: "),
+    ):
+        text = answer.primary_sentence(pd.Series({**row, "verdict_band": verdict}))
+        assert text.startswith(opening) and text.endswith(f"against the paper's ±0.001 nats: {verdict}).")
+        assert (
+            "0.0240 nats lower than the baseline's (95% t interval +0.0060 to +0.0420 nats over 15 seeds of 3 " in text
+        )
+        assert "exact sign-flip p = 0.004" in text
+    single = pd.Series({**row, "low": float("nan"), "high": float("nan"), "seeds": 3, "verdict_band": "inconclusive"})
+    assert "over 3 seeds of 3 shapes: one seed a shape gives no interval" in answer.primary_sentence(single)
