@@ -4,7 +4,8 @@ From the tables the analyses already wrote, one row per depth and comparison (`s
 `streamback-<format>` where the tier trains streams below bf16) in results/tables/depth.csv:
 - the final loss difference, baseline minus the compared run, over the training seeds, of the
   validation and the train split: loss_difference.csv's row over the seeds as it is (t interval,
-  bootstrap over seeds then windows, MDE, the verdict's first words);
+  bootstrap over seeds then windows, MDE, Holm p over its family, equivalence verdict within the
+  paper's band, the verdict's first words);
 - per run, on its own weights (layer_error.csv, swallowed.csv): the sign flips of the parameter
   gradients and of the stream gradients with the compared stream (fp32 for StreamBack) over
   those with a bf16 stream, summed over the blocks; the largest activation error at the last layer
@@ -58,7 +59,7 @@ MEASURES = {
     "stream_max_baseline": "the stream's max |h|, baseline runs",
     "stream_max_compared": "the stream's max |h|, compared runs",
 }
-LOSS_COLUMNS = ("ci_low", "ci_high", "boot_low", "boot_high", "mde", "seeds_for_band")
+LOSS_COLUMNS = ("ci_low", "ci_high", "boot_low", "boot_high", "mde", "seeds_for_band", "p_holm", "equivalence")
 TREND_COLUMNS = [
     "comparison",
     "stream",
