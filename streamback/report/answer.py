@@ -610,7 +610,7 @@ def headline(config: dict) -> list:
         if len(gaps):
             pooled = over_seeds(gaps, matrix)
             out.append(
-                f"The envelope: StreamBack's largest stream value is {pooled['estimate']:+.1f} from the baseline's "
+                f"The envelope: StreamBack's largest stream value minus the baseline's is {pooled['estimate']:+.1f} "
                 f"({pooled['low']:+.1f} to {pooled['high']:+.1f} over {pooled['seeds']} seeds)."
             )
     swallow = _table("swallowed")

@@ -239,7 +239,7 @@ def test_the_page_renders_offline_in_chromium(study):
     # the first sentence is the primary test's answer, from primary.csv
     primary = pd.read_csv(study / layout.table(layout.PRIMARY_TABLE)).iloc[0]
     first = opening["sentences"][0]
-    assert 1 <= len(opening["sentences"]) <= 5 and opening["next"] == "chart", opening
+    assert 1 <= len(opening["sentences"]) <= 5 and "chart" in opening["next"].split(), opening
     assert first.count(". ") == 0 and first.endswith(".")  # one sentence
     leads = {  # the primary verdict against the paper's band -> the plain words the sentence opens with
         "different": "On this tier the fp32 stream changes training:",
