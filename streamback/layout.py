@@ -318,11 +318,12 @@ def figure(name: str, suffix: str) -> Path:
 
 # -- analyses (rules in workflow/rules/analysis.smk; `streamback analyze <kind>`) --------------
 
+PRIMARY_TABLE = "primary"  # table(name) of rule analyze_loss_difference: the tier's one primary test
 ANALYSIS_TABLES = {  # kind -> the tables it writes, table(name)
     "layer-error": ("layer_error",),
     "envelope": ("envelope", "envelope_training"),
     "swallowed": ("swallowed",),
-    "loss-difference": ("loss_difference", "loss_curves"),
+    "loss-difference": ("loss_difference", "loss_curves", PRIMARY_TABLE),
     "public": (
         "public_layer_error",
         "public_swallowed",

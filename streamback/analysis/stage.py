@@ -28,6 +28,7 @@ from streamback.analysis.loss import (
     final_differences,
     loss_curves,
     model_window_losses,
+    primary_table,
     split_windows,
     thin,
 )
@@ -302,5 +303,6 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
     ]
     return {
         "loss_difference": finals,
+        layout.PRIMARY_TABLE: primary_table(finals, cfg),
         "loss_curves": pd.concat([curves, across_seeds_curves(curves)], ignore_index=True)[curve_columns],
     }

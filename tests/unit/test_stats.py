@@ -236,7 +236,7 @@ def test_depth_trend_of_the_paper_s_depths_and_its_verdicts():
     depths = [80, 40, 20]
     falling = [0.4 - 0.1 * np.log2(d / 20) + rng.normal(0, 0.005, 6) for d in depths]
     trend = stats.depth_trend(depths, falling)
-    assert trend["slope"] == pytest.approx(-0.1, abs=0.01) and trend["verdict"] == "shrinks"
+    assert trend["slope"] == pytest.approx(-0.1, abs=0.01) and trend["verdict"] == "shrinks with depth"
     assert trend["slope"] == pytest.approx(sps.linregress(np.log2(depths), [g.mean() for g in falling]).slope)
     noisy = [0.01 * np.log2(d) + rng.normal(0, 1.0, 3) for d in depths]
     assert stats.depth_trend(depths, noisy)["verdict"] == "no trend this tier resolves"
