@@ -113,6 +113,21 @@ def test_run_matrix_names():
     assert len(run_matrix(validate_config({"train": {"runs": two}})["train"])) == 8  # null: every shape
     with pytest.raises(StreambackError, match="stream_shapes names shapes that are not in train.runs.shapes: c"):
         run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": ["c"]}}})["train"])
+    # a mapping gives each stream its own shapes (config/dose.yaml); the names are those of a list
+    each = run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": {"mxfp8": ["b"], "nvfp4": ["a", "b"]}}}})["train"])
+    assert list(each) == [
+        "a-baseline",
+        "a-streamback",
+        "a-streamback-nvfp4",
+        "b-baseline",
+        "b-streamback",
+        "b-streamback-mxfp8",
+        "b-streamback-nvfp4",
+    ]
+    with pytest.raises(StreambackError, match="must name exactly the streams .*missing nvfp4; fp16 not in"):
+        run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": {"mxfp8": ["b"], "fp16": ["a"]}}}})["train"])
+    with pytest.raises(StreambackError, match="not in train.runs.shapes: c"):
+        run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": {"mxfp8": ["c"], "nvfp4": []}}}})["train"])
 
 
 def test_metrics_log_is_cut_back_to_the_checkpoint(tmp_path):
