@@ -91,7 +91,7 @@ class ModelArgs:
     rope_theta: float = 500000.0
     max_seq_len: int = 2048
     tied_embeddings: bool = False
-    embedding_init_std: float = 1.0  # the token embedding's initial std (TorchTitan's 1; config model.embedding_init_std)
+    embedding_init_std: float = 1.0  # the embedding's initial std (TorchTitan's 1; model.embedding_init_std)
     block: str = "baseline"  # "baseline" | "streamback"
     stream: str = "fp32"  # StreamFormat text for the streamback block; the baseline's is its compute dtype's
     reversible: bool = False  # streamback with an fp32 stream only (streamback.model.reversible)

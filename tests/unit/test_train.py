@@ -114,7 +114,10 @@ def test_run_matrix_names():
     with pytest.raises(StreambackError, match="stream_shapes names shapes that are not in train.runs.shapes: c"):
         run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": ["c"]}}})["train"])
     # a mapping gives each stream its own shapes (config/dose.yaml); the names are those of a list
-    each = run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": {"mxfp8": ["b"], "nvfp4": ["a", "b"]}}}})["train"])
+    def matrix(stream_shapes):
+        return run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": stream_shapes}}})["train"])
+
+    each = matrix({"mxfp8": ["b"], "nvfp4": ["a", "b"]})
     assert list(each) == [
         "a-baseline",
         "a-streamback",
@@ -125,9 +128,9 @@ def test_run_matrix_names():
         "b-streamback-nvfp4",
     ]
     with pytest.raises(StreambackError, match="must name exactly the streams .*missing nvfp4; fp16 not in"):
-        run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": {"mxfp8": ["b"], "fp16": ["a"]}}}})["train"])
+        matrix({"mxfp8": ["b"], "fp16": ["a"]})
     with pytest.raises(StreambackError, match="not in train.runs.shapes: c"):
-        run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": {"mxfp8": ["c"], "nvfp4": []}}}})["train"])
+        matrix({"mxfp8": ["c"], "nvfp4": []})
 
 
 def test_metrics_log_is_cut_back_to_the_checkpoint(tmp_path):
