@@ -5,8 +5,9 @@ and two blocks); every extra stream format adds, per shape of `stream_shapes` (d
 shape; a mapping gives each format its own shapes), a StreamBack run whose stream is held in
 that format (`{shape}-streamback-{format}`, e.g. `medium-streamback-mxfp8`,
 `fat-short-streamback-bf16_sr`). These are the run *arms*; each is trained once per training
-seed of `seeds` (`stream_seeds` for the stream formats' arms; default: train.seed alone). A seed fixes the initial weights and the batch order (`seeds_vary`:
-both, or only one of them, the other staying train.seed's), so within a seed every run of a
+seed of `seeds` (`stream_seeds` for the stream formats' arms; default: train.seed alone). A seed
+fixes the initial weights and the batch order (`seeds_vary`: both, or only one of them, the
+other staying train.seed's), so within a seed every run of a
 shape starts from the same weights and sees the same batches: the comparisons stay paired. The
 run of train.seed keeps the arm's name; another seed k adds `-seed<k>` (`tiny-medium-baseline-seed1`),
 so adding seeds renames nothing and trains only the new runs.
