@@ -272,6 +272,12 @@ def check_runs(
             continue
         s = shapes[shape]
         problems += [f"model.shapes.{shape}: {p}" for p in shape_problems(s["dim"], s["n_heads"], s["n_kv_heads"])]
+        dose = s.get("embedding_init_std", model_cfg["embedding_init_std"])
+        if model_cfg["tied_embeddings"] and dose != 1.0:
+            problems.append(
+                f"model.shapes.{shape}: embedding_init_std {dose} has no effect with model.tied_embeddings (the "
+                "shared matrix gets the output projection's init): leave it at 1 or untie the embeddings"
+            )
     seq_len, batch = train_cfg["seq_len"], train_cfg["batch_size"]
     if seq_len > model_cfg["max_seq_len"]:
         problems.append(

@@ -24,7 +24,7 @@ from streamback import layout
 from streamback.config import validate_config
 from streamback.errors import StreambackError
 from streamback.model.weights import read_model
-from streamback.runs import check_wsd, run_matrix
+from streamback.runs import check_runs, check_wsd, run_matrix
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
@@ -530,3 +530,12 @@ def test_the_shadow_of_a_compiled_baseline_on_a_gpu(tokens, tmp_path):
         r["shadow_stream"] == "fp32" and r["shadow_gap"][0] == 0 and 0 < max(r["shadow_gap"]) < 0.05 for r in shadows
     )
     assert all(abs(r["shadow_loss"] - r["loss"]) < 0.05 for r in shadows)
+
+
+def test_a_dose_with_tied_embeddings_is_refused_before_any_run():
+    """model.embedding_init_std would be overwritten by the output projection's init when the embeddings are tied."""
+    cfg = validate_config({"model": {"tied_embeddings": True, "embedding_init_std": 4.0}})
+    with pytest.raises(StreambackError, match=r"model.shapes.fat-short: embedding_init_std 4.0 has no effect with"):
+        check_runs(cfg["train"], cfg["model"])
+    tied = validate_config({"model": {"tied_embeddings": True}})
+    check_runs(tied["train"], tied["model"])  # the default dose, 1, is TorchTitan's init and fine
