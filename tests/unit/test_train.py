@@ -113,6 +113,7 @@ def test_run_matrix_names():
     assert len(run_matrix(validate_config({"train": {"runs": two}})["train"])) == 8  # null: every shape
     with pytest.raises(StreambackError, match="stream_shapes names shapes that are not in train.runs.shapes: c"):
         run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": ["c"]}}})["train"])
+
     # a mapping gives each stream its own shapes (config/dose.yaml); the names are those of a list
     def matrix(stream_shapes):
         return run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": stream_shapes}}})["train"])
