@@ -21,13 +21,16 @@ import pytest
 import torch
 
 from streamback import layout
-from streamback.config import validate_config
+from streamback.config import DEFAULT_CONFIG, load_config, validate_config
 from streamback.errors import StreambackError
+from streamback.model.model import ModelArgs
 from streamback.model.weights import read_model
 from streamback.runs import check_runs, check_wsd, run_matrix
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
+from streamback.train.checkpoint import recipe_fingerprint
+from streamback.train.checkpointing import recipe_identity
 from streamback.train.metrics import MetricsLog, header_file, read_header, read_metrics
 from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.schedule import wsd_lr
@@ -240,9 +243,11 @@ def test_run_outputs_and_same_seed_same_metrics(reference, tokens, tmp_path):
     assert records[-1]["val_loss"] < records[0]["loss"] - 1.0
     summary = json.loads((reference["root"] / "out" / layout.SUMMARY_FILE).read_text())
     assert (summary["steps"], summary["stream"], summary["final_val_loss"]) == (STEPS, "fp32", records[-1]["val_loss"])
+    assert summary["embedding_init_std"] == 1.0  # the dose, beside the shape (TorchTitan's by default)
     saved = read_model(reference["root"] / "out" / layout.MODEL_FILE)
     assert (
         saved.args.block == "streamback"
+        and saved.args.embedding_init_std == 1.0  # the model file carries the dose with the shape
         and saved.stream == "fp32"
         and all(v.dtype == torch.float32 for v in saved.state.values())
     )
@@ -540,3 +545,18 @@ def test_a_dose_with_tied_embeddings_is_refused_before_any_run():
         check_runs(cfg["train"], cfg["model"])
     tied = validate_config({"model": {"tied_embeddings": True}})
     check_runs(tied["train"], tied["model"])  # the default dose, 1, is TorchTitan's init and fine
+
+
+def test_the_dose_is_part_of_the_run_s_identity():
+    """Two runs that differ only in model.embedding_init_std are two recipes (their checkpoints never
+    resume one another), as two shapes are."""
+    cfg = load_config(DEFAULT_CONFIG)
+    spec = run_matrix(cfg["train"])["tiny-medium-baseline"]
+    identities = [
+        recipe_identity(
+            spec, ModelArgs.from_config(dose_cfg, "tiny-medium", 961), cfg["train"], {"fingerprint": "f" * 64}
+        )
+        for dose_cfg in (cfg["model"], {**cfg["model"], "embedding_init_std": 256.0})
+    ]
+    assert [i["model_args"]["embedding_init_std"] for i in identities] == [1.0, 256.0]
+    assert recipe_fingerprint(identities[0]) != recipe_fingerprint(identities[1])
