@@ -45,7 +45,6 @@ from streamback.runs import comparison_name
 from streamback.train.batches import num_windows, val_windows
 from streamback.train.validation import window_losses
 
-
 trailing_mean = stats.trailing_smooth  # the curves' smoothing, the accumulation test's: one home, stats
 
 
