@@ -323,7 +323,7 @@ ANALYSIS_TABLES = {  # kind -> the tables it writes, table(name)
     "layer-error": ("layer_error",),
     "envelope": ("envelope", "envelope_training"),
     "swallowed": ("swallowed",),
-    "loss-difference": ("loss_difference", "loss_curves", PRIMARY_TABLE),
+    "loss-difference": ("loss_difference", "loss_curves", PRIMARY_TABLE, "loss_accumulation"),
     "public": (
         "public_layer_error",
         "public_swallowed",

@@ -749,3 +749,64 @@ def task_snr(scores: dict[str, Sequence[float]]) -> dict:
         "decision_accuracy": accuracy,
         "can_rank": bool(snr >= RANK_Z),
     }
+
+
+ACCUMULATION_WORDS = ("grows", "shrinks", "no trend resolved")
+
+
+def paired_by_step(a: dict[int, float], b: dict[int, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, a - b) at the steps both hold, ascending: two runs' per-step train losses, which are
+    paired by batch where the two read the same batches (the two arms of a training seed)."""
+    steps = np.array(sorted(set(a) & set(b)), dtype=np.int64)
+    return steps, np.array([a[s] - b[s] for s in steps], dtype=np.float64)
+
+
+def trailing_smooth(steps: Sequence[int], values: Sequence[float], window: int) -> np.ndarray:
+    """At each step s, the mean of the values at steps in (s - window, s] (the last `window`
+    optimizer steps; fewer at the start). `steps` ascending."""
+    s, v = np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
+    if window < 1:
+        raise ValueError(f"the smoothing window must be at least 1 step, got {window}")
+    sums = np.concatenate([[0.0], np.cumsum(v)])
+    first = np.searchsorted(s, s - window, side="right")
+    ends = np.arange(1, s.size + 1)
+    return (sums[ends] - sums[first]) / (ends - first)
+
+
+def accumulation_slope(steps: Sequence[int], differences: Sequence[float], window: int) -> float:
+    """The least-squares slope, per step, of the smoothed paired difference (`trailing_smooth` over
+    `window` steps) against the step, over the second half of training: the steps after half the
+    last one. A trailing mean leaves a linear trend's slope as it is (it shifts the line by
+    (window - 1) / 2 steps), so on a line the slope is exact. NaN with fewer than 2 such steps."""
+    s = np.asarray(steps, dtype=np.float64)
+    smoothed = trailing_smooth(steps, differences, window)
+    late = s > s.max() / 2
+    if late.sum() < 2:
+        return math.nan
+    x, y = s[late] - s[late].mean(), smoothed[late]
+    return float((x * (y - y.mean())).sum() / (x * x).sum())
+
+
+def accumulation(series: dict, window: int, confidence: float) -> dict:
+    """Does the paired difference (baseline minus the other run) grow over the second half of
+    training, or shrink? `series`: per training seed, (steps, differences) of its two runs' per-step
+    train losses (`paired_by_step`). Each seed gives one slope (`accumulation_slope`), the seeds
+    are the units: `across_seeds` of the slopes (mean, t interval, sign-flip p), `change`, the mean
+    slope times the second half's length in steps (what the lead gains over it), and the verdict:
+    "grows" where the t interval lies above 0 (the note's long-horizon effect: the lead
+    accumulates), "shrinks" where below (a faster start that the other run catches up), else "no
+    trend resolved"."""
+    slopes = {seed: accumulation_slope(steps, d, window) for seed, (steps, d) in series.items()}
+    values = [v for v in slopes.values() if not math.isnan(v)]
+    if not values:
+        raise StreambackError("the accumulation test needs at least one seed with two steps in its second half")
+    summary = across_seeds(values, confidence)
+    last = max(int(np.max(steps)) for steps, _ in series.values())
+    side = 1 if summary["low"] > 0 else -1 if summary["high"] < 0 else 0  # NaN bounds (one seed): 0
+    return {
+        **summary,
+        "slopes": slopes,
+        "half_steps": last - last // 2,
+        "change": summary["mean"] * (last - last // 2),
+        "verdict": ACCUMULATION_WORDS[0] if side > 0 else ACCUMULATION_WORDS[1] if side < 0 else ACCUMULATION_WORDS[2],
+    }

@@ -27,6 +27,14 @@ the Holm p to be at most 1 - confidence). The primary test
 (`primary_table`, results/tables/primary.csv) pools the shapes. The curves' across-seeds rows are the mean
 over seeds at each step logged by all of them, with the seeds' range of the smoothed difference
 (`band_low`, `band_high`).
+
+Accumulation (`accumulation_rows`): does the lead grow over training or shrink? Per seed, the
+slope per step of the smoothed train-loss difference (paired by batch: the two runs of a seed read
+the same batches) over the second half of training, from every step of metrics.jsonl
+(`streamback.stats.accumulation_slope`); over the seeds (seed `all`), the mean slope with its t
+interval, the sign-flip p, what it adds over the second half (`change`) and the verdict
+(`streamback.stats.accumulation`): "grows" is the drift note's long-horizon effect, "shrinks" a
+faster start that the baseline catches up.
 """
 
 from __future__ import annotations
@@ -43,12 +51,7 @@ from streamback.runs import comparison_name
 from streamback.train.batches import num_windows, val_windows
 from streamback.train.validation import window_losses
 
-
-def trailing_mean(steps: np.ndarray, values: np.ndarray, window: int) -> np.ndarray:
-    """At each step s (increasing), the mean of the values at steps in (s - window, s]."""
-    sums = np.concatenate([[0.0], np.cumsum(values)])
-    first = np.searchsorted(steps, steps - window, side="right")
-    return (sums[1:] - sums[first]) / (np.arange(1, len(steps) + 1) - first)
+trailing_mean = stats.trailing_smooth  # the curves' smoothing, the accumulation test's: one home, stats
 
 
 def thin(n: int, points: int) -> np.ndarray:
@@ -305,3 +308,54 @@ def across_seeds_curves(curves: pd.DataFrame) -> pd.DataFrame:
         seeds=("seeds", "first"),
     ).reset_index()
     return out[out.logged == out.seeds].drop(columns=["logged", "seeds"]).assign(seed=layout.ALL_SEEDS)
+
+
+ACCUMULATION_COLUMNS = [
+    "shape",
+    "comparison",
+    "seed",
+    "seeds",
+    "half_steps",
+    "slope",
+    "low",
+    "high",
+    "p",
+    "change",
+    "verdict",
+]
+
+
+def accumulation_rows(pairs, matrix, records: dict, window: int, confidence: float) -> pd.DataFrame:
+    """The accumulation test of `pairs` ((shape, baseline, other) runs) from the runs' metrics
+    `records`: a row per seed (its slope) and one over the seeds of each shape and comparison (seed
+    `all`; see the module docstring); `window`: analysis.smooth_steps."""
+    groups = {}
+    for shape, baseline, other in pairs:
+        a = {r["step"]: r["loss"] for r in records[baseline] if "loss" in r}
+        b = {r["step"]: r["loss"] for r in records[other] if "loss" in r}
+        groups.setdefault((shape, comparison_name(matrix[other])), {})[matrix[other].seed] = stats.paired_by_step(a, b)
+    rows = []
+    for (shape, comparison), series in groups.items():
+        try:
+            out = stats.accumulation(series, window, confidence)
+        except StreambackError:  # runs too short for a second half of two steps: nothing to read
+            out = {"slopes": {}, "n": 0, "half_steps": math.nan, "mean": math.nan, "low": math.nan}
+            out |= {"high": math.nan, "p": math.nan, "change": math.nan, "verdict": stats.ACCUMULATION_WORDS[2]}
+        for seed, slope in out["slopes"].items():
+            rows.append({"shape": shape, "comparison": comparison, "seed": seed, "seeds": 1, "slope": slope})
+        rows.append(
+            {
+                "shape": shape,
+                "comparison": comparison,
+                "seed": layout.ALL_SEEDS,
+                "seeds": out["n"],
+                "half_steps": out["half_steps"],
+                "slope": out["mean"],
+                "low": out["low"],
+                "high": out["high"],
+                "p": out["p"],
+                "change": out["change"],
+                "verdict": out["verdict"],
+            }
+        )
+    return pd.DataFrame(rows, columns=ACCUMULATION_COLUMNS)

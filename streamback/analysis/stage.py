@@ -24,6 +24,7 @@ from streamback.analysis.envelope import envelope, training_envelope
 from streamback.analysis.figures import charts
 from streamback.analysis.inputs import Subject, read_subject, subjects, validation_batch
 from streamback.analysis.loss import (
+    accumulation_rows,
     across_seeds_curves,
     final_differences,
     loss_curves,
@@ -305,4 +306,5 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
         "loss_difference": finals,
         layout.PRIMARY_TABLE: primary_table(finals, cfg),
         "loss_curves": pd.concat([curves, across_seeds_curves(curves)], ignore_index=True)[curve_columns],
+        "loss_accumulation": accumulation_rows(pairs, matrix, records, cfg["smooth_steps"], cfg["confidence"]),
     }

@@ -12,13 +12,14 @@ import yaml
 
 from streamback import layout
 from streamback.analysis.envelope import abs_quantile, envelope, training_envelope
-from streamback.analysis.loss import loss_curves, trailing_mean
+from streamback.analysis.loss import accumulation_rows, loss_curves, trailing_mean
 from streamback.analysis.precision import error_stats, layer_error, swallowed
 from streamback.errors import StreambackError
 from streamback.model.formats import STREAM_LABELS, StreamFormat
 from streamback.model.model import ModelArgs, Transformer
 from streamback.model.swallow import swallow_stats
 from streamback.model.weights import load_model, read_model, save_model
+from streamback.runs import RunSpec
 from streamback.stats import paired_difference
 from streamback.train.metrics import read_metrics
 
@@ -367,3 +368,36 @@ def test_a_partial_set_of_runs_gives_a_partial_table_and_missing_runs_are_named(
         assert status == 2 and "run a-short-streamback has not been trained" in err
     finally:
         (root / "moved.pt").rename(root / layout.model_file("a-short-streamback"))
+
+
+def test_loss_accumulation_on_hand_written_metrics():
+    """Per seed, the slope of the smoothed train-loss difference over the second half of 40 steps; over
+    the seeds, its mean and t interval, computed by hand from the constructed slopes."""
+    steps = np.arange(1, 41)
+    slopes = {0: 0.001, 1: 0.002, 2: 0.0015}
+    records = {}
+    for seed, slope in slopes.items():
+        base = 4.0 - 0.05 * steps
+        # the other run's loss: the baseline's less a lead that grows by `slope` a step (and wiggles +-0.01
+        # step to step, which the 2-step trailing mean cancels)
+        other = base - (0.02 + slope * steps + 0.01 * (-1.0) ** steps)
+        records[f"s-baseline-seed{seed}"] = [{"step": int(s), "loss": float(v)} for s, v in zip(steps, base)]
+        records[f"s-streamback-seed{seed}"] = [{"step": int(s), "loss": float(v)} for s, v in zip(steps, other)]
+    matrix = {
+        f"s-{block}-seed{k}": RunSpec(f"s-{block}-seed{k}", "s", block, "fp32", k, k, k, f"s-{block}")
+        for k in slopes
+        for block in ("baseline", "streamback")
+    }
+    pairs = [("s", f"s-baseline-seed{k}", f"s-streamback-seed{k}") for k in slopes]
+    table = accumulation_rows(pairs, matrix, records, window=2, confidence=0.95).set_index("seed")
+    # exact up to the fp64 rounding of losses near 4: far below 1e-9 a step
+    assert [table.loc[k, "slope"] for k in slopes] == pytest.approx(list(slopes.values()), abs=1e-9)
+    over = table.loc[layout.ALL_SEEDS]
+    half = 4.302652729911275 * 0.0005 / math.sqrt(3)  # t(0.975, 2) x sd 0.0005 / sqrt(3), by hand
+    assert (over.slope, over.low, over.high) == pytest.approx((0.0015, 0.0015 - half, 0.0015 + half), abs=1e-9)
+    assert over.seeds == 3 and over.half_steps == 20 and over.change == pytest.approx(0.03, abs=1e-7)
+    assert over.verdict == "grows" and over.p == 0.25
+    # too short for a second half: a row that says so, not an error
+    short = {name: rs[:2] for name, rs in records.items()}
+    row = accumulation_rows(pairs, matrix, short, window=2, confidence=0.95).iloc[-1]
+    assert row.verdict == "no trend resolved" and math.isnan(row.slope)

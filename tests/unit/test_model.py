@@ -76,6 +76,8 @@ def test_ffn_hidden_matches_llama3_8b():
         (dict(block="streamback", stream="bf16", reversible=True), "fp32"),
         (dict(block="baseline", reversible=True), "streamback"),
         (dict(dim=0), "dim"),
+        (dict(embedding_init_std=0.0), "embedding_init_std must be a positive number"),
+        (dict(embedding_init_std=4.0, tied_embeddings=True), "no effect with tied embeddings"),
     ],
 )
 def test_bad_model_args_are_named(kw, words):
@@ -146,6 +148,47 @@ def test_depth_scaled_init_and_seed():
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
     again.init_weights(seed=4)
     assert not torch.equal(model.layers[0].attention.wq.weight, again.layers[0].attention.wq.weight)
+
+
+@pytest.mark.parametrize("block", ["baseline", "streamback"])
+def test_embedding_init_std_scales_the_initial_stream_and_nothing_else(block):
+    """The dose (model.embedding_init_std) multiplies the embedding's draws, so h_0, by its value
+    and leaves every other parameter bit for bit; the first update, read through RMSNorm, stays
+    as it was, so the update-to-stream ratio falls by the same factor."""
+    dose = 32.0  # a power of two: scaling by it is exact in fp32 and bf16, so the checks below are too
+    one, scaled = (Transformer(tiny(block=block, embedding_init_std=s)) for s in (1.0, dose))
+    for model in (one, scaled):
+        model.init_weights(seed=3)
+    a, b = one.state_dict(), scaled.state_dict()
+    assert torch.equal(b["tok_embeddings.weight"], dose * a["tok_embeddings.weight"])
+    assert b["tok_embeddings.weight"].std() / a["tok_embeddings.weight"].std() == dose
+    assert all(torch.equal(a[k], b[k]) for k in a if k != "tok_embeddings.weight")
+    tok = tokens(one.args)
+    with torch.no_grad(), one.capture(("residual", "attention")) as s1, scaled.capture(("residual", "attention")) as s2:
+        one(tok), scaled(tok)
+
+    def rms(x):
+        return x.double().pow(2).mean().sqrt().item()
+
+    assert torch.equal(s2["residual"][0], dose * s1["residual"][0])  # exact: h_0 is the scaled rows, rounded
+    assert rms(s2["residual"][0]) / rms(s1["residual"][0]) == pytest.approx(dose, rel=1e-12)  # fp64 rms of exact x32
+    # RMSNorm's eps (1e-5 against a mean square near 1 at dose 1) and the bf16 rounding of the
+    # normed input move the first update by at most about one bf16 step relative: 2^-8
+    first = rms(s2["attention"][0] - s1["attention"][0]) / rms(s1["attention"][0])
+    assert first <= 2**-8
+    ratio_one = rms(s1["attention"][0]) / rms(s1["residual"][0])
+    ratio_scaled = rms(s2["attention"][0]) / rms(s2["residual"][0])
+    assert ratio_one / ratio_scaled == pytest.approx(dose, rel=2**-8)  # the same one-step bound
+
+
+def test_embedding_init_std_comes_from_the_section_or_the_shape():
+    model_cfg = load_config(DEFAULT_CONFIG)["model"]
+    assert model_cfg["embedding_init_std"] == 1.0  # TorchTitan's
+    assert ModelArgs.from_config(model_cfg, "tiny-medium", 10).embedding_init_std == 1.0
+    shapes = {**model_cfg["shapes"], "dosed": {**model_cfg["shapes"]["tiny-medium"], "embedding_init_std": 16}}
+    cfg = {**model_cfg, "shapes": shapes, "embedding_init_std": 2.0}
+    assert ModelArgs.from_config(cfg, "tiny-medium", 10).embedding_init_std == 2.0
+    assert ModelArgs.from_config(cfg, "dosed", 10).embedding_init_std == 16.0
 
 
 def test_a_model_built_on_the_meta_device_is_the_model_built_on_the_cpu():

@@ -11,6 +11,7 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 
 from streamback import stats
+from streamback.errors import StreambackError
 
 
 def test_mcnemar_exact_by_hand_and_against_statsmodels_and_scipy():
@@ -266,3 +267,67 @@ def test_the_across_seed_row_is_built_in_one_place_from_the_seeds():
     assert fields["target"] == 0.5 and fields["seeds_for_target"] == stats.seeds_needed(sigma, 0.5, 0.05, 0.8)
     assert fields["band"] == 2.0 and fields["seeds_for_band"] == stats.seeds_needed(sigma, 2.0, 0.05, 0.8)
     assert fields["mde"] == stats.seed_mde(1.0, 3, 0.05, 0.8, fields["within_se"])
+
+
+# --- accumulation: the slope of the paired difference over the second half ---------------------
+
+
+def test_paired_by_step_pairs_the_steps_both_runs_logged():
+    steps, d = stats.paired_by_step({1: 3.0, 2: 2.5, 3: 2.0}, {2: 2.25, 3: 2.5, 4: 1.0})
+    assert steps.tolist() == [2, 3] and d.tolist() == [0.25, -0.5]
+
+
+def test_trailing_smooth_by_hand():
+    # window 2: each step's value and the one before it (the first alone)
+    assert stats.trailing_smooth([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0], 2).tolist() == [1.0, 1.5, 2.5, 3.5]
+    # by step, not by entry: step 5 is more than 2 steps after step 2
+    assert stats.trailing_smooth([1, 2, 5], [1.0, 3.0, 7.0], 2).tolist() == [1.0, 2.0, 7.0]
+
+
+def _series(slope: float, offset: float, wiggle: float, steps: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """A seed's paired difference: a line plus a +-wiggle alternating step by step (which a trailing
+    mean over an even window cancels exactly, once the window is full)."""
+    s = np.arange(1, steps + 1)
+    return s, offset + slope * s + wiggle * (-1.0) ** s
+
+
+def test_accumulation_slope_of_a_line_is_its_slope():
+    for slope in (0.002, -0.0005, 0.0):
+        s, d = _series(slope, 0.01, 0.05)
+        # exact up to fp64 rounding of sums over 100 steps of values below 1: 1e-12 is far above it
+        assert stats.accumulation_slope(s, d, 10) == pytest.approx(slope, abs=1e-12)
+    # an odd window leaves the wiggle in (1/9 of it, alternating): the slope moves, by little
+    s, d = _series(0.002, 0.0, 0.05)
+    assert stats.accumulation_slope(s, d, 9) != pytest.approx(0.002, abs=1e-12)
+    assert stats.accumulation_slope(s, d, 9) == pytest.approx(0.002, abs=1e-4)
+    # only the second half counts: a kink at step 100 leaves the late slope alone
+    s = np.arange(1, 201)
+    kinked = np.where(s <= 100, 0.01 * s, 1.0 + 0.003 * (s - 100))
+    assert stats.accumulation_slope(s, kinked, 1) == pytest.approx(0.003, abs=1e-12)
+    assert math.isnan(stats.accumulation_slope([2], [0.1], 1))
+
+
+@pytest.mark.parametrize(
+    ("slopes", "verdict"),
+    [
+        ([0.002, 0.0021, 0.0019], "grows"),
+        ([-0.002, -0.0021, -0.0019], "shrinks"),
+        ([0.001, 0.002, 0.003], "no trend resolved"),  # mean 0.002, but its t interval reaches below 0
+    ],
+)
+def test_accumulation_over_seeds_by_hand(slopes, verdict):
+    series = {seed: _series(b, 0.01 * seed, 0.03) for seed, b in enumerate(slopes)}
+    out = stats.accumulation(series, window=10, confidence=0.95)
+    assert [out["slopes"][k] for k in range(3)] == pytest.approx(slopes, abs=1e-12)
+    mean, sd = np.mean(slopes), np.std(slopes, ddof=1)
+    half = sps.t.ppf(0.975, 2) * sd / math.sqrt(3)  # the t interval over three seeds, two degrees of freedom
+    assert out["n"] == 3 and out["mean"] == pytest.approx(mean, abs=1e-12)
+    assert (out["low"], out["high"]) == pytest.approx((mean - half, mean + half), abs=1e-10)
+    assert out["half_steps"] == 100 and out["change"] == pytest.approx(100 * mean, abs=1e-10)
+    assert out["verdict"] == verdict
+    assert out["p"] == 0.25  # three slopes of one sign: the sign-flip floor 2 / 2^3
+
+
+def test_accumulation_needs_a_seed_with_a_second_half():
+    with pytest.raises(StreambackError, match="at least one seed"):
+        stats.accumulation({0: ([2], [0.1])}, window=1, confidence=0.95)

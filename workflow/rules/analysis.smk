@@ -1,7 +1,7 @@
 # Analyses of the trained runs (streamback/analysis/): one job per kind over every run of the
 # train.runs matrix (`streamback analyze <kind>`), on one validation batch of the runs' own data.
 # Outputs (streamback/layout.py: ANALYSIS_TABLES, analysis_figures): results/tables/{layer_error,
-# envelope, envelope_training, swallowed, loss_difference, loss_curves}.csv and
+# envelope, envelope_training, swallowed, loss_difference, loss_curves, loss_accumulation}.csv and
 # results/figures/<figure>.{svg,png}: per run layer_error-<run> and envelope_training-<run>, one
 # envelope, per shape swallowed-<shape> and loss_difference-<shape>.
 # Resources from config["analysis"]["resources"]: gpus 0 runs on the CPU, 1 asks Slurm for a GPU; memory and

@@ -203,6 +203,7 @@ ANALYSIS_CAPTIONS = {  # table or figure name (less its run or shape) -> caption
     "layer_error": "analysis_layer_error", "envelope": "analysis_envelope", "envelope_training": "analysis_envelope_training",
     "swallowed": "analysis_swallowed", "loss_difference": "analysis_loss_difference", "loss_curves": "analysis_loss_curves",
     "primary": "primary",
+    "loss_accumulation": "analysis_loss_accumulation",
     "public_layer_error": "analysis_public_layer_error", "public_swallowed": "analysis_public_swallowed",
     "public_flip_ratio": "analysis_public_flip_ratio", "public_activations": "analysis_public_activations",
     "public_gradients": "analysis_public_gradients",
