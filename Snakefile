@@ -52,6 +52,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"  # last: the study page takes every other stage's outputs
+include: "workflow/rules/plan.smk"  # `snakemake plan`: every job's resources against its size
 
 
 rule all:

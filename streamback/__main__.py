@@ -1,7 +1,6 @@
-"""`python -m streamback <stage>`: the same CLI as the `streamback` script (used by the rules)."""
+"""`python -m streamback <stage>`: the same CLI as the `streamback` script (used by the rules); a torchrun
+worker ends through `cli.exit_with` (its status, without the interpreter's finalization)."""
 
-import sys
+from streamback.cli import exit_with, main
 
-from streamback.cli import main
-
-sys.exit(main())
+exit_with(main())

@@ -19,10 +19,12 @@ import contextlib
 import errno
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import NoReturn
 
 from streamback.data import hubcache
 from streamback.errors import DiskFull, StreambackError
@@ -30,6 +32,7 @@ from streamback.progress import plain_logs
 
 COMMANDS = {
     "check": "streamback.check",
+    "plan": "streamback.plan",
     "fetch": "streamback.fetch.stage",
     "drift": "streamback.drift.stage",
     "corpus": "streamback.data.generate",
@@ -222,5 +225,26 @@ def expected_fault(err: BaseException) -> str | None:
     return f"{err.strerror}: {where}"
 
 
+def exit_with(status: int | str | None) -> NoReturn:
+    """End `python -m streamback` with `status`, as sys.exit would. A torchrun worker (WORLD_SIZE > 1: its stage
+    has done its work, written its outputs and the status file, and torn its process group down) ends with
+    os._exit after flushing what it printed: the interpreter's finalization is skipped. There gloo's worker
+    threads may still run (destroy_process_group drops only c10d's own references to the group; another
+    object, such as FSDP2's device mesh, may keep it alive), and one that asks for the GIL is ended by CPython
+    mid-C++ frame, which aborts the process ("terminate called without an active exception", SIGABRT) after
+    a run that passed (pytorch/pytorch#179291; torch has no ProcessGroupGloo shutdown,
+    pytorch/pytorch#130345). docs/reliability.md says more."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        sys.exit(status)
+    if isinstance(status, str):  # sys.exit's meaning: the message on stderr, status 1
+        print(status, file=sys.stderr)
+    code = 0 if status is None else status if isinstance(status, int) else 1
+    logging.shutdown()  # what atexit would have flushed
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

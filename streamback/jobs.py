@@ -110,7 +110,7 @@ def tokenize(config: dict) -> dict:
 
 
 def tokenize_execution(config: dict) -> dict:
-    return {"data": _pick(config["data"], ("batch_documents",))}
+    return {"data": _pick(config["data"], ("batch_documents", "budget_check"))}
 
 
 def _one_run_matrix(spec, cfg: dict) -> dict:
@@ -195,6 +195,21 @@ def preflight(config: dict, arm: str) -> dict:
 def preflight_table(config: dict) -> dict:
     """Rule preflight_table: the run matrix, the budget and the stated cost."""
     return {"train": {**_matrix(config), **_pick(config["train"], ("budget_gpu_hours", "stated_gpu_hours"))}}
+
+
+def preflight_disk(config: dict) -> dict:
+    """Rule preflight_table's disk check of the whole matrix (streamback.preflight.table.matrix_disk_needs): the
+    matrix and its checkpoints, the shapes, the data's size and place, the snapshots, the exports and the
+    vocabulary the sizes assume."""
+    data = {k: config["data"][k] for k in ("corpus", "dir", "train_tokens", "val_tokens", "tokenizer")}
+    return {
+        "train": {**_matrix(config), "checkpoint": config["train"]["checkpoint"]},
+        "model": config["model"],
+        "data": data,
+        "eval": {"last_checkpoints": config["eval"]["last_checkpoints"]},
+        "analysis": {"public_models": config["analysis"]["public_models"]},
+        "plan": config["plan"],
+    }
 
 
 def _matrix(config: dict) -> dict:

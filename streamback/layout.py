@@ -163,6 +163,7 @@ def recipe_dirs(checkpoints: str | Path) -> list[Path]:
 
 PREFLIGHT_DIR = RESULTS / "preflight"
 PREFLIGHT_TABLE = "preflights"  # table(name): every arm's checks, and the matrix's projected cost
+PLAN_TABLE = "plan"  # table(name) of `streamback plan`: every job kind's resources against its estimated need
 
 
 def preflight_file(arm: str) -> Path:
@@ -327,11 +328,12 @@ def figure(name: str, suffix: str) -> Path:
 
 # -- analyses (rules in workflow/rules/analysis.smk; `streamback analyze <kind>`) --------------
 
+PRIMARY_TABLE = "primary"  # table(name) of rule analyze_loss_difference: the tier's one primary test
 ANALYSIS_TABLES = {  # kind -> the tables it writes, table(name)
     "layer-error": ("layer_error",),
     "envelope": ("envelope", "envelope_training"),
     "swallowed": ("swallowed",),
-    "loss-difference": ("loss_difference", "loss_curves"),
+    "loss-difference": ("loss_difference", "loss_curves", PRIMARY_TABLE, "loss_accumulation"),
     "public": (
         "public_layer_error",
         "public_swallowed",

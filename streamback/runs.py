@@ -2,11 +2,12 @@
 
 Every shape is trained with every block (`{shape}-{block}`, the paper's six runs for three shapes
 and two blocks); every extra stream format adds, per shape of `stream_shapes` (default: every
-shape), a StreamBack run whose stream is held in that format (`{shape}-streamback-{format}`,
-e.g. `medium-streamback-mxfp8`, `fat-short-streamback-bf16_sr`). These are the run *arms*; each
-is trained once per training seed of `seeds` (`stream_seeds` for the stream formats' arms;
-default: train.seed alone). A seed fixes the initial weights and the batch order (`seeds_vary`:
-both, or only one of them, the other staying train.seed's), so within a seed every run of a
+shape; a mapping gives each format its own shapes), a StreamBack run whose stream is held in
+that format (`{shape}-streamback-{format}`, e.g. `medium-streamback-mxfp8`,
+`fat-short-streamback-bf16_sr`). These are the run *arms*; each is trained once per training
+seed of `seeds` (`stream_seeds` for the stream formats' arms; default: train.seed alone). A seed
+fixes the initial weights and the batch order (`seeds_vary`: both, or only one of them, the
+other staying train.seed's), so within a seed every run of a
 shape starts from the same weights and sees the same batches: the comparisons stay paired. The
 run of train.seed keeps the arm's name; another seed k adds `-seed<k>` (`tiny-medium-baseline-seed1`),
 so adding seeds renames nothing and trains only the new runs.
@@ -50,8 +51,8 @@ def seed_suffix(seed: int, base_seed: int) -> str:
 def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
     """All runs of the validated `train` section, by name, in config order (each arm, then its seeds)."""
     matrix = train_cfg["runs"]
-    stream_shapes = matrix["shapes"] if matrix["stream_shapes"] is None else matrix["stream_shapes"]
-    outside = [s for s in stream_shapes if s not in matrix["shapes"]]
+    stream_shapes = streams_shapes(matrix)
+    outside = list(dict.fromkeys(s for shapes in stream_shapes.values() for s in shapes if s not in matrix["shapes"]))
     if outside and matrix["streams"]:
         raise StreambackError(
             f"train.runs.stream_shapes names shapes that are not in train.runs.shapes: {', '.join(outside)} "
@@ -80,7 +81,7 @@ def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
     for shape in matrix["shapes"]:
         for block in matrix["blocks"]:
             add(f"{shape}-{block}", shape, block, "fp32" if block == "streamback" else "bf16", seeds)
-        for stream in matrix["streams"] if shape in stream_shapes else ():
+        for stream in (s for s in matrix["streams"] if shape in stream_shapes[s]):
             add(f"{shape}-streamback-{stream}", shape, "streamback", stream, stream_seeds)
     unknown = set(train_cfg["per_run"]) - set(runs)
     if unknown:
@@ -89,6 +90,27 @@ def run_matrix(train_cfg: dict) -> dict[str, RunSpec]:
             f"{', '.join(runs)})"
         )
     return runs
+
+
+def streams_shapes(matrix: dict) -> dict[str, list[str]]:
+    """The shapes each stream of train.runs.streams is trained on, from train.runs.stream_shapes: null
+    (every shape), a list (the same shapes for every stream) or a mapping from each stream to its
+    own list (the dose tier's bf16_sr at the large dose, mxfp8 and nvfp4 at dose 1). A mapping names
+    exactly the streams of train.runs.streams (StreambackError otherwise)."""
+    streams, chosen = matrix["streams"], matrix["stream_shapes"]
+    if not isinstance(chosen, dict):
+        return {stream: list(matrix["shapes"] if chosen is None else chosen) for stream in streams}
+    missing, extra = [s for s in streams if s not in chosen], [s for s in chosen if s not in streams]
+    if missing or extra:
+        raise StreambackError(
+            "train.runs.stream_shapes, a mapping, must name exactly the streams of train.runs.streams "
+            f"({', '.join(streams) or 'none'}): "
+            + "; ".join(
+                ([f"missing {', '.join(missing)}"] if missing else [])
+                + ([f"{', '.join(extra)} not in train.runs.streams"] if extra else [])
+            )
+        )
+    return {stream: list(chosen[stream]) for stream in streams}
 
 
 def comparisons(runs: dict[str, RunSpec]) -> list[tuple[str, str, str]]:
@@ -250,6 +272,12 @@ def check_runs(
             continue
         s = shapes[shape]
         problems += [f"model.shapes.{shape}: {p}" for p in shape_problems(s["dim"], s["n_heads"], s["n_kv_heads"])]
+        dose = s.get("embedding_init_std", model_cfg["embedding_init_std"])
+        if model_cfg["tied_embeddings"] and dose != 1.0:
+            problems.append(
+                f"model.shapes.{shape}: embedding_init_std {dose} has no effect with model.tied_embeddings (the "
+                "shared matrix gets the output projection's init): leave it at 1 or untie the embeddings"
+            )
     seq_len, batch = train_cfg["seq_len"], train_cfg["batch_size"]
     if seq_len > model_cfg["max_seq_len"]:
         problems.append(

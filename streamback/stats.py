@@ -28,9 +28,20 @@ each seed gives one paired difference):
   seeds" needs the t interval and the bootstrap to exclude zero, and a spread over seeds;
 - `seed_mde`, `seeds_needed`: the smallest difference n seeds detect at a given power, and the
   seeds a target difference needs, from the spread of the per-seed differences.
+Every interval over seeds takes one value a seed (`per_seed`: a seed's paired difference, or the
+mean of its runs, which share the seed's weights and batches). Over strata (shapes):
+- `contrast`: a fixed contrast of independent groups' means with Welch's t interval and p;
+- `stratified_mean`: the mean over shapes of their seeds' means, its interval, pooled sd with its
+  chi-square interval (`sd_interval`) and MDE with the range that interval gives;
+- `primary_test`: the tier's one primary test (the final validation loss pooled over shapes, the
+  shapes as strata, the seeds as units): `stratified_mean`, the exact sign-flip p over every seed,
+  and two one-sided tests of equivalence (`tost_p`) within the paper's band and within the MDE,
+  each read in words by `equivalence_verdict` ("equivalent within ±X", "different", "different,
+  but within ±X", "inconclusive").
 Across depths (`depth_trend`): the slope of a measure against log2(depth) (its change per doubling
-of depth), from the per-seed (or per-run) values at each depth, with a Welch t interval and a
-bootstrap within depths, and a verdict in words (`trend_verdict`).
+of depth), from the per-seed values at each depth, with a Welch t interval, p and a bootstrap
+within depths, every adjacent contrast beside it, and a verdict in words (`trend_verdict`, which
+also takes the slope's Holm-adjusted p over its family).
 Per task, over models (`task_snr`): signal-and-noise's signal-to-noise ratio, the decision
 accuracy it implies and whether the task can rank the models at all.
 Binomial probabilities are computed in log space from log-factorials (numpy only); t quantiles
@@ -41,6 +52,7 @@ computation.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -355,14 +367,18 @@ def seed_row(
     task-score tables: from each seed's difference, each seed's per-item (or per-window)
     differences and each seed's baseline value. Returns (fields, summary): fields ci_low, ci_high
     (t over seeds), boot_low, boot_high (`hierarchical_bootstrap` over seeds then items), seeds,
-    sd, baseline_sd, p_seeds (sign flip over seeds), within_se, mde and, per name of `targets`,
-    the target and `seeds_for_<name>`; summary is `across_seeds`'s with the bootstrap interval
-    (for `seed_verdict`). `alpha`: the test's level (default 1 - confidence)."""
+    sd, sd_low, sd_high (the sd's chi-square interval at `confidence`, `sd_interval`), baseline_sd,
+    p_seeds (sign flip over seeds), within_se, mde with mde_low, mde_high (the MDE at the sd's
+    interval's ends: the MDE is proportional to the spread) and, per name of `targets`, the target,
+    `seeds_for_<name>` and its range `seeds_for_<name>_low` (at the interval's low sd: the fewest)
+    and `_high`; summary is `across_seeds`'s with the bootstrap interval (for `seed_verdict`).
+    `alpha`: the test's level (default 1 - confidence)."""
     alpha = 1 - confidence if alpha is None else alpha
     summary = across_seeds(differences, confidence)
     _, summary["boot_low"], summary["boot_high"] = hierarchical_bootstrap(items, confidence, resamples, seed)
     noise = within_se(items)
     sigma = max(summary["sd"], noise)
+    sd_low, sd_high = sd_interval(summary["sd"], summary["n"] - 1, confidence)
     fields = {
         "ci_low": summary["low"],
         "ci_high": summary["high"],
@@ -370,14 +386,22 @@ def seed_row(
         "boot_high": summary["boot_high"],
         "seeds": summary["n"],
         "sd": summary["sd"],
+        "sd_low": sd_low,
+        "sd_high": sd_high,
         "baseline_sd": across_seeds(baseline_values, confidence)["sd"],
         "p_seeds": summary["p"],
         "within_se": noise,
         "mde": seed_mde(summary["sd"], summary["n"], alpha, power, noise),
+        "mde_low": seed_mde(sd_low, summary["n"], alpha, power, noise),
+        "mde_high": seed_mde(sd_high, summary["n"], alpha, power, noise),
     }
     for name, target in targets.items():
         fields[name] = target
         fields[f"seeds_for_{name}"] = seeds_needed(sigma, target, alpha, power)
+        for end, spread in (("low", sd_low), ("high", sd_high)):
+            fields[f"seeds_for_{name}_{end}"] = (
+                seeds_needed(max(spread, noise), target, alpha, power) if math.isfinite(spread) else math.nan
+            )
     return fields, summary
 
 
@@ -432,7 +456,172 @@ def seed_verdict(
     return f"within seed noise: {fmt(mean)} on average, {why} ({interval}; {p}; {spread}{floor})"
 
 
-TREND_WORDS = ("grows with depth", "shrinks", "no trend this tier resolves")
+def per_seed(values: Sequence[float], seeds: Sequence) -> np.ndarray:
+    """One value per training seed: the mean of each seed's `values` (in the order the seeds first
+    appear), NaNs left out of a seed's mean (a seed with none is left out). The runs of one seed
+    share their initial weights and batches, so they are not independent: an interval or a
+    bootstrap over seeds takes this, never the runs themselves."""
+    x = np.asarray(values, dtype=np.float64)
+    keys = list(seeds)
+    if x.ndim != 1 or x.size != len(keys):
+        raise ValueError(f"per_seed needs one seed per value, got {x.size} values and {len(keys)} seeds")
+    out = []
+    for key in dict.fromkeys(keys):
+        mine = x[[k == key for k in keys]]
+        mine = mine[np.isfinite(mine)]
+        if mine.size:
+            out.append(float(mine.mean()))
+    return np.asarray(out, dtype=np.float64)
+
+
+def contrast(groups: Sequence[Sequence[float]], weights: Sequence[float], confidence: float = 0.95) -> dict:
+    """A fixed contrast c = sum_g w_g m_g of independent groups' means (`groups`: each group's units,
+    e.g. a depth's or a shape's per-seed values) with its Welch t interval: var c = sum_g w_g^2
+    s_g^2 / n_g, degrees of freedom Welch and Satterthwaite's, (sum_g w_g^2 s_g^2 / n_g)^2 / sum_g
+    (w_g^2 s_g^2 / n_g)^2 / (n_g - 1) (groups of weight 0 left out), and the two-sided t p of c = 0.
+    Returns estimate, se, df, low, high, p; NaN bounds where a weighted group has a single unit; an
+    interval of no width (and p NaN) where the units do not vary at all."""
+    arrays = [np.asarray(g, dtype=np.float64) for g in groups]
+    w = np.asarray(weights, dtype=np.float64)
+    if len(arrays) != w.size or any(a.ndim != 1 or a.size == 0 for a in arrays):
+        raise ValueError(f"a contrast needs one non-empty 1-D sample per weight, got {len(arrays)} for {w.size}")
+    estimate = float(sum(wg * a.mean() for wg, a in zip(w, arrays)))
+    out = {"estimate": estimate, "se": math.nan, "df": math.nan, "low": math.nan, "high": math.nan, "p": math.nan}
+    used = [(wg, a) for wg, a in zip(w, arrays) if wg != 0]
+    if not used or any(a.size < 2 for _, a in used):
+        return out
+    from scipy import stats as sps  # imported here: a second of import time most callers need not pay
+
+    parts = np.array([wg**2 * a.var(ddof=1) / a.size for wg, a in used])
+    variance = float(parts.sum())
+    out["se"] = math.sqrt(variance)
+    if variance == 0:
+        return {**out, "low": estimate, "high": estimate}
+    df = variance**2 / float(np.sum(parts**2 / np.array([a.size - 1 for _, a in used])))
+    half = float(sps.t.ppf(0.5 + confidence / 2, df)) * out["se"]
+    p = float(2 * sps.t.sf(abs(estimate) / out["se"], df))
+    return {**out, "df": df, "low": estimate - half, "high": estimate + half, "p": p}
+
+
+def sd_interval(sd: float, df: float, confidence: float = 0.95) -> tuple[float, float]:
+    """The chi-square interval of a normal sample's sd estimated with `df` degrees of freedom (n - 1
+    for n values): sd sqrt(df / chi2(1 - a/2, df)) to sd sqrt(df / chi2(a/2, df)), a = 1 -
+    confidence (with 3 values, about 0.52 to 6.3 times sd). NaN for df <= 0 or an unknown sd."""
+    if not (df > 0) or not math.isfinite(sd):
+        return math.nan, math.nan
+    from scipy import stats as sps  # imported here: a second of import time most callers need not pay
+
+    tail = (1 - confidence) / 2
+    return (
+        float(sd * math.sqrt(df / sps.chi2.ppf(1 - tail, df))),
+        float(sd * math.sqrt(df / sps.chi2.ppf(tail, df))),
+    )
+
+
+def tost_p(estimate: float, se: float, df: float, band: float) -> float:
+    """Two one-sided t tests of equivalence within ±`band`: the larger of the p of H0 "difference <=
+    -band" (t = (estimate + band) / se) and of H0 "difference >= +band" (t = (estimate - band) / se),
+    each one-sided with `df` degrees of freedom. p <= alpha: equivalent within ±band at level alpha
+    (the 1 - 2 alpha t interval lies inside the band). NaN where the spread is unknown."""
+    if not (se > 0 and df > 0 and band > 0) or not math.isfinite(estimate):
+        return math.nan
+    from scipy import stats as sps  # imported here: a second of import time most callers need not pay
+
+    return float(max(sps.t.sf((estimate + band) / se, df), sps.t.cdf((estimate - band) / se, df)))
+
+
+EQUIVALENCE_WORDS = ("equivalent within", "different", "inconclusive", "different, but within")
+
+
+def equivalence_verdict(different: bool, p_tost: float, band: float, alpha: float, fmt=lambda x: f"{x:g}") -> str:
+    """The verdict of a difference test and an equivalence test together, in words that cannot be
+    misread: "equivalent within ±X" (TOST p <= alpha, no difference shown), "different" (a
+    difference, not within ±X), "different, but within ±X" (both: a real difference smaller than
+    X), "inconclusive" (neither: the data cannot tell). `fmt` writes the band."""
+    within = math.isfinite(p_tost) and p_tost <= alpha
+    if different and within:
+        return f"{EQUIVALENCE_WORDS[3]} ±{fmt(band)}"
+    if different:
+        return EQUIVALENCE_WORDS[1]
+    if within:
+        return f"{EQUIVALENCE_WORDS[0]} ±{fmt(band)}"
+    return EQUIVALENCE_WORDS[2]
+
+
+def stratified_mean(strata: dict[str, Sequence[float]], confidence: float = 0.95, power: float = 0.8) -> dict:
+    """The mean over strata (shapes) of their units' means, each stratum weighing the same, its
+    units one value a training seed: the Welch t interval of that contrast (`contrast`), the pooled
+    sd of a unit (sqrt(n) se over n units) with its chi-square interval (`sd_interval`, at the
+    contrast's degrees of freedom) and the minimum detectable effect at `power` and level 1 -
+    confidence (`seed_mde` over n units) with its range at that interval's ends. Returns strata,
+    shapes (their names), seeds (n), estimate, se, df, low, high, sd, sd_low, sd_high, mde, mde_low,
+    mde_high."""
+    names = [s for s, v in strata.items() if len(v)]
+    arrays = [np.asarray(strata[s], dtype=np.float64) for s in names]
+    if not arrays:
+        raise ValueError("a stratified mean needs at least one stratum with a seed")
+    alpha = 1 - confidence
+    k = len(arrays)
+    c = contrast(arrays, [1 / k] * k, confidence)
+    n = int(sum(a.size for a in arrays))
+    sd = c["se"] * math.sqrt(n) if math.isfinite(c["se"]) else math.nan
+    sd_low, sd_high = sd_interval(sd, c["df"], confidence)
+    mde = [seed_mde(s, n, alpha, power) if math.isfinite(s) else math.nan for s in (sd, sd_low, sd_high)]
+    return {
+        "strata": k,
+        "shapes": ", ".join(names),
+        "seeds": n,
+        **{key: c[key] for key in ("estimate", "se", "df", "low", "high")},
+        "sd": sd,
+        "sd_low": sd_low,
+        "sd_high": sd_high,
+        "mde": mde[0],
+        "mde_low": mde[1],
+        "mde_high": mde[2],
+    }
+
+
+def primary_test(
+    strata: dict[str, Sequence[float]], confidence: float, power: float, band: float, fmt=lambda x: f"{x:g}"
+) -> dict:
+    """The tier's one primary test: each stratum (a shape) holds its seeds' paired differences (one
+    a seed); the estimate is the mean over strata of their means with its t interval, pooled sd and
+    minimum detectable effect with their ranges (`stratified_mean`), the exact sign-flip p over
+    every seed of every stratum (each difference weighted by 1 / (strata x its stratum's seeds), so
+    the statistic flipped is the estimate itself) and its floor 2 / 2^n, and two equivalence tests
+    (`tost_p`): within the paper's ±`band` and within the smallest band the tier resolves, ±mde;
+    the seeds (units) the band would take at the pooled sd and at its interval's ends
+    (`seeds_for_band`, `_low`, `_high`: `seeds_needed`). `different`: the t interval excludes 0 and the sign-flip p <= alpha = 1 - confidence.
+    Verdicts: `equivalence_verdict` against each band."""
+    alpha = 1 - confidence
+    pooled = stratified_mean(strata, confidence, power)
+    arrays = [np.asarray(v, dtype=np.float64) for v in strata.values() if len(v)]
+    k, n = pooled["strata"], pooled["seeds"]
+    weighted = np.concatenate([a / (k * a.size) for a in arrays])
+    p = sign_flip_p(weighted) if n > 1 else math.nan
+    low, high, mde = pooled["low"], pooled["high"], pooled["mde"]
+    different = bool(math.isfinite(low) and (low > 0 or high < 0) and p <= alpha)
+    p_band = tost_p(pooled["estimate"], pooled["se"], pooled["df"], band)
+    p_mde = tost_p(pooled["estimate"], pooled["se"], pooled["df"], mde) if math.isfinite(mde) else math.nan
+    sigma = [pooled[k] for k in ("sd", "sd_low", "sd_high")]
+    needed = [seeds_needed(x, band, alpha, power) if math.isfinite(x) else math.nan for x in sigma]
+    return {
+        **pooled,
+        "seeds_for_band": needed[0],
+        "seeds_for_band_low": needed[1],
+        "seeds_for_band_high": needed[2],
+        "p": p,
+        "p_floor": min(1.0, 2.0 / 2**n),
+        "different": different,
+        "band": band,
+        "tost_p_band": p_band,
+        "verdict_band": equivalence_verdict(different, p_band, band, alpha, fmt),
+        "tost_p_mde": p_mde,
+        "verdict_mde": equivalence_verdict(different, p_mde, mde, alpha, fmt) if math.isfinite(mde) else "",
+    }
+
+
+TREND_WORDS = ("grows with depth", "shrinks with depth", "no trend this tier resolves")
 
 
 def depth_trend(
@@ -444,18 +633,20 @@ def depth_trend(
 ) -> dict:
     """The trend of a measure against depth: the least-squares slope of the depths' means m_d
     against x_d = log2(depth) (so its unit is the measure's per doubling of depth), each depth
-    weighing the same. `groups` holds one array per depth: its independent units (the per-seed
-    differences, or the per-run values) whose mean is the depth's estimate.
+    weighing the same, and beside it every adjacent contrast (the next depth's mean minus this
+    one's, in the order of increasing depth). `groups` holds one array per depth: its independent
+    units, one value a training seed (a seed's paired difference, or the mean of a seed's runs:
+    `per_seed`), whose mean is the depth's estimate.
 
     The slope is a fixed contrast of the means, b = sum_d w_d m_d with w_d = (x_d - mean x) /
-    sum (x - mean x)^2, so the noise in it is the noise within the depths, not the depths'
-    scatter about the line (three depths leave one degree of freedom for that):
-    var b = sum_d w_d^2 s_d^2 / n_d, with a t interval whose degrees of freedom are Welch and
-    Satterthwaite's, (sum_d w_d^2 s_d^2 / n_d)^2 / sum_d (w_d^2 s_d^2 / n_d)^2 / (n_d - 1). The
-    bootstrap draws each depth's units with replacement (depths kept) and takes the slope's
-    percentiles. Returns depths, slope, se, df, low, high (t), boot_low, boot_high and the
-    verdict (`trend_verdict`); NaN where fewer than two depths (no slope) or a depth with one unit
-    (no interval)."""
+    sum (x - mean x)^2 (`contrast`: its Welch t interval and p), so the noise in it is the noise
+    within the depths, not the depths' scatter about the line. With three evenly spaced log-depths
+    the weights are (-1/2, 0, +1/2): the slope is the deepest against the shallowest alone, which is
+    why the adjacent contrasts stand beside it (a hump shows there). The bootstrap draws each
+    depth's units with replacement (depths kept) and takes the slope's percentiles. Returns depths,
+    slope, se, df, low, high, p (t), boot_low, boot_high, `contrasts` (a list of dicts: deeper,
+    shallower, estimate, low, high, p) and the verdict (`trend_verdict`); NaN where fewer than two
+    depths (no slope) or a depth with one unit (no interval)."""
     x = np.log2(np.asarray(depths, dtype=np.float64))
     arrays = [np.asarray(g, dtype=np.float64) for g in groups]
     if len(arrays) != x.size or any(a.ndim != 1 or a.size == 0 for a in arrays):
@@ -469,26 +660,27 @@ def depth_trend(
         "df": math.nan,
         "low": math.nan,
         "high": math.nan,
+        "p": math.nan,
         "boot_low": math.nan,
         "boot_high": math.nan,
+        "contrasts": [],
     }
     if x.size < 2:
         return {**out, "verdict": trend_verdict(out)}
+    order = np.argsort(x)
+    for a, b in itertools.pairwise(order):
+        step = contrast([arrays[a], arrays[b]], [-1.0, 1.0], confidence)
+        out["contrasts"].append(
+            {
+                "deeper": int(depths[b]),
+                "shallower": int(depths[a]),
+                **{k: step[k] for k in ("estimate", "low", "high", "p")},
+            }
+        )
     w = (x - x.mean()) / np.sum((x - x.mean()) ** 2)
-    means = np.array([a.mean() for a in arrays])
-    out["slope"] = float(w @ means)
+    slope = contrast(arrays, w, confidence)
+    out.update(slope=slope["estimate"], **{k: slope[k] for k in ("se", "df", "low", "high", "p")})
     if all(a.size > 1 for a in arrays):
-        from scipy import stats as sps  # imported here: a second of import time most callers need not pay
-
-        parts = np.array([wd**2 * a.var(ddof=1) / a.size for wd, a in zip(w, arrays)])
-        variance = float(parts.sum())
-        out["se"] = math.sqrt(variance)
-        if variance > 0:
-            df = variance**2 / float(np.sum(parts**2 / np.array([a.size - 1 for a in arrays])))
-            half = float(sps.t.ppf(0.5 + confidence / 2, df)) * out["se"]
-            out.update(df=df, low=out["slope"] - half, high=out["slope"] + half)
-        else:
-            out.update(low=out["slope"], high=out["slope"])
         rng = np.random.default_rng(seed)
         drawn = sum(wd * a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1) for wd, a in zip(w, arrays))
         tail = (1 - confidence) / 2
@@ -496,14 +688,18 @@ def depth_trend(
     return {**out, "verdict": trend_verdict(out)}
 
 
-def trend_verdict(trend: dict) -> str:
-    """ "grows with depth" or "shrinks" where the t interval and the bootstrap of a `depth_trend`
-    slope both exclude 0 on the same side and the units vary at all (identical values give a t
-    interval of no width, which shows nothing); "no trend this tier resolves" otherwise."""
+def trend_verdict(trend: dict, p_holm: float = math.nan, alpha: float | None = None) -> str:
+    """ "grows with depth" or "shrinks with depth" where the t interval and the bootstrap of a
+    `depth_trend` slope both exclude 0 on the same side, the units vary at all (identical values
+    give a t interval of no width, which shows nothing) and every adjacent contrast has the
+    slope's sign (no hump, no dip); with `alpha`, also where the slope's Holm-adjusted p over its
+    family (`p_holm`) is at most alpha. "no trend this tier resolves" otherwise."""
     sides = []
     for low, high in ((trend["low"], trend["high"]), (trend["boot_low"], trend["boot_high"])):
         sides.append(1 if low > 0 else -1 if high < 0 else 0)  # NaN bounds compare False: side 0
-    if trend["se"] > 0 and sides[0] != 0 and sides[0] == sides[1]:
+    agree = all(np.sign(c["estimate"]) == sides[0] for c in trend.get("contrasts", []))
+    held = alpha is None or p_holm <= alpha
+    if trend["se"] > 0 and sides[0] != 0 and sides[0] == sides[1] and agree and held:
         return TREND_WORDS[0] if sides[0] > 0 else TREND_WORDS[1]
     return TREND_WORDS[2]
 
@@ -552,4 +748,65 @@ def task_snr(scores: dict[str, Sequence[float]]) -> dict:
         "snr": snr,
         "decision_accuracy": accuracy,
         "can_rank": bool(snr >= RANK_Z),
+    }
+
+
+ACCUMULATION_WORDS = ("grows", "shrinks", "no trend resolved")
+
+
+def paired_by_step(a: dict[int, float], b: dict[int, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, a - b) at the steps both hold, ascending: two runs' per-step train losses, which are
+    paired by batch where the two read the same batches (the two arms of a training seed)."""
+    steps = np.array(sorted(set(a) & set(b)), dtype=np.int64)
+    return steps, np.array([a[s] - b[s] for s in steps], dtype=np.float64)
+
+
+def trailing_smooth(steps: Sequence[int], values: Sequence[float], window: int) -> np.ndarray:
+    """At each step s, the mean of the values at steps in (s - window, s] (the last `window`
+    optimizer steps; fewer at the start). `steps` ascending."""
+    s, v = np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
+    if window < 1:
+        raise ValueError(f"the smoothing window must be at least 1 step, got {window}")
+    sums = np.concatenate([[0.0], np.cumsum(v)])
+    first = np.searchsorted(s, s - window, side="right")
+    ends = np.arange(1, s.size + 1)
+    return (sums[ends] - sums[first]) / (ends - first)
+
+
+def accumulation_slope(steps: Sequence[int], differences: Sequence[float], window: int) -> float:
+    """The least-squares slope, per step, of the smoothed paired difference (`trailing_smooth` over
+    `window` steps) against the step, over the second half of training: the steps after half the
+    last one. A trailing mean leaves a linear trend's slope as it is (it shifts the line by
+    (window - 1) / 2 steps), so on a line the slope is exact. NaN with fewer than 2 such steps."""
+    s = np.asarray(steps, dtype=np.float64)
+    smoothed = trailing_smooth(steps, differences, window)
+    late = s > s.max() / 2
+    if late.sum() < 2:
+        return math.nan
+    x, y = s[late] - s[late].mean(), smoothed[late]
+    return float((x * (y - y.mean())).sum() / (x * x).sum())
+
+
+def accumulation(series: dict, window: int, confidence: float) -> dict:
+    """Does the paired difference (baseline minus the other run) grow over the second half of
+    training, or shrink? `series`: per training seed, (steps, differences) of its two runs' per-step
+    train losses (`paired_by_step`). Each seed gives one slope (`accumulation_slope`), the seeds
+    are the units: `across_seeds` of the slopes (mean, t interval, sign-flip p), `change`, the mean
+    slope times the second half's length in steps (what the lead gains over it), and the verdict:
+    "grows" where the t interval lies above 0 (the note's long-horizon effect: the lead
+    accumulates), "shrinks" where below (a faster start that the other run catches up), else "no
+    trend resolved"."""
+    slopes = {seed: accumulation_slope(steps, d, window) for seed, (steps, d) in series.items()}
+    values = [v for v in slopes.values() if not math.isnan(v)]
+    if not values:
+        raise StreambackError("the accumulation test needs at least one seed with two steps in its second half")
+    summary = across_seeds(values, confidence)
+    last = max(int(np.max(steps)) for steps, _ in series.values())
+    side = 1 if summary["low"] > 0 else -1 if summary["high"] < 0 else 0  # NaN bounds (one seed): 0
+    return {
+        **summary,
+        "slopes": slopes,
+        "half_steps": last - last // 2,
+        "change": summary["mean"] * (last - last // 2),
+        "verdict": ACCUMULATION_WORDS[0] if side > 0 else ACCUMULATION_WORDS[1] if side < 0 else ACCUMULATION_WORDS[2],
     }

@@ -17,16 +17,19 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 
-from streamback import layout
+from streamback import layout, sizes
 from streamback.analysis.envelope import envelope, training_envelope
 from streamback.analysis.figures import charts
 from streamback.analysis.inputs import Subject, read_subject, subjects, validation_batch
 from streamback.analysis.loss import (
+    accumulation_rows,
     across_seeds_curves,
     final_differences,
     loss_curves,
     model_window_losses,
+    primary_table,
     split_windows,
     thin,
 )
@@ -149,16 +152,36 @@ def write_figures(kind: str, tables: dict[str, pd.DataFrame], band: float) -> li
     return list(drawn)
 
 
+def device_memory(device) -> int | None:
+    """The bytes of a CUDA device's memory; None on the CPU (whose memory is the job's mem_mb)."""
+    device = torch.device(device)
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
+def check_fits(kind: str, args, batch: int, seq_len: int, cfg: dict, capacity: int | None, where: str) -> None:
+    """Before a model's analysis starts: its estimated peak (streamback/sizes.py) within the GPU's `capacity`, else
+    one line naming the batch that fits (rather than an out-of-memory error after the models are read)."""
+    if capacity is None:
+        return
+    problem = sizes.fit_problem(
+        kind, sizes.shape_of_args(args), batch, seq_len, cfg["variants"], cfg["reference"], capacity, where
+    )
+    if problem is not None:
+        raise StreambackError(problem)
+
+
 def _per_model(
-    todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, name: str, steps_per_model: int, fn
+    todo: list[Subject], cfg: dict, train_cfg: dict, tokens: Path, name: str, steps_per_model: int, fn, device=None
 ) -> pd.DataFrame:
     """`fn(trained, batch, progress)` for each model on the validation batch, its rows tagged with the run and its
-    training seed (first) and shape (last)."""
+    training seed (first) and shape (last); on a GPU, each model checked to fit first (`check_fits`)."""
     batch = validation_batch(tokens, train_cfg["seq_len"], cfg["batch_size"])
     progress = Progress(f"analyze {name}", len(todo) * steps_per_model, "pass")
+    capacity = device_memory(device) if device is not None else None
     frames = []
     for subject in todo:
         trained = read_subject(subject, tokens)
+        check_fits(name, trained.args, cfg["batch_size"], train_cfg["seq_len"], cfg, capacity, subject.name)
         table = fn(trained, batch, progress)
         table.insert(0, "run", subject.name)
         table.insert(1, "seed", subject.seed)
@@ -179,6 +202,7 @@ def layer_error_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.Dat
         lambda trained, batch, progress: layer_error(
             trained, batch, cfg["reference"], cfg["variants"], device, cfg["seed"], progress=progress
         ),
+        device,
     )
     return {"layer_error": table.drop(columns="shape")}
 
@@ -195,6 +219,7 @@ def swallowed_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataF
             lambda trained, batch, progress: swallowed(
                 trained, batch, cfg["variants"], device, cfg["seed"], progress=progress
             ),
+            device,
         )
     }
 
@@ -218,7 +243,7 @@ def envelope_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFr
         steps = logged.step.unique()
         logged = logged[logged.step.isin(steps[thin(len(steps), cfg["curve_points"])])]
         frames.append(logged.assign(run=subject.name, seed=subject.seed)[TRAINING_ENVELOPE_COLUMNS])
-    on_batch = _per_model(todo, cfg, train_cfg, tokens, "envelope", 1, reach)
+    on_batch = _per_model(todo, cfg, train_cfg, tokens, "envelope", 1, reach, device)
     return {
         "envelope": on_batch[["run", "seed", "layer", "max", "min", "abs_p999", "shape", "stream"]],
         "envelope_training": pd.concat(frames, ignore_index=True)
@@ -245,11 +270,13 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
     seq_len, count = train_cfg["seq_len"], cfg["loss_windows"] or train_cfg["log"]["val_sequences"]
     records = {name: read_metrics(s.metrics) for name, s in names.items()}
     progress = Progress("analyze loss-difference", 2 * len(names), "model")
+    capacity = device_memory(device)
     losses = {}  # (run, split) -> per-window losses
     datasets = {split: TokenDataset(tokens, split) for split in ("train", "val")}
     windows = {split: split_windows(dataset, seq_len, count, split) for split, dataset in datasets.items()}
     for name, subject in names.items():
         trained = read_subject(subject, tokens)  # once for both splits
+        check_fits("loss-difference", trained.args, cfg["micro_batch_size"], seq_len, cfg, capacity, name)
         for split, dataset in datasets.items():
             losses[name, split] = model_window_losses(
                 trained, dataset, windows[split], seq_len, cfg["micro_batch_size"], device
@@ -277,5 +304,7 @@ def loss_tables(todo, cfg, train_cfg, tokens, device) -> dict[str, pd.DataFrame]
     ]
     return {
         "loss_difference": finals,
+        layout.PRIMARY_TABLE: primary_table(finals, cfg),
         "loss_curves": pd.concat([curves, across_seeds_curves(curves)], ignore_index=True)[curve_columns],
+        "loss_accumulation": accumulation_rows(pairs, matrix, records, cfg["smooth_steps"], cfg["confidence"]),
     }

@@ -11,8 +11,9 @@ import json
 
 from streamback import layout
 
-# the data section's keys that change no shard: where the shards go, processes, reading batch, resources
-DATA_NOT_SETTINGS = ("corpus", "dir", "processes", "batch_documents", "mem_mb", "runtime")
+# the data section's keys that change no shard: where the shards go, processes, reading batch,
+# resources, the budget check's sample
+DATA_NOT_SETTINGS = ("corpus", "dir", "processes", "batch_documents", "mem_mb", "runtime", "budget_check")
 
 
 def shard_settings(data: dict) -> dict:

@@ -134,27 +134,35 @@ class FileSource:
         return meta.num_rows
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
-        import datasets
-
-        datasets.disable_progress_bars()
         start = 0
         for path, file_format in self.files:
             if self.rows[path] == 0:
                 continue
-            extra = {"sample_by": self.text_unit} if file_format == "text" else {}
-            where = f"corpus file {path}"
-            try:
-                dataset = datasets.load_dataset(
-                    file_format, data_files=[str(path)], split="train", streaming=True, **extra
-                )
-            except Exception as err:
-                raise StreambackError(f"{where} cannot be opened as {file_format}: {err}") from None
-            id_column = self.id_column if file_format != "text" else None
-            for batch in _iter_dataset(
-                dataset, self.text_column if file_format != "text" else "text", id_column, batch_size, where, start
+            for batch in read_file(
+                path, file_format, self.text_column, self.id_column, self.text_unit, batch_size, start
             ):
                 start += len(batch.texts)
                 yield batch
+
+
+def read_file(
+    path, file_format: str, text_column: str, id_column: str | None, text_unit: str, batch_size: int, start: int = 0
+) -> Iterator[Batch]:
+    """The documents of one file (a path, or a URL `datasets` reads such as hf://...) as batches,
+    the first with stream index `start`: `datasets.load_dataset(file_format, data_files=[path],
+    streaming=True)`; errors name the file."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    extra = {"sample_by": text_unit} if file_format == "text" else {}
+    where = f"corpus file {path}"
+    try:
+        dataset = datasets.load_dataset(file_format, data_files=[str(path)], split="train", streaming=True, **extra)
+    except Exception as err:
+        raise StreambackError(f"{where} cannot be opened as {file_format}: {err}") from None
+    if file_format == "text":
+        text_column, id_column = "text", None
+    yield from _iter_dataset(dataset, text_column, id_column, batch_size, where, start)
 
 
 def card_patterns(card: Path, dataset: str, name: str | None, split: str) -> list[str]:
@@ -233,7 +241,6 @@ class HubSource:
             "revision": self.revision,
         }
         self.snapshot: Path | None = None  # the fetched copy read offline
-        self.files: list[Path] = []  # its files, in the order datasets reads them
         local = Path(self.dataset)
         if local.is_dir():  # a mirror of the repository: record its files instead of a commit
             self.description["local_copy"] = [
@@ -243,10 +250,16 @@ class HubSource:
             ]
         elif _offline():
             self.snapshot, patterns = cached_snapshot(self.dataset, self.name, self.split, self.revision)
-            self.description["commit"] = (
-                self.snapshot.name
-            )  # the cache keeps a commit's files under snapshots/<commit>/
-            self.files = _matching(self.snapshot, patterns)
+            # the cache keeps a commit's files under snapshots/<commit>/
+            self.description["commit"] = self.snapshot.name
+            matching = _matching(self.snapshot, patterns)
+            where = f"hub dataset {self.dataset} ({self.name}, split {self.split})"
+            if not matching:
+                raise StreambackError(
+                    f"{where}: no file of the fetched copy {self.snapshot} matches {', '.join(patterns)}; {FETCH_HINT}"
+                )
+            # (path, format) in the order datasets reads them, as a FileSource's: tokenize reads them by file
+            self.files = [(path, _builder(matching, where)) for path in matching]
         else:
             self.description["commit"] = self._resolve()
 
@@ -269,12 +282,10 @@ class HubSource:
         where = f"hub dataset {self.dataset} ({self.name}, split {self.split})"
         revision = self.description.get("commit", self.revision)
         try:
-            if (
-                self.snapshot is not None
-            ):  # the fetched files of the config's split, in the order datasets resolves them
+            if self.snapshot is not None:  # the fetched files of the split, in the order datasets resolves them
                 dataset = datasets.load_dataset(
-                    _builder(self.files, where),
-                    data_files={self.split: [str(f) for f in self.files]},
+                    self.files[0][1],
+                    data_files={self.split: [str(f) for f, _ in self.files]},
                     split=self.split,
                     streaming=True,
                 )

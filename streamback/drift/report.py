@@ -183,6 +183,11 @@ def reading(summary: pd.DataFrame) -> list[str]:
                     f"; at ({mu:g}, {sigma:g}) its mean stops at {end:.0f}, where the bf16 gap is {gap_end:g}, not "
                     f"{gap_start:g}"
                 )
+        if "bf16_bf16_updates" in paths:
+            sentence += (
+                f"; with its updates rounded to bf16 too (the baseline block's own add) "
+                f"{_join([_pct(r) for r in ratios('bf16_bf16_updates')])}"
+            )
         if "fp32_bf16_updates" in paths:
             sentence += (
                 f"; rounding only the updates to bf16, into an fp32 sum, keeps {_span(ratios('fp32_bf16_updates'))}"

@@ -3,7 +3,8 @@
 Every coordinate starts at `start` and, for `steps` steps, has `mu + sigma * N(0, 1)` added to
 it, the way a residual stream has each block's output added to it. Each *path* keeps that sum
 differently (`PATHS`): in fp32, in fp32 but with bf16-rounded updates, in bf16 rounded to
-nearest, in bf16 with stochastic rounding, in bf16 with a bf16 Kahan compensation term, in fp16
+nearest (of fp32 updates, and of bf16-rounded ones: the baseline block adds its bf16 sublayer
+output to its bf16 stream), in bf16 with stochastic rounding, in bf16 with a bf16 Kahan compensation term, in fp16
 and in the fp8 formats. All rounding is `streamback.model.rounding`'s (`round_to`, and `round_fp32`, its
 arithmetic with the random bits passed in).
 
@@ -76,6 +77,12 @@ PATHS = {
         SumPath("fp32", FP32, about="fp32 sum (the reference)"),
         SumPath("fp32_bf16_updates", FP32, update_format=BF16, about="fp32 sum of bf16-rounded updates"),
         SumPath("bf16", BF16, about="sum kept in bf16, round to nearest even"),
+        SumPath(
+            "bf16_bf16_updates",
+            BF16,
+            update_format=BF16,
+            about="bf16 sum of bf16-rounded updates, round to nearest even (the baseline block's own add)",
+        ),
         SumPath("bf16_sr", BF16, rounding="stochastic", about="sum kept in bf16, stochastic rounding"),
         SumPath("fp16", FP16, about="sum kept in fp16, round to nearest even"),
         SumPath("bf16_kahan", BF16, compensated=True, about="bf16 sum with a bf16 Kahan compensation term"),

@@ -107,9 +107,15 @@ PAIR_COLUMNS = [
     "family",
     "mdd",
     "within_se",
+    "sd_low",
+    "sd_high",
     "mde",
+    "mde_low",
+    "mde_high",
     "target",
     "seeds_for_target",
+    "seeds_for_target_low",
+    "seeds_for_target_high",
     "verdict",
 ]
 SAMPLE_KEYS = ("doc_id", "doc_hash", "filter")  # what pairing reads of each sample, besides its metrics
@@ -431,8 +437,10 @@ def across_seeds_rows(rows: list[dict], benchmarks: list[dict], pairs_cfg: dict)
     seeds then items (`boot_low`, `boot_high`), the sd of the seeds' differences, the baseline's
     own seed-to-seed sd (`baseline_sd`), the exact sign-flip p over seeds (`p_seeds`) Holm-adjusted
     over the comparison's rows like these, the minimum detectable effect over the seeds (`mde`)
-    and the seeds eval.pairs.target takes (`seeds_for_target`), and a verdict against the
-    seed-to-seed spread."""
+    and the seeds eval.pairs.target takes (`seeds_for_target`), each with its range from the sd's
+    chi-square interval (`sd_low`, `sd_high`, `mde_low`, `mde_high`, `seeds_for_target_low`,
+    `_high`: `stats.seed_row`), and a verdict against the seed-to-seed spread. These are secondary
+    verdicts: each names its family (`family`: a comparison's tasks) and its Holm-adjusted p."""
     confidence, alpha = pairs_cfg["confidence"], pairs_cfg["alpha"]
     groups: dict[tuple, list[dict]] = {}
     for row in rows:

@@ -38,9 +38,12 @@ Choices the paper leaves open (also documented in config/config.yaml and the sch
 - SwiGLU hidden = multiple_of * ceil(int(ffn_dim_multiplier * int(2 * 4 * dim / 3)) / multiple_of).
 - Init: TorchTitan's `depth_init=True`: wq, wk, wv, w1 ~ trunc_normal(0.02); wo, w2, w3 ~
   trunc_normal(0.02 / sqrt(2 * (layer_id + 1))) (truncated at +-2, i.e. not at all); embedding
-  ~ N(0, 1); output ~ trunc_normal(dim**-0.5, cut at 3 sigma); norm gains 1. With tied
-  embeddings (off by default; TorchTitan's Llama 3 has none) the shared matrix gets the output
-  projection's init.
+  ~ N(0, embedding_init_std^2) (TorchTitan's 1 by default); output ~ trunc_normal(dim**-0.5, cut
+  at 3 sigma); norm gains 1. With tied embeddings (off by default; TorchTitan's Llama 3 has none)
+  the shared matrix gets the output projection's init (and embedding_init_std must stay 1).
+- The embedding's std is the dose of the dose tier (config/dose.yaml): every sublayer reads the
+  stream through RMSNorm, so scaling h_0 by s leaves the first updates as they were while the
+  stream, and its bf16 grid step, grow s-fold: the same draws, times s.
 - Causal attention through F.scaled_dot_product_attention(is_causal=True), no dropout, no biases.
 
 Options for imported public models (`streamback.model.import_hf`), all off for the study's shapes
@@ -67,6 +70,7 @@ from streamback.model.capture import STREAM_POINTS, StreamCapture
 from streamback.model.formats import StreamFormat
 from streamback.model.reversible import ReversibleStream, step_back_block
 from streamback.runs import shape_problems
+from streamback.sizes import ffn_hidden_dim
 
 BLOCKS = ("baseline", "streamback")
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -88,6 +92,7 @@ class ModelArgs:
     rope_theta: float = 500000.0
     max_seq_len: int = 2048
     tied_embeddings: bool = False
+    embedding_init_std: float = 1.0  # the embedding's initial std (TorchTitan's 1; model.embedding_init_std)
     block: str = "baseline"  # "baseline" | "streamback"
     stream: str = "fp32"  # StreamFormat text for the streamback block; the baseline's is its compute dtype's
     reversible: bool = False  # streamback with an fp32 stream only (streamback.model.reversible)
@@ -113,6 +118,13 @@ class ModelArgs:
                 f"rope_scaling must have exactly the keys {', '.join(ROPE_SCALING_KEYS)} (Llama 3.1's), got "
                 f"{sorted(self.rope_scaling)}"
             )
+        if not isinstance(self.embedding_init_std, (int, float)) or not self.embedding_init_std > 0:
+            problems.append(f"embedding_init_std must be a positive number, got {self.embedding_init_std!r}")
+        elif self.tied_embeddings and self.embedding_init_std != 1.0:
+            problems.append(
+                f"embedding_init_std {self.embedding_init_std} has no effect with tied embeddings (the shared "
+                "matrix gets the output projection's init): leave it at 1 or untie the embeddings"
+            )
         if problems:
             raise StreambackError("model: " + "; ".join(problems))
         fmt = StreamFormat.parse(self.stream)
@@ -137,10 +149,7 @@ class ModelArgs:
 
     @property
     def ffn_hidden_dim(self) -> int:
-        hidden = int(2 * 4 * self.dim / 3)
-        if self.ffn_dim_multiplier is not None:
-            hidden = int(self.ffn_dim_multiplier * hidden)
-        return self.multiple_of * math.ceil(hidden / self.multiple_of)
+        return ffn_hidden_dim(self.dim, self.multiple_of, self.ffn_dim_multiplier)
 
     @classmethod
     def from_config(
@@ -169,6 +178,7 @@ class ModelArgs:
             rope_theta=float(model_cfg["rope_theta"]),
             max_seq_len=model_cfg["max_seq_len"],
             tied_embeddings=model_cfg["tied_embeddings"],
+            embedding_init_std=float(s.get("embedding_init_std", model_cfg["embedding_init_std"])),
             block=block,
             stream=stream,
             reversible=reversible,
@@ -438,7 +448,7 @@ class Transformer(nn.Module):
             return
         generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
         with torch.no_grad():
-            nn.init.normal_(self.tok_embeddings.weight, generator=generator)
+            nn.init.normal_(self.tok_embeddings.weight, std=self.args.embedding_init_std, generator=generator)
             for layer in self.layers:
                 layer.init_weights(generator)
             self.norm.reset_parameters()

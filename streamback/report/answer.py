@@ -1,16 +1,20 @@
-"""The study's answer in a few sentences, written from its tables every time (never hard-coded).
+"""The study's answer, written from its tables every time (never hard-coded).
 
-Each sentence reads one stage's CSV under results/tables/: the final loss differences
-(`loss_difference`) and the benchmark comparisons (`benchmark_pairs`), across the training seeds
-first (their t intervals, bootstraps over seeds then windows or items, and verdicts against the
-seed-to-seed spread) and then within each seed (paired intervals, Holm's correction); the layer
-error at the last layer boundary (`layer_error`), the share of updates a stream rounds away
-(`swallowed`) and the reach of the stream (`envelope`), each saying over how many runs and seeds,
-with a t interval over the runs (or seeds) and the difference they resolve (`over_runs`). Beside
-each loss verdict, what the tier resolves and the seeds the paper's band would take; the benchmark
-answer leads with the tasks that can rank the models (`task_snr`).
-With one seed, a sentence says that training's own randomness is not covered. A table that is not
-there gives a sentence saying so.
+First (`headline`) at most five short sentences: the primary test's answer to the paper's
+question (results/tables/primary.csv: the final validation loss pooled over the shapes, seeds as
+units, with its equivalence verdict against the paper's band), the mechanism (the last layer's
+error, fp32 against bf16), the envelope, the swallowed share and what the tier cannot resolve.
+Then, in detail (`sentences`), each stage's CSV under results/tables/: the final loss
+differences (`loss_difference`) and the benchmark comparisons (`benchmark_pairs`), across the
+training seeds first (their t intervals, bootstraps over seeds then windows or items, and verdicts
+against the seed-to-seed spread) and then within each seed (paired intervals, Holm's correction);
+the layer error at the last layer boundary (`layer_error`), the share of updates a stream rounds
+away (`swallowed`) and the reach of the stream (`envelope`). Every interval over seeds takes one
+value a seed: a seed's paired difference, or the mean of the seed's runs (both blocks share its
+weights and batches: `over_seeds`), the shapes as strata. Beside each loss verdict, what the tier
+resolves and the seeds the paper's band would take; the benchmark answer leads with the tasks that
+can rank the models (`task_snr`). With one seed, a sentence says that training's own randomness is
+not covered. A table that is not there gives a sentence saying so.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pandas as pd
 
 from streamback import layout, stats
 from streamback.html_report import Missing
+from streamback.runs import comparison_name, comparisons, run_matrix
 
 
 def _table(name: str) -> pd.DataFrame | None:
@@ -78,6 +83,16 @@ def resolution(mde: float, seeds: float, unit: str, band: str, scale: float = 1.
     return f"this tier resolves |Δ| ≥ {scale * mde:.{digits}f} {unit}; {band} would take {needed} at this spread"
 
 
+def _p(row, name: str) -> str:
+    value = getattr(row, name, math.nan)
+    return "n/a" if pd.isna(value) else f"{value:.2g}"
+
+
+def _family(row) -> str:
+    family = getattr(row, "family", "")
+    return "family" if pd.isna(family) or not family else f"family '{family}'"
+
+
 def _verdict(lo: float, hi: float) -> str:
     return "distinguishable from zero" if lo > 0 or hi < 0 else "not distinguishable from zero"
 
@@ -100,8 +115,8 @@ def loss(config: dict) -> list[str]:
                 f"seeds "
                 f"{row.ci_low:+.4f} to {row.ci_high:+.4f}; bootstrap over seeds then windows {row.boot_low:+.4f} to "
                 f"{row.boot_high:+.4f}; the baseline's own loss varies by sd {row.baseline_sd:.4f} from seed to seed): "
-                f"{row.verdict.split(':')[0]}, {'inside' if abs(d) <= band else 'outside'} the paper's band of "
-                f"±{band:g}; "
+                f"{row.verdict.split(':')[0]} (Holm p {_p(row, 'p_holm')} over the {_family(row)}); against the "
+                f"paper's band of ±{band:g}: {getattr(row, 'equivalence', 'not tested')}; "
                 + resolution(row.mde, row.seeds_for_band, "nats", f"the paper's band of ±{band:g} nats")
                 + "."
             )
@@ -112,9 +127,8 @@ def loss(config: dict) -> list[str]:
                 f"{'lower' if d > 0 else 'higher'} than "
                 f"the baseline's ({confidence:.0%} CI of the difference {seed.ci_low:+.4f} to {seed.ci_high:+.4f}, "
                 f"paired over "
-                f"the same validation windows): {_verdict(seed.ci_low, seed.ci_high)}, "
-                f"{'inside' if abs(d) <= band else 'outside'} "
-                f"the paper's band of ±{band:g}; what this tier resolves needs two seeds or more."
+                f"the same validation windows): {_verdict(seed.ci_low, seed.ci_high)}; one seed cannot test "
+                f"equivalence within the paper's band of ±{band:g}; what this tier resolves needs two seeds or more."
             )
     if len(out) and (over.seeds <= 1).all():
         out.append(
@@ -290,9 +304,10 @@ def above_chance() -> list[str]:
     ]
 
 
-def over_runs(values, fmt, what: str = "runs") -> str:
-    """'95% t interval L to H over n runs; they resolve |Δ| ≥ X' for per-run values (or per-run
-    paired differences): the t interval of their mean and its minimum detectable effect (80% power,
+def over_runs(values, fmt, what: str = "seeds") -> str:
+    """'95% t interval L to H over n seeds; they resolve |Δ| ≥ X' for independent values, one a
+    training seed (a seed's paired difference; never two runs of one seed: `over_seeds` takes
+    per-run values): the t interval of their mean and its minimum detectable effect (80% power,
     two-sided 5%); `fmt` formats a value."""
     values = [float(v) for v in values if pd.notna(v) and math.isfinite(v)]
     if len(values) < 2:
@@ -303,37 +318,84 @@ def over_runs(values, fmt, what: str = "runs") -> str:
     return f"95% t interval {fmt(summary['low'])} to {fmt(summary['high'])} over {summary['n']} {what}{resolves}"
 
 
-def layer_error() -> list[str]:
-    table = _table("layer_error")
-    if table is None:
-        return [Missing("The per-layer error is not available: the layer-error analysis has not run.")]
+def seed_strata(per_run: pd.Series, matrix: dict) -> dict[str, list[float]]:
+    """shape -> one value a training seed from per-run values (a Series indexed by run): the mean
+    of the seed's runs of that shape (both blocks share the seed's weights and batches, so they are
+    one unit: `stats.per_seed`); runs outside the matrix and NaNs left out."""
+    keyed = [
+        (matrix[run].shape, matrix[run].seed, float(v))
+        for run, v in per_run.items()
+        if run in matrix and pd.notna(v) and math.isfinite(v)
+    ]
+    strata = {}
+    for shape in dict.fromkeys(k[0] for k in keyed):
+        mine = [(seed, v) for s, seed, v in keyed if s == shape]
+        strata[shape] = stats.per_seed([v for _, v in mine], [seed for seed, _ in mine]).tolist()
+    return strata
+
+
+def over_seeds(per_run: pd.Series, matrix: dict) -> dict:
+    """`stats.stratified_mean` of per-run values with the seeds as units and the shapes as strata
+    (`seed_strata`); NaNs where no seed has a value."""
+    strata = seed_strata(per_run, matrix)
+    if not any(strata.values()):
+        return {"seeds": 0, "strata": 0, "estimate": math.nan, "low": math.nan, "high": math.nan, "mde": math.nan}
+    return stats.stratified_mean(strata)
+
+
+def seeds_interval(summary: dict, fmt) -> str:
+    """'95% t interval L to H over n seeds of k shapes, a seed the mean of its runs; they resolve |Δ| ≥ X'."""
+    if summary["seeds"] < 2 or not math.isfinite(summary["low"]):
+        return "one seed a shape: no interval"
+    resolves = f"; they resolve |Δ| ≥ {fmt(summary['mde']).lstrip('+')}" if pd.notna(summary["mde"]) else "; no spread"
+    return (
+        f"95% t interval {fmt(summary['low'])} to {fmt(summary['high'])} over {summary['seeds']} seeds of "
+        f"{summary['strata']} shape{'s' if summary['strata'] != 1 else ''}, a seed the mean of its runs{resolves}"
+    )
+
+
+def _last_error_ratio(table: pd.DataFrame) -> pd.Series:
+    """Per run, the bf16 stream's largest activation error at the last layer boundary over the fp32 stream's."""
     acts = table[table.kind == "activations"]
     last = acts[acts.layer == acts.groupby("run").layer.transform("max")].pivot_table(
         index="run", columns="variant", values="max_abs_error"
     )
     if not {"bf16", "fp32"} <= set(last.columns):
+        return pd.Series(dtype=float)
+    return (last["bf16"] / last["fp32"]).replace([float("inf")], float("nan")).dropna()
+
+
+def layer_error(matrix: dict) -> list[str]:
+    table = _table("layer_error")
+    if table is None:
+        return [Missing("The per-layer error is not available: the layer-error analysis has not run.")]
+    ratio = _last_error_ratio(table)
+    if ratio.empty:
         return []
-    ratio = (last["bf16"] / last["fp32"]).replace([float("inf")], float("nan")).dropna()
+    acts = table[table.kind == "activations"]
     logs = np.log(ratio[ratio > 0])
     flips = acts.groupby(["run", "variant"]).sign_flip_fraction.median().unstack()
     medians = acts.groupby("variant").sign_flip_fraction.median()
+    pooled = over_seeds(logs, matrix)
     text = (
         "Against a full-precision forward pass of the same weights, the fp32 stream's largest error at the last layer "
         f"boundary is "
         f"{ratio.median():.1f} times smaller than the bf16 stream's (median over {len(ratio)} runs of {_seeds(table)}; "
         f"range {ratio.min():.1f} to "
-        f"{ratio.max():.1f}; geometric mean {np.exp(logs.mean()):.1f}, "
-        + over_runs(logs, lambda x: f"×{np.exp(x):.2f}", "runs").replace("|Δ| ≥ ×", "a ratio beyond ×")
+        f"{ratio.max():.1f}; geometric mean {np.exp(pooled['estimate']):.1f}, "
+        + seeds_interval(pooled, lambda x: f"×{np.exp(x):.2f}").replace("|Δ| ≥ ×", "a ratio beyond ×")
         + f"), and {100 * medians.get('fp32', float('nan')):.2f}% of the stream's coordinates flip sign against "
         f"{100 * medians.get('bf16', float('nan')):.2f}% with bf16 (medians over layers and runs"
     )
     if {"bf16", "fp32"} <= set(flips.columns):
         gap = 100 * (flips["bf16"] - flips["fp32"])
-        text += f"; bf16 minus fp32 per run, in points of coordinates: {over_runs(gap, lambda x: f'{x:+.3f}', 'runs')}"
+        text += "; bf16 minus fp32, in points of coordinates: " + seeds_interval(
+            over_seeds(gap, matrix), lambda x: f"{x:+.3f}"
+        )
     return [text + ")."]
 
 
-def swallowed() -> list[str]:
+def swallowed(matrix: dict) -> list[str]:
     table = _table("swallowed")
     if table is None:
         return [Missing("The swallowed updates are not available: the swallowed analysis has not run.")]
@@ -353,8 +415,8 @@ def swallowed() -> list[str]:
     if {"bf16", "fp32"} <= set(per_run.columns):
         gap = 100 * (per_run["bf16"] - per_run["fp32"])
         text += (
-            "; the swallowed share, bf16 minus fp32 per run, in points: "
-            f"{over_runs(gap, lambda x: f'{x:+.2f}', 'runs')})"
+            "; the swallowed share, bf16 minus fp32, in points: "
+            f"{seeds_interval(over_seeds(gap, matrix), lambda x: f'{x:+.2f}')})"
         )
     else:
         text += ")"
@@ -411,9 +473,12 @@ def verdicts() -> pd.DataFrame | None:
                 "difference": r["final_difference"],
                 "t interval": _interval(r["ci_low"], r["ci_high"], 1, 4),
                 "bootstrap": _interval(r.get("boot_low"), r.get("boot_high"), 1, 4),
-                "resolves |Δ| ≥": _value(r.get("mde"), 1, 4),
-                "seeds for the band": _seeds_cell(r.get("seeds_for_band"), r.get("band"), 1, "nats", r["seeds"]),
+                "resolves |Δ| ≥": _ranged(r, "mde", 1, 4),
+                "seeds for the band": _seeds_cell(r, "seeds_for_band", r.get("band"), 1, "nats"),
+                "family": r.get("family", ""),
+                "Holm p": _value(r.get("p_holm"), 1, 3),
                 "verdict": str(r["verdict"]).split(":")[0],
+                "equivalence": r.get("equivalence", ""),
             }
         )
     for r in [] if pairs is None else pairs[pairs.seed == layout.ALL_SEEDS].to_dict("records"):
@@ -427,11 +492,12 @@ def verdicts() -> pd.DataFrame | None:
                 "difference": 100 * r["diff"],
                 "t interval": _interval(r["ci_low"], r["ci_high"], 100, 1),
                 "bootstrap": _interval(r["boot_low"], r["boot_high"], 100, 1),
-                "resolves |Δ| ≥": _value(r.get("mde"), 100, 1),
-                "seeds for the band": _seeds_cell(
-                    r.get("seeds_for_target"), r.get("target"), 100, "points", r["seeds"]
-                ),
+                "resolves |Δ| ≥": _ranged(r, "mde", 100, 1),
+                "seeds for the band": _seeds_cell(r, "seeds_for_target", r.get("target"), 100, "points"),
+                "family": r.get("family", ""),
+                "Holm p": _value(r.get("p_holm"), 1, 3),
                 "verdict": str(r["verdict"]).split(":")[0],
+                "equivalence": "",
             }
         )
     return pd.DataFrame(rows).round({"difference": 4}) if rows else None
@@ -445,20 +511,137 @@ def _interval(low, high, scale: float, digits: int) -> str:
     return "" if low is None or pd.isna(low) else f"{scale * low:+.{digits}f} to {scale * high:+.{digits}f}"
 
 
-def _seeds_cell(seeds, band, scale: float, unit: str, measured: int) -> str:
-    """'±0.001 nats: 12': the seeds `band` takes, from a row over `measured` seeds."""
-    if band is None or pd.isna(band) or measured < 2:
+def _ranged(r: dict, name: str, scale: float, digits: int) -> str:
+    """'X (L to H)': a value of a row over seeds with its range from the sd's chi-square interval."""
+    value = _value(r.get(name), scale, digits)
+    low, high = _value(r.get(f"{name}_low"), scale, digits), _value(r.get(f"{name}_high"), scale, digits)
+    return f"{value} ({low} to {high})" if value and low and high else value
+
+
+def _count(x) -> str:
+    return "more than 100,000" if x is None or pd.isna(x) else f"{int(x):,}"
+
+
+def _seeds_cell(r: dict, name: str, band, scale: float, unit: str) -> str:
+    """'±0.001 nats: 12 (3 to 400)': the seeds `band` takes, with the range the sd's interval gives."""
+    if band is None or pd.isna(band) or r["seeds"] < 2:
         return ""
-    return f"±{scale * band:g} {unit}: " + ("more than 100,000" if pd.isna(seeds) else f"{int(seeds):,}")
+    cell = f"±{scale * band:g} {unit}: {_count(r.get(name))}"
+    if f"{name}_low" in r:
+        cell += f" ({_count(r.get(f'{name}_low'))} to {_count(r.get(f'{name}_high'))})"
+    return cell
 
 
 def sentences(config: dict, pairs) -> list:
-    """The answer, from loss to benchmarks to the mechanisms behind them."""
+    """The answer in detail, from loss to benchmarks to the mechanisms behind them."""
+    matrix = run_matrix(config["train"])
     return [
         compared(config),
         *loss(config),
         *benchmarks(config),
-        *layer_error(),
-        *swallowed(),
+        *layer_error(matrix),
+        *swallowed(matrix),
         *envelope(config, pairs),
     ]
+
+
+# the primary test's verdict (primary.csv's verdict_band, `stats.equivalence_verdict`) -> how the first sentence opens
+LEADS = {
+    "different": "On this tier the fp32 stream changes training",
+    "different, but within": "On this tier the fp32 stream changes training, but by less than the paper's band",
+    "equivalent within": "On this tier the fp32 stream does not change training beyond the paper's band",
+    "inconclusive": "This tier cannot tell whether the fp32 stream changes training",
+}
+
+
+def lead(verdict: str) -> str:
+    """The first sentence's opening words for a primary verdict ("different, but within ±X" -> its LEADS entry)."""
+    key = next(k for k in sorted(LEADS, key=len, reverse=True) if verdict.startswith(k))
+    return LEADS[key]
+
+
+def primary_sentence(row) -> str:
+    """The page's first sentence: the paper's question answered from the primary test (a row of primary.csv)."""
+    d = row.estimate
+    units = f"{int(row.seeds)} seeds of {int(row.strata)} shape{'s' if row.strata != 1 else ''}"
+    numbers = (
+        f"95% t interval {row.low:+.4f} to {row.high:+.4f} nats over {units}, exact sign-flip p = {row.p:.2g}"
+        if pd.notna(row.low)
+        else f"over {units}: one seed a shape gives no interval"
+    )
+    return (
+        f"{lead(row.verdict_band)}: StreamBack's final validation loss is {abs(d):.4f} nats "
+        f"{'lower' if d > 0 else 'higher'} than the baseline's ({numbers}; "
+        f"against the paper's ±{row.band:g} nats: {row.verdict_band})."
+    )
+
+
+def headline(config: dict) -> list:
+    """At most five short sentences before any figure: the primary test's answer, the mechanism (the
+    last layer's error), the envelope, the swallowed share, and what the tier cannot resolve; every
+    interval over seeds, a seed the mean of its runs."""
+    path = layout.table(layout.PRIMARY_TABLE)
+    primary = pd.read_csv(path) if path.exists() else None
+    if primary is None or primary.empty:
+        return [Missing(f"The primary test is not available: {path} is missing (rule analyze_loss_difference).")]
+    row = primary.iloc[0]
+    out = [primary_sentence(row)]
+    matrix = run_matrix(config["train"])
+    errors = _table("layer_error")
+    ratio = _last_error_ratio(errors) if errors is not None else pd.Series(dtype=float)
+    if len(ratio):
+        pooled = over_seeds(np.log(ratio[ratio > 0]), matrix)
+        out.append(
+            f"The mechanism: the fp32 stream's largest error at the last layer is {np.exp(pooled['estimate']):.1f} "
+            f"times smaller than the bf16 stream's (×{np.exp(pooled['low']):.1f} to ×{np.exp(pooled['high']):.1f} "
+            f"over {pooled['seeds']} seeds), as rounding predicts for any weights."
+        )
+    envelope_table = _table("envelope")
+    if envelope_table is not None:
+        reach = envelope_table.groupby("run")["max"].max()
+        gaps = pd.Series(
+            {
+                o: reach[o] - reach[b]
+                for _, b, o in comparisons(matrix)
+                if comparison_name(matrix[o]) == "streamback" and {b, o} <= set(reach.index)
+            },
+            dtype=float,
+        )
+        if len(gaps):
+            pooled = over_seeds(gaps, matrix)
+            out.append(
+                f"The envelope: StreamBack's largest stream value minus the baseline's is {pooled['estimate']:+.1f} "
+                f"({pooled['low']:+.1f} to {pooled['high']:+.1f} over {pooled['seeds']} seeds)."
+            )
+    swallow = _table("swallowed")
+    if swallow is not None:
+        per_run = swallow.groupby(["run", "variant"]).swallowed_fraction.median().unstack()
+        if {"bf16", "fp32"} <= set(per_run.columns):
+            pooled = over_seeds(100 * (per_run["bf16"] - per_run["fp32"]), matrix)
+            out.append(
+                f"A bf16 stream swallows {pooled['estimate']:.1f} points more of the sublayers' updates than an fp32 "
+                f"one ({pooled['low']:.1f} to {pooled['high']:.1f} over {pooled['seeds']} seeds)."
+            )
+    if pd.notna(row.mde):
+        needed = "more than 100,000" if pd.isna(row.seeds_for_band) else f"{int(row.seeds_for_band):,}"
+        ends = [
+            ("more than 100,000" if pd.isna(x) else f"{int(x):,}")
+            for x in (row.seeds_for_band_low, row.seeds_for_band_high)
+        ]
+        out.append(
+            f"This tier cannot resolve differences below {row.mde:.4f} nats ({row.mde_low:.4f} to {row.mde_high:.4f} "
+            f"as the sd's 95% interval allows); the paper's ±{row.band:g} nats would take {needed} seeds "
+            f"({ends[0]} to {ends[1]})."
+        )
+    else:
+        out.append("What this tier resolves needs two seeds or more.")
+    return out
+
+
+def primary_view() -> pd.DataFrame | None:
+    """primary.csv as the page shows it (None where it is not there)."""
+    path = layout.table(layout.PRIMARY_TABLE)
+    if not path.exists():
+        return None
+    table = pd.read_csv(path)
+    return table.round(5) if len(table) else None

@@ -4,20 +4,27 @@ From the tables the analyses already wrote, one row per depth and comparison (`s
 `streamback-<format>` where the tier trains streams below bf16) in results/tables/depth.csv:
 - the final loss difference, baseline minus the compared run, over the training seeds, of the
   validation and the train split: loss_difference.csv's row over the seeds as it is (t interval,
-  bootstrap over seeds then windows, MDE, the verdict's first words);
+  bootstrap over seeds then windows, MDE, Holm p over its family, equivalence verdict within the
+  paper's band, the verdict's first words);
 - per run, on its own weights (layer_error.csv, swallowed.csv): the sign flips of the parameter
   gradients and of the stream gradients with the compared stream (fp32 for StreamBack) over
   those with a bf16 stream, summed over the blocks; the largest activation error at the last layer
   boundary, the compared stream's over bf16's; the share of the sublayers' non-zero updates the
-  bf16 stream and the compared stream round away (mean over the adds). Each is the mean over the
-  runs of the comparison (both blocks, every seed) with a t interval over them;
+  bf16 stream and the compared stream round away (mean over the adds). A seed's two runs (both
+  blocks) share their initial weights and batches, so each seed gives one value, the mean of its
+  two runs, and each measure is the mean over the seeds with a t interval over the seeds;
 - the stream's reach (envelope.csv: max |h| over the layer boundaries of the validation batch),
   of the baseline runs and of the compared runs, mean over seeds with its t interval.
 Then results/tables/depth_trend.csv: each of these against log2(depth), the slope (change per
-doubling of depth) with its t interval and bootstrap (`streamback.stats.depth_trend`, from the
-same per-seed or per-run values) and the verdict: "grows with depth", "shrinks" or "no trend this
-tier resolves". `depth_chart` draws every measure against depth with its interval and the paper's
-claims: "roughly half" the sign flips (0.5) and a loss difference within ±analysis.band.
+doubling of depth) with its t interval, p and bootstrap (`streamback.stats.depth_trend`, from the
+same per-seed values), every adjacent contrast beside it (`<deeper>_vs_<shallower>`, the deeper
+depth's mean minus the shallower's, with `_low`, `_high`: with three depths the slope weighs the
+middle one 0), the slope's Holm-adjusted p over its family (`family`: the comparison's measures,
+`p_holm`) and the verdict: "grows with depth" or "shrinks with depth" only where the slope's
+intervals exclude 0, every contrast has its sign and the Holm p is at most 1 - confidence; "no
+trend this tier resolves" otherwise. `depth_chart` draws every measure against depth with its
+interval and the paper's claims: "roughly half" the sign flips (0.5) and a loss difference within
+±analysis.band.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ MEASURES = {
     "stream_max_baseline": "the stream's max |h|, baseline runs",
     "stream_max_compared": "the stream's max |h|, compared runs",
 }
-LOSS_COLUMNS = ("ci_low", "ci_high", "boot_low", "boot_high", "mde", "seeds_for_band")
+LOSS_COLUMNS = ("ci_low", "ci_high", "boot_low", "boot_high", "mde", "seeds_for_band", "p_holm", "equivalence")
 TREND_COLUMNS = [
     "comparison",
     "stream",
@@ -63,10 +70,13 @@ TREND_COLUMNS = [
     "low",
     "high",
     "df",
+    "p",
     "boot_low",
     "boot_high",
+    "family",
+    "p_holm",
     "verdict",
-]
+]  # then each adjacent contrast before the verdict: <deeper>_vs_<shallower>, _low, _high
 
 
 def _ratio(table: pd.DataFrame, value: str, stream: str) -> float:
@@ -97,16 +107,22 @@ def run_measures(
     }
 
 
+RUN_MEASURES = ("grad_flip_ratio", "stream_grad_flip_ratio", "last_error_ratio", "swallowed_bf16", "swallowed_stream")
+
+
 def units(config: dict, tables: dict[str, pd.DataFrame]) -> dict[tuple[str, str], dict[str, list[float]]]:
-    """(shape, comparison) -> measure -> its independent values: the seeds' final loss differences,
-    the runs' per-run measures (both blocks, every seed), the seeds' reach of each arm."""
+    """(shape, comparison) -> measure -> its independent values, one a training seed: the seed's
+    final loss difference (paired: baseline minus compared), the mean over the seed's two runs of
+    each per-run measure (both runs share the seed's initial weights and batches, so they are one
+    unit, not two: `stats.per_seed`), and each arm's reach on the seed. The runs counted are under
+    the key "runs" (an int)."""
     matrix = run_matrix(config["train"])
     loss = tables["loss_difference"]
     per_seed = loss[loss.seed.astype(str) != layout.ALL_SEEDS]
     out = {}
     for shape, baseline, other in comparisons(matrix):
         comparison, stream = comparison_name(matrix[other]), matrix[other].stream
-        values = out.setdefault((shape, comparison), {m: [] for m in MEASURES})
+        values = out.setdefault((shape, comparison), {**{m: [] for m in MEASURES}, "runs": 0})
         for split in ("val", "train"):
             rows = per_seed[
                 (per_seed["shape"] == shape)
@@ -119,15 +135,9 @@ def units(config: dict, tables: dict[str, pd.DataFrame]) -> dict[tuple[str, str]
             run: run_measures(run, stream, tables["layer_error"], tables["swallowed"], tables["envelope"])
             for run in (baseline, other)
         }
-        for run in (baseline, other):  # a baseline run compared twice (two streams) counts once per comparison
-            for key in (
-                "grad_flip_ratio",
-                "stream_grad_flip_ratio",
-                "last_error_ratio",
-                "swallowed_bf16",
-                "swallowed_stream",
-            ):
-                values[key].append(measured[run][key])
+        values["runs"] += 2  # a baseline run compared twice (two streams) counts once per comparison
+        for key in RUN_MEASURES:  # the seed's two runs: one unit
+            values[key] += stats.per_seed([measured[run][key] for run in (baseline, other)], [0, 0]).tolist()
         values["stream_max_baseline"].append(measured[baseline]["stream_max"])
         values["stream_max_compared"].append(measured[other]["stream_max"])
     return out
@@ -157,7 +167,7 @@ def depth_tables(config: dict, tables: dict[str, pd.DataFrame]) -> tuple[pd.Data
             "comparison": comparison,
             "stream": streams[comparison],
             "seeds": len(values["val_difference"]),
-            "runs": len(values["grad_flip_ratio"]),
+            "runs": values["runs"],
         }
         for split in ("val", "train"):
             mine = over[(over["shape"] == shape) & (over.comparison == comparison) & (over.split == split)]
@@ -178,20 +188,43 @@ def depth_tables(config: dict, tables: dict[str, pd.DataFrame]) -> tuple[pd.Data
         rows.append(row)
     table = pd.DataFrame(rows).sort_values(["comparison", "depth"], kind="stable", ignore_index=True)
     trends = []
+    alpha = 1 - confidence
     for comparison, group in table.groupby("comparison", sort=False):
         keys = list(zip(group["shape"], group.comparison))
+        mine = []
         for measure, what in MEASURES.items():
             samples = [_finite(found[key][measure]) for key in keys]
             kept = [(d, s) for d, s in zip(group.depth, samples) if s.size]
             trend = (
                 stats.depth_trend([d for d, _ in kept], [s for _, s in kept], confidence)
                 if kept
-                else {"depths": 0, "verdict": stats.TREND_WORDS[2]}
+                else {"depths": 0, "p": math.nan, "contrasts": [], "verdict": stats.TREND_WORDS[2]}
             )
+            mine.append((measure, what, trend))
+        family = f"depth trends of {comparison}"
+        for (measure, what, trend), adjusted in zip(mine, stats.holm([t.get("p", math.nan) for *_, t in mine])):
+            steps = {}
+            for c in trend.get("contrasts", []):
+                name = f"{c['deeper']}_vs_{c['shallower']}"
+                steps.update({name: c["estimate"], f"{name}_low": c["low"], f"{name}_high": c["high"]})
+            verdict = stats.trend_verdict(trend, adjusted, alpha) if "slope" in trend else trend["verdict"]
+            fields = {k: v for k, v in trend.items() if k not in ("contrasts", "verdict")}
             trends.append(
-                {"comparison": comparison, "stream": streams[comparison], "measure": measure, "what": what, **trend}
+                {
+                    "comparison": comparison,
+                    "stream": streams[comparison],
+                    "measure": measure,
+                    "what": what,
+                    **fields,
+                    "family": family,
+                    "p_holm": adjusted,
+                    **steps,
+                    "verdict": verdict,
+                }
             )
-    return table, pd.DataFrame(trends).reindex(columns=TREND_COLUMNS)
+    trend_table = pd.DataFrame(trends)
+    contrasts = [c for c in trend_table.columns if "_vs_" in c]
+    return table, trend_table.reindex(columns=TREND_COLUMNS[:-1] + contrasts + TREND_COLUMNS[-1:])
 
 
 def _long(table: pd.DataFrame) -> pd.DataFrame:

@@ -343,15 +343,22 @@ def depth_section(study: Study) -> list:
     main = table[table.comparison == "streamback"] if (table.comparison == "streamback").any() else table
     depths = ", ".join(str(d) for d in sorted(main.depth.unique()))
     seeds = f"{main.seeds.min()} to {main.seeds.max()}" if main.seeds.nunique() > 1 else str(main.seeds.iloc[0])
+    steps = [c for c in trend.columns if "_vs_" in c and not c.endswith(("_low", "_high"))]
+
+    def contrasts(r) -> str:
+        shown = [f"{c.replace('_vs_', ' vs ')} {r[c]:+.4g}" for c in steps if pd.notna(r[c])]
+        return f"; {', '.join(shown)}" if shown else ""
+
     parts = [
         f"{r.what}: {r.slope:+.4g} a doubling"
         + (
-            f" ({r.low:+.4g} to {r.high:+.4g}, t; {r.boot_low:+.4g} to {r.boot_high:+.4g}, bootstrap)"
+            f" ({r.low:+.4g} to {r.high:+.4g}, t; {r.boot_low:+.4g} to {r.boot_high:+.4g}, bootstrap"
+            f"{contrasts(r)}; Holm p {'n/a' if pd.isna(r.p_holm) else format(r.p_holm, '.2g')})"
             if pd.notna(r.low)
             else ""
         )
         + f", {r.verdict}"
-        for r in trend[trend.comparison == "streamback"].itertuples()
+        for _, r in trend[trend.comparison == "streamback"].iterrows()
         if pd.notna(r.slope)
     ]
     text = (
@@ -453,11 +460,12 @@ def speed_and_memory() -> list:
 
 
 def the_answer(study: Study) -> list:
-    """The answer, drawn first: the forest plot of every comparison over the seeds, the verdict
-    table under it, then the answer in sentences."""
+    """The answer: its first sentence the primary test's (primary.csv), at most four short ones after
+    it (`answer.headline`), then the forest plot of every comparison over the seeds in the paper's
+    order of shapes, the primary test's table, the verdict table, and the answer in detail."""
 
     sources = _read_tables(("loss_difference", "benchmark_pairs"))
-    blocks = []
+    blocks = answer.headline(study.config)
     if sources is None:
         blocks.append(
             _missing(
@@ -467,14 +475,22 @@ def the_answer(study: Study) -> list:
             )
         )
     else:
+        order = study.config["train"]["runs"]["shapes"]  # the paper's order: skinny-tall, medium, fat-short
         blocks += [
-            differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"])),
+            differences_chart(differences(sources["loss_difference"], sources["benchmark_pairs"]), order),
             caption("seed_differences"),
         ]
+    primary = answer.primary_view()
+    if primary is not None:
+        blocks += [Subheading("The primary test"), primary, caption("primary")]
     table = answer.verdicts()
     if table is not None:
-        blocks += [Subheading("Verdicts over the training seeds"), table, caption("verdicts")]
-    return blocks + answer.sentences(study.config, comparisons(run_matrix(study.config["train"])))
+        blocks += [Subheading("Verdicts over the training seeds (secondary)"), table, caption("verdicts")]
+    return (
+        blocks
+        + [Subheading("In detail")]
+        + answer.sentences(study.config, comparisons(run_matrix(study.config["train"])))
+    )
 
 
 def sections(study: Study) -> list[tuple[str, list]]:

@@ -189,8 +189,10 @@ def differences(loss_difference: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFr
     ]
 
 
-def differences_chart(data: pd.DataFrame):
-    """The forest plot of every comparison: a row per shape, a column per kind (loss, benchmarks);
+def differences_chart(data: pd.DataFrame, order: list[str] | None = None):
+    """The forest plot of every comparison: a row per shape (in `order`, the config's
+    train.runs.shapes: the paper's skinny-tall, medium, fat-short; default the table's), a column
+    per kind (loss, benchmarks), drawn to fit a 1,400-pixel page;
     per comparison and quantity, each seed's difference (small points), their mean over seeds
     (diamond) with its t interval (thick bar) and the bootstrap over seeds then items (thin bar
     under it), the band of the minimum detectable effect around 0 (grey) and, on the losses, the
@@ -258,7 +260,10 @@ def differences_chart(data: pd.DataFrame):
     return (
         alt.layer(paper, mde, zero, each, t_bar, boot_bar, mean, data=data)
         .properties(width=300)
-        .facet(row=alt.Row("shape:N", title=None), column=alt.Column("kind:N", title=None))
+        .facet(
+            row=alt.Row("shape:N", title=None, sort=list(order or dict.fromkeys(data["shape"]))),
+            column=alt.Column("kind:N", title=None),
+        )
         .resolve_scale(x="independent", y="independent")
         .properties(
             title=alt.TitleParams(
@@ -300,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     write_csv(layout.table(layout.SEED_TABLE), table)
     checkpoints = _read(args.checkpoints, "benchmark_table") if args.checkpoints is not None else None
     write_csv(layout.table(layout.TASK_SNR_TABLE), task_snr(train_cfg, benchmarks, checkpoints))
-    save_figure(differences_chart(differences(loss, pairs)), layout.SEED_FIGURE)
+    save_figure(differences_chart(differences(loss, pairs), train_cfg["runs"]["shapes"]), layout.SEED_FIGURE)
     seeds = int(table.seeds.max()) if len(table) else 0
     print(
         f"seed-variance: {table.arm.nunique()} arms over up to {seeds} seed(s) -> {layout.table(layout.SEED_TABLE)}, "

@@ -64,8 +64,10 @@ def summary_record(
     device: str,
     recipe_dir: Path,
     kernel_record: dict,
+    embedding_init_std: float = 1.0,
 ) -> dict:
-    """summary.json's record of a run trained to step `step`: its spec, tokens, parameters, the
+    """summary.json's record of a run trained to step `step`: its spec, its embedding's initial std
+    (the dose; the rest of its shape is model.shapes[shape]), tokens, parameters, the
     final losses of its metrics log (in `recipe_dir`), `elapsed` seconds and the GPU-hours they
     make, `processes` on `device` ('cpu', 'cuda'), its last checkpoint and its kernels."""
     records = read_metrics(recipe_dir / layout.METRICS_FILE)
@@ -74,6 +76,7 @@ def summary_record(
     return {
         "run": spec.name,
         "shape": spec.shape,
+        "embedding_init_std": embedding_init_std,
         "block": spec.block,
         "stream": stream,
         "seed": spec.seed,

@@ -387,6 +387,7 @@ class Trainer:
             self.env.device.type,
             self.recipe_dir,
             self.checkpoints.kernel_record(),
+            embedding_init_std=self.model_args.embedding_init_std,
         )
         write_outputs(self.outdir, self.recipe_dir, self.snapshot_steps, summary)
         self.metrics.write(f"[{self.spec.name}] done: {step} steps; final model in {self.outdir / layout.MODEL_FILE}")

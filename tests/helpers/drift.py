@@ -44,6 +44,12 @@ def assert_note_findings(summary: pd.DataFrame) -> None:
     start = summary.start.iloc[0]
     for (mu, sigma), (low, high) in NOTE_BF16_RATIO.items():
         assert low < mean.loc[(mu, sigma, "bf16"), "drift_ratio"] < high, (mu, sigma)
+        if "bf16_bf16_updates" in set(summary.path):
+            # the baseline block's own add (bf16 updates into a bf16 sum), the note's "2.4 of 800": in the
+            # same band, and never ahead of bf16 with fp32 updates, as an update just past the half gap
+            # that rounds to the tie is lost too (common random numbers: the paths differ by such events only)
+            assert low < mean.loc[(mu, sigma, "bf16_bf16_updates"), "drift_ratio"] < high, (mu, sigma)
+            assert mean.loc[(mu, sigma, "bf16_bf16_updates"), "drift"] <= mean.loc[(mu, sigma, "bf16"), "drift"]
         # bf16-rounded updates into an fp32 sum cost almost nothing
         assert abs(mean.loc[(mu, sigma, "fp32_bf16_updates"), "drift_ratio"] - 1) < 1e-3
         # stochastic rounding recovers the fp32 drift, within its own added noise

@@ -12,13 +12,14 @@ import yaml
 
 from streamback import layout
 from streamback.analysis.envelope import abs_quantile, envelope, training_envelope
-from streamback.analysis.loss import loss_curves, trailing_mean
+from streamback.analysis.loss import accumulation_rows, loss_curves, trailing_mean
 from streamback.analysis.precision import error_stats, layer_error, swallowed
 from streamback.errors import StreambackError
 from streamback.model.formats import STREAM_LABELS, StreamFormat
 from streamback.model.model import ModelArgs, Transformer
 from streamback.model.swallow import swallow_stats
 from streamback.model.weights import load_model, read_model, save_model
+from streamback.runs import RunSpec
 from streamback.stats import paired_difference
 from streamback.train.metrics import read_metrics
 
@@ -52,6 +53,7 @@ def test_sign_flips_and_errors_on_a_hand_built_case():
     # opposite signs at entries 1 and 3; a zero on either side (entries 2 and 4) is not a flip
     assert stats["sign_flips"] == 2 and stats["sign_flip_fraction"] == 2 / 6
     assert stats["max_abs_error"] == 6.0  # |3 - (-3)|
+    # derived: two fp64 square roots and a quotient of exact integer sums: a few 2^-53; 1e-15 is 4 ulps
     assert stats["rel_error"] == pytest.approx(
         math.sqrt(16 + 1 + 36 + 16) / math.sqrt(1 + 4 + 1 + 9 + 16 + 25), rel=1e-15
     )
@@ -157,6 +159,8 @@ def test_the_chunked_layer_error_of_each_window_is_the_straightforward_one(tmp_p
     assert list(ours.columns) == list(theirs.columns) and len(ours) == 3 * 4 * (4 + 4 + 3)
     exact = ["variant", "kind", "layer", "window", "max_abs_error", "sign_flips", "sign_flip_fraction"]
     pd.testing.assert_frame_equal(ours[exact], theirs[exact])
+    # derived (probabilistic): chunked and whole fp64 sums of n <= 5e4 squares differ by ~sqrt(n) 2^-53 = 2.5e-14
+    # (a worst case, n 2^-53 = 5.5e-12, would not hold): 1e-12 is 40x that
     assert np.allclose(ours.rel_error, theirs.rel_error, rtol=1e-12, atol=0) and (ours.sign_flips > 0).any()
 
 
@@ -192,6 +196,7 @@ def test_the_swallowed_table_taken_as_each_add_happens_is_the_one_of_the_capture
 @pytest.mark.parametrize("n", [1, 2, 999, 1000, 1001, 12345])
 def test_abs_quantile_is_numpy_s(n):
     x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    # derived: numpy's linear interpolation between the same two order statistics, in fp64: a few 2^-53
     assert abs_quantile(x) == pytest.approx(float(np.quantile(x.abs().double().numpy(), 0.999)), rel=1e-12, abs=0)
 
 
@@ -210,6 +215,7 @@ def test_envelope_equals_a_direct_computation(tmp_path):
     for row, h in zip(table.itertuples(), seen):
         values = h.double().numpy()
         assert row.max == values.max() and row.min == values.min()
+        # derived: the same interpolation of the same order statistics in fp64, as above
         assert row.abs_p999 == pytest.approx(np.quantile(np.abs(values), 0.999), rel=1e-12)
 
 
@@ -263,6 +269,7 @@ def test_the_note_s_swallowed_update():
     d = torch.tensor([1.9, 2.1, 0.0]).bfloat16()
     stats = swallow_stats(h, d, bf16.add(h, d))
     lost = (600 - (600 + d[0].double())).abs() + (604 - (600 + d[1].double())).abs()
+    # derived: exact bf16 values summed in fp64 (exact) and one division: 1 ulp; 1e-15 is 4
     assert stats["swallowed_fraction"] == 0.5 and stats["lost_mass_fraction"] == pytest.approx(
         float(lost / d.double().sum()), rel=1e-15
     )
@@ -299,6 +306,7 @@ def test_loss_difference_on_two_hand_written_metrics_files(tmp_path):
     )
     train, val = curves[curves.split == "train"], curves[curves.split == "val"]
     assert train.step.tolist() == [1, 2, 3, 4, 5] and train.tokens.tolist() == [100, 200, 300, 400, 500]
+    # derived: differences of decimal losses in fp64 (each within 2^-53 x 5): 1e-12 is far wider
     assert train.difference.tolist() == pytest.approx([0.0, 0.1, -0.1, 0.2, 0.25], abs=1e-12)  # baseline minus other
     assert train.smoothed.tolist() == pytest.approx([0.0, 0.05, 0.0, 0.05, 0.225], abs=1e-12)  # steps (s - 2, s]
     assert val.step.tolist() == [2, 5] and val.difference.tolist() == [0.25, -0.5]  # only steps both logged
@@ -307,6 +315,7 @@ def test_loss_difference_on_two_hand_written_metrics_files(tmp_path):
         read_metrics(tmp_path / "a.jsonl"), read_metrics(tmp_path / "b.jsonl"), smooth_steps=2, points=2
     )
     assert thinned[thinned.split == "train"].step.tolist() == [1, 4, 5]  # every third step, the last kept
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
     assert thinned[thinned.split == "train"].smoothed.tolist()[-1] == pytest.approx(0.225)  # smoothed before thinning
 
 
@@ -314,6 +323,7 @@ def test_paired_interval_against_hand_values_and_scipy_free_reference():
     mean, low, high = paired_difference(np.array([2.0, 4.0, 6.0, 8.0]), np.array([1.0, 2.0, 3.0, 4.0]), 0.95)
     # d = 1, 2, 3, 4: mean 2.5, sd sqrt(5/3), t(0.975, 3) = 3.182446305284263 (the t table)
     half = 3.182446305284263 * math.sqrt(5 / 3) / 2
+    # derived: the t quantile to 16 digits from the table and fp64 arithmetic: a few 2^-53
     assert (mean, low, high) == pytest.approx((2.5, 2.5 - half, 2.5 + half), rel=1e-12)
     with pytest.raises(StreambackError, match="at least 2"):
         paired_difference(np.array([1.0]), np.array([0.0]), 0.95)
@@ -358,3 +368,36 @@ def test_a_partial_set_of_runs_gives_a_partial_table_and_missing_runs_are_named(
         assert status == 2 and "run a-short-streamback has not been trained" in err
     finally:
         (root / "moved.pt").rename(root / layout.model_file("a-short-streamback"))
+
+
+def test_loss_accumulation_on_hand_written_metrics():
+    """Per seed, the slope of the smoothed train-loss difference over the second half of 40 steps; over
+    the seeds, its mean and t interval, computed by hand from the constructed slopes."""
+    steps = np.arange(1, 41)
+    slopes = {0: 0.001, 1: 0.002, 2: 0.0015}
+    records = {}
+    for seed, slope in slopes.items():
+        base = 4.0 - 0.05 * steps
+        # the other run's loss: the baseline's less a lead that grows by `slope` a step (and wiggles +-0.01
+        # step to step, which the 2-step trailing mean cancels)
+        other = base - (0.02 + slope * steps + 0.01 * (-1.0) ** steps)
+        records[f"s-baseline-seed{seed}"] = [{"step": int(s), "loss": float(v)} for s, v in zip(steps, base)]
+        records[f"s-streamback-seed{seed}"] = [{"step": int(s), "loss": float(v)} for s, v in zip(steps, other)]
+    matrix = {
+        f"s-{block}-seed{k}": RunSpec(f"s-{block}-seed{k}", "s", block, "fp32", k, k, k, f"s-{block}")
+        for k in slopes
+        for block in ("baseline", "streamback")
+    }
+    pairs = [("s", f"s-baseline-seed{k}", f"s-streamback-seed{k}") for k in slopes]
+    table = accumulation_rows(pairs, matrix, records, window=2, confidence=0.95).set_index("seed")
+    # exact up to the fp64 rounding of losses near 4: far below 1e-9 a step
+    assert [table.loc[k, "slope"] for k in slopes] == pytest.approx(list(slopes.values()), abs=1e-9)
+    over = table.loc[layout.ALL_SEEDS]
+    half = 4.302652729911275 * 0.0005 / math.sqrt(3)  # t(0.975, 2) x sd 0.0005 / sqrt(3), by hand
+    assert (over.slope, over.low, over.high) == pytest.approx((0.0015, 0.0015 - half, 0.0015 + half), abs=1e-9)
+    assert over.seeds == 3 and over.half_steps == 20 and over.change == pytest.approx(0.03, abs=1e-7)
+    assert over.verdict == "grows" and over.p == 0.25
+    # too short for a second half: a row that says so, not an error
+    short = {name: rs[:2] for name, rs in records.items()}
+    row = accumulation_rows(pairs, matrix, short, window=2, confidence=0.95).iloc[-1]
+    assert row.verdict == "no trend resolved" and math.isnan(row.slope)

@@ -3,6 +3,7 @@ bad input exits 2 with a message."""
 
 import argparse
 import importlib
+import os
 import subprocess
 import sys
 
@@ -113,3 +114,20 @@ def test_a_public_model_exported_from_a_run_left_out_of_the_matrix_is_dropped(tm
     (tmp_path / "results" / "hf" / "tiny-skinny-tall-baseline" / "config.json").write_text("{}")
     again = validate_config(merge_config(default, narrow))
     assert drop_unexported_public_models(again["analysis"], runs) == [] and public_models(again["analysis"])
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_a_torchrun_worker_exits_with_its_status_without_the_interpreter_s_finalization(world_size):
+    """`python -m streamback` ends through `cli.exit_with`: in a torchrun worker (WORLD_SIZE > 1) with the stage's
+    status, what it printed flushed, and no finalization (an atexit hook stands for it: gloo's threads abort a
+    finalizing interpreter, docs/reliability.md); elsewhere as sys.exit, finalization and all."""
+    code = (
+        "import atexit, sys; from streamback.cli import exit_with; "
+        "atexit.register(lambda: print('finalized', file=sys.stderr)); print('outputs written', end=''); exit_with(75)"
+    )
+    env = {**os.environ, "WORLD_SIZE": world_size}
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert (done.returncode, done.stdout) == (75, "outputs written"), done.stderr
+    assert ("finalized" in done.stderr) == (world_size == "1"), done.stderr

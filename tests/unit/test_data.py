@@ -149,7 +149,7 @@ def test_deterministic_and_independent_of_processes(corpus, tmp_path):
 
 def test_resume_after_an_interrupted_run(corpus, tmp_path, monkeypatch):
     out = tmp_path / "tokens"
-    real_write, calls, encoded = tokenize_module.write_shard, [], []
+    real_write, calls, read = tokenize_module.write_shard, [], []
 
     def crash_after_first_val_shard(path, tokens, meta):
         calls.append(path.name)
@@ -162,15 +162,17 @@ def test_resume_after_an_interrupted_run(corpus, tmp_path, monkeypatch):
         tokenize(config(), out, inputs=corpus["files"], progress=False)
     assert sorted(p.name for p in out.glob("*.bin")) == sorted(calls[:-1]) and not (out / "manifest.json").exists()
     assert not list(out.glob(".*"))  # the shard being written was not left behind
+    finished = {v["path"] for v in json.loads((out / "parts" / "files.json").read_text())["files"].values()}
+    assert finished  # the files encoded before the kill are recorded
     (out / ".train-00007.bin.999.tmp").write_bytes(b"left by a SIGKILL")
     monkeypatch.setattr(tokenize_module, "write_shard", real_write)
-    real_encode = tokenize_module._encode
-    monkeypatch.setattr(tokenize_module, "_encode", lambda task: encoded.append(len(task[1])) or real_encode(task))
+    real_read = tokenize_module.read_file
+    monkeypatch.setattr(tokenize_module, "read_file", lambda path, *a: read.append(path) or real_read(path, *a))
     manifest = tokenize(config(), out, inputs=corpus["files"], progress=False)
     assert shard_bytes(out) == shard_bytes(corpus["out"])
     assert manifest["splits"] == corpus["manifest"]["splits"]
-    assert not list(out.glob(".*"))
-    assert sum(encoded) < 300  # documents before the resume point were not encoded again
+    assert not list(out.glob(".*")) and not (out / "parts").exists()
+    assert not finished & set(read)  # a finished file is not read again
 
     # a damaged shard (right name, wrong size) is not taken as complete: it and later ones are redone
     victim = out / "train-00001.bin"
@@ -222,11 +224,20 @@ def test_token_budgets_cut_exactly(corpus, tmp_path):
 
 
 def test_budget_larger_than_the_data(corpus, tmp_path):
+    """Parquet files: refused before any work, their count being exact (the files are smaller than
+    the check's sample). Other files (no footers to count): found at their end."""
     have = corpus["manifest"]["splits"]["train"]["tokens"]
-    with pytest.raises(StreambackError, match=rf"ran out after {have} train tokens.*train_tokens asks for {have + 1}"):
-        tokenize(config(train_tokens=have + 1), tmp_path, inputs=corpus["files"], progress=False)
-    assert not (tmp_path / "manifest.json").exists() and not list(tmp_path.glob(".*"))
-    assert all(read_header(p)["tokens"] == SHARD for p in tmp_path.glob("train-*.bin"))  # only complete shards
+    with pytest.raises(
+        StreambackError, match=rf"data.train_tokens = {have + 1:,} .* holds an estimated {have:,} train"
+    ):
+        tokenize(config(train_tokens=have + 1), tmp_path / "tokens", inputs=corpus["files"], progress=False)
+    assert not (tmp_path / "tokens").exists()
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus["texts"][:40]))
+    data = config(source="local", local={"files": [str(tmp_path / "a.jsonl")]}, train_tokens=10**6)
+    with pytest.raises(StreambackError, match=r"ran out after \d+ train tokens.*train_tokens asks for 1000000"):
+        tokenize(data, tmp_path / "tokens", progress=False)
+    assert not (tmp_path / "tokens" / "manifest.json").exists() and not list((tmp_path / "tokens").glob(".*"))
+    assert all(read_header(p)["tokens"] == SHARD for p in (tmp_path / "tokens").glob("train-*.bin"))
 
 
 def test_fineweb_path_offline(corpus, tmp_path):

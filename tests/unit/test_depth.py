@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from streamback import layout
+from streamback import layout, stats
 from streamback.config import DEFAULT_CONFIG, load_config, merge_config
 from streamback.errors import StreambackError
 from streamback.report import depth
@@ -36,10 +36,10 @@ def flip_ratio(n_layers, block, seed):
     return 0.8 - 0.1 * math.log2(n_layers) + RUN_JITTER[block] + 0.001 * seed  # shrinks by 0.1 a doubling
 
 
-def tables(streams=()):
+def tables(streams=(), duplicates=False):
     """The four analyses' tables of the default's depths, three seeds, baseline and StreamBack (and `streams`); an
     MXFP8 stream has 1.5 times the fp32 stream's gradient flips, three times its error, and swallows half the
-    updates."""
+    updates. `duplicates`: each seed's two runs measure alike (the baseline's values), as if one run."""
     cfg = config(streams)
     loss, errors, swallowed, envelope = [], [], [], []
     for name, spec in run_matrix(cfg["train"]).items():
@@ -55,7 +55,7 @@ def tables(streams=()):
                         "final_difference": scale * val_difference(n_layers, spec.seed) + (1 - scale) * 0.002,
                     }
                 )
-        ratio = flip_ratio(n_layers, spec.block, spec.seed)
+        ratio = flip_ratio(n_layers, "baseline" if duplicates else spec.block, spec.seed)
         for layer in range(n_layers + 1):
             for kind in ("activations", "stream_gradients", "gradients"):
                 if kind == "gradients" and layer == n_layers:
@@ -134,6 +134,7 @@ def test_a_row_per_depth_with_the_loss_rows_over_the_seeds_as_they_are(built):
     assert (table.stream == "fp32").all() and (table.seeds == 3).all() and (table.runs == 6).all()
     for row in table.itertuples():
         mean = np.mean([val_difference(row.depth, s) for s in SEEDS])
+        # derived: figures of constructed inputs by hand (fp64 roundings only, within approx's default 1e-6)
         assert row.val_difference == pytest.approx(mean) and row.val_low == pytest.approx(mean - 1)
         assert row.val_mde == 0.003 and row.val_seeds_for_band == 40 and row.val_verdict == "within seed noise"
 
@@ -141,8 +142,11 @@ def test_a_row_per_depth_with_the_loss_rows_over_the_seeds_as_they_are(built):
 def test_the_per_run_measures_by_hand(built):
     _, table, _ = built
     for row in table.itertuples():
-        ratios = [flip_ratio(row.depth, b, s) for b in RUN_JITTER for s in SEEDS]
-        mean, low, high = np.mean(ratios), *sps.t.interval(0.95, 5, np.mean(ratios), sps.sem(ratios))
+        # one value a seed, the mean of its two runs (they share weights and batches): 2 degrees of freedom, not 5
+        ratios = [np.mean([flip_ratio(row.depth, b, s) for b in RUN_JITTER]) for s in SEEDS]
+        mean, low, high = np.mean(ratios), *sps.t.interval(0.95, 2, np.mean(ratios), sps.sem(ratios))
+        # derived: figures of constructed inputs by hand (fp64 roundings only, within approx's default 1e-6); here and
+        # below
         assert (row.grad_flip_ratio, row.grad_flip_ratio_low, row.grad_flip_ratio_high) == pytest.approx(
             (mean, low, high)
         )
@@ -159,16 +163,18 @@ def test_the_trends_by_hand(built):
     linear in log2(depth)); the train split's constant and the stream gradients' 1.0 have no trend."""
     _, _, trend = built
     val = trend.loc["val_difference"]
+    # derived: figures of constructed inputs by hand (fp64 roundings only, within approx's default 1e-6); here and below
     assert val.slope == pytest.approx(0.001) and val.verdict == "grows with depth" and val.depths == 3
     se = math.sqrt(2 * 0.25 * np.var([-0.0002, 0, 0.0002], ddof=1) / 3)  # w = -1/2, 0, 1/2
     half = sps.t.ppf(0.975, 4) * se  # Welch-Satterthwaite: two equal terms of 2 degrees of freedom each
     assert (val.low, val.high) == pytest.approx((0.001 - half, 0.001 + half)) and val.df == pytest.approx(4)
     assert trend.loc["grad_flip_ratio", "slope"] == pytest.approx(-0.1)
-    assert trend.loc["grad_flip_ratio", "verdict"] == "shrinks"
+    assert trend.loc["grad_flip_ratio", "verdict"] == "shrinks with depth"
     assert trend.loc["swallowed_bf16", "slope"] == pytest.approx(0.5 * (0.08 - 0.02))
     assert trend.loc["swallowed_bf16", "verdict"] == "grows with depth"
     assert trend.loc["last_error_ratio", "verdict"] == "no trend this tier resolves"  # no spread over runs
     for flat in ("train_difference", "stream_grad_flip_ratio", "swallowed_stream"):
+        # derived: a slope fitted to equal values is 0 up to fp64 roundings (a few 2^-53): 1e-12 is wider
         assert trend.loc[flat, "slope"] == pytest.approx(0, abs=1e-12)
         assert trend.loc[flat, "verdict"] == "no trend this tier resolves"
 
@@ -233,6 +239,7 @@ def test_a_stream_below_bf16_on_one_depth_has_its_row_and_no_trend(tmp_path, mon
     row = table[table.comparison == "streamback-mxfp8"].iloc[0]
     assert (row.depth, row.stream, row.seeds, row.runs) == (4, "mxfp8", 1, 2)
     ratios = [1.5 * flip_ratio(4, block, 0) for block in RUN_JITTER]
+    # derived: figures of constructed inputs by hand (fp64 roundings only, within approx's default 1e-6)
     assert row.grad_flip_ratio == pytest.approx(np.mean(ratios)) and row.last_error_ratio == pytest.approx(3 / 8)
     assert row.swallowed_stream == 0.5 and row.val_difference == pytest.approx(val_difference(4, 0))
     assert not math.isnan(row.val_low)  # the analysis' own interval, copied
@@ -247,3 +254,43 @@ def test_a_stream_below_bf16_on_one_depth_has_its_row_and_no_trend(tmp_path, mon
     trend.to_csv(layout.table("depth_trend"), index=False)
     text, *_ = page.depth_section(page.Study(config=cfg, config_files=[]))
     assert text.startswith("Over depths of 2, 4, 8 layers (3 training seeds each)")
+
+
+def test_a_seed_s_two_runs_count_once_in_every_interval():
+    """Each seed's baseline and StreamBack runs give identical values (duplicates): every interval of
+    depth.csv and depth_trend.csv is the interval of one run a seed, the seeds' values by hand (scipy's
+    t with 2 degrees of freedom), not one that counts each seed twice."""
+    cfg, sources = tables(duplicates=True)
+    table, trend = depth.depth_tables(cfg, sources)
+    trend = trend.set_index("measure")
+    one_run = {d: [flip_ratio(d, "baseline", s) for s in SEEDS] for d in SHAPES.values()}
+    for row in table.itertuples():
+        values = one_run[row.depth]
+        low, high = sps.t.interval(0.95, len(values) - 1, np.mean(values), sps.sem(values))
+        assert (row.grad_flip_ratio_low, row.grad_flip_ratio_high) == pytest.approx((low, high))
+    want = stats.depth_trend(list(one_run), list(one_run.values()))
+    got = trend.loc["grad_flip_ratio"]
+    assert (got.slope, got.low, got.high, got.df) == pytest.approx(
+        (want["slope"], want["low"], want["high"], want["df"])
+    )
+    assert (got.boot_low, got.boot_high) == pytest.approx((want["boot_low"], want["boot_high"]))
+    assert got["4_vs_2"] == pytest.approx(want["contrasts"][0]["estimate"])
+    assert (got["8_vs_4_low"], got["8_vs_4_high"]) == pytest.approx(
+        (want["contrasts"][1]["low"], want["contrasts"][1]["high"])
+    )
+
+
+def test_every_trend_names_its_family_and_its_holm_p(built):
+    _, _, trend = built
+    assert (trend.family == "depth trends of streamback").all()
+    tested = trend.p.notna()
+    assert trend.p_holm[tested].tolist() == pytest.approx(stats.holm(trend.p[tested].tolist()))
+    assert list(trend.columns[-7:]) == [
+        "4_vs_2",
+        "4_vs_2_low",
+        "4_vs_2_high",
+        "8_vs_4",
+        "8_vs_4_low",
+        "8_vs_4_high",
+        "verdict",
+    ]

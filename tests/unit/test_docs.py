@@ -151,6 +151,7 @@ def test_the_warning_thresholds_in_the_train_docs_are_the_schema_defaults():
     assert set(stated) == set(warnings), sorted(set(stated) ^ set(warnings))
     for key, text in stated.items():
         value = _number(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+        # exact up to the decimal a doc states the default in
         assert value == pytest.approx(warnings[key]), key
 
 

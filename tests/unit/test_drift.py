@@ -74,6 +74,26 @@ def test_constant_updates_hand_derived():
     assert end["bf16"] == [608.0]  # 606 ties up to the even 608, and 610 ties back down to it
 
 
+def test_bf16_updates_into_a_bf16_sum_hand_derived():
+    """bf16_bf16_updates rounds each update to bf16 first, as the baseline block's bf16 sublayer output
+    is: 2.005 is 2.0 in bf16 (its gap at 2 is 2^-6), so at 600 (gap 4) it is the tie that goes back to
+    the even 600, where the fp32 update 2.005 is past the half gap and climbs 4 a step to 1024."""
+    cfg = config(steps=200, settings=[{"mu": 2.005, "sigma": 0.0}, {"mu": 2.1, "sigma": 0.0}])
+    _, end = finals(cfg)
+    assert end["bf16"] == [1024.0, 1024.0]
+    assert end["bf16_bf16_updates"] == [600.0, 1024.0]  # 2.1 is 2.09375 in bf16: still past the half gap
+    assert end["fp32_bf16_updates"][0] == 600.0 + 200 * 2.0  # exact: every partial sum is an integer
+    _, end = finals(config(start=604.0, steps=200, settings=[{"mu": 2.005, "sigma": 0.0}]))
+    assert end["bf16_bf16_updates"] == [608.0]  # 604 + 2.0 ties up to the even 608, 608 + 2.0 back down to it
+    # three steps by hand, in bf16 (gap 4 at 600): 600 + 1.99 (1.9921875 in bf16) -> 600; + 2.3 (2.296875)
+    # -> 602.296875 -> 604; + -2.01 (-2.0) -> 602, a tie to the even 600 ... 604 is odd (151 x 4), 600 even
+    sums = torch.tensor([600.0])
+    for update in (1.99, 2.3, -2.01):
+        sums = drift.advance(PATHS["bf16_bf16_updates"], sums, None, torch.tensor([update]))[0]
+        assert sums.item() in (600.0, 604.0)
+    assert sums.item() == 600.0
+
+
 def test_stochastic_rounding_keeps_constant_updates_on_average():
     """+1 at 600 in bf16 rounds up to 604 with probability 1/4; after 100 steps the mean drift is 100."""
     sim = simulate(
@@ -92,6 +112,7 @@ def _native_loop(path, cfg, mu, sigma, seed):
         "fp32": torch.float32,
         "fp32_bf16_updates": torch.float32,
         "bf16": torch.bfloat16,
+        "bf16_bf16_updates": torch.bfloat16,
         "bf16_kahan": torch.bfloat16,
         "fp16": torch.float16,
         "fp8_e5m2": torch.float8_e5m2,
@@ -102,6 +123,8 @@ def _native_loop(path, cfg, mu, sigma, seed):
         update = mu + sigma * torch.randn(cfg["coords"], generator=g)
         if path == "fp32_bf16_updates":
             total = total + update.bfloat16().float()
+        elif path == "bf16_bf16_updates":
+            total = total + update.bfloat16()  # bf16 + bf16, torch's native add (in fp32, rounded once to bf16)
         elif path == "bf16_kahan":
             y = (update - comp.float()).bfloat16()
             new = total + y  # bf16 + bf16: computed in fp32, rounded to bf16
@@ -117,15 +140,19 @@ def test_vectorised_grid_matches_native_dtype_loop():
     cfg = config(steps=300, settings=settings, seeds=[0, 5])
     sim = simulate(cfg, compiled=False)
     summary = summary_table(cfg, sim).set_index(["mu", "sigma", "path", "seed"])
-    for path in ["fp32", "fp32_bf16_updates", "bf16", "bf16_kahan", "fp16", "fp8_e5m2"]:
+    for path in ["fp32", "fp32_bf16_updates", "bf16", "bf16_bf16_updates", "bf16_kahan", "fp16", "fp8_e5m2"]:
         for j, s in enumerate(settings):
             for k, seed in enumerate(cfg["seeds"]):
                 expected = _native_loop(path, cfg, s["mu"], s["sigma"], seed)
                 assert torch.equal(sim.final[path][k, j], expected), (path, s, seed)
                 drift = (expected.double() - sim.initial[path]).mean().item()
+                # derived: the same fp64 mean of fp32 values (n x 2^-53 relative at most, ~1e-14 here): 1e-9 is far
+                # wider
                 assert summary.loc[(s["mu"], s["sigma"], path, seed), "drift"] == pytest.approx(drift, abs=1e-9)
     # the recorded trajectory ends at the final values
     final_means = torch.stack([sim.final[p].mean(-1) for p in sim.paths])
+    # derived (probabilistic): the same fp32 means, maybe summed in another order: ~sqrt(n) 2^-24 = 1e-6 for n = 256
+    # coordinates, inside allclose's default rtol 1e-5
     assert sim.steps_recorded[-1] == 300 and torch.allclose(sim.traj_mean[-1], final_means)
 
 
@@ -189,6 +216,7 @@ def test_figures_tell_every_path_apart_and_name_what_is_not_drawn():
     rows = below["data"]["values"] if "values" in below.get("data", {}) else spec["datasets"][below["data"]["name"]]
     assert {r["path"] for r in rows} == set(sim.paths) - {"fp32"}
     fp32_mean = {r["step"]: r["mean"] for r in spec["datasets"][top["data"]["name"]] if r["path"] == "fp32"}
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
     assert all(r["minus_fp32"] == pytest.approx(r["mean"] - fp32_mean[r["step"]]) for r in rows)
     ratio = ratio_chart(summary_table(cfg, sim)).to_dict()
     assert any("Not drawn: fp8_e4m3" in line for line in ratio["title"]["subtitle"])

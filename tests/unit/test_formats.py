@@ -129,8 +129,10 @@ def test_mx_matches_peer_reference_over_magnitudes():
     x = torch.randn(64, 72, generator=gen) * torch.exp2(torch.randint(-130, 120, (64, 1), generator=gen).float())
     x[3, 5] = NAN
     ours = quantize_mx(x)
+    # exact
     torch.testing.assert_close(ours, _mx_reference(x), rtol=0, atol=0, equal_nan=True)
     # the short last block (72 = 2 x 32 + 8) is quantised as a block of its own
+    # exact
     torch.testing.assert_close(ours[:, 64:], quantize_mx(x[:, 64:].contiguous()), rtol=0, atol=0, equal_nan=True)
 
 
@@ -180,6 +182,8 @@ def test_nvfp4_zeros_nan_and_tiny_blocks():
     x = torch.cat([one_block([NAN, 1.0], 16), one_block([0.5, float("inf")], 16), one_block([3.0, -1.5], 16)])
     out = quantize_nvfp4(x)
     assert out[:32].isnan().all()
+    # derived: decoding multiplies an e2m1 value by the fp32 tensor scale and the e4m3 block scale (3/2688 rounded): a
+    # few fp32 roundings (2^-24 each), 2^-17 holds 128
     torch.testing.assert_close(out[32:34], torch.tensor([3.0, -1.5]), rtol=2.0**-17, atol=0)
 
 

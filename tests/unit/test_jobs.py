@@ -92,7 +92,9 @@ def test_every_other_job_gets_only_the_keys_it_reads():
     tokenize = jobs.tokenize(DEFAULT)["data"]
     assert not set(tokenize) & {"processes", "batch_documents", "mem_mb", "runtime", "corpus", "dir", "hub"}
     assert "files" not in tokenize["local"] and tokenize["synthetic"] == DEFAULT["data"]["synthetic"]
-    assert jobs.tokenize_execution(DEFAULT) == {"data": {"batch_documents": DEFAULT["data"]["batch_documents"]}}
+    assert jobs.tokenize_execution(DEFAULT) == {
+        "data": {"batch_documents": DEFAULT["data"]["batch_documents"], "budget_check": DEFAULT["data"]["budget_check"]}
+    }
     assert jobs.corpus(DEFAULT) == {"data": {"synthetic": DEFAULT["data"]["synthetic"]}}
     assert set(jobs.evaluate(DEFAULT)["eval"]) == {
         "tasks",

@@ -97,6 +97,7 @@ def assert_one_record_per_step(path, steps):
     assert table["step"].tolist() == list(range(1, steps + 1))
     assert "header" not in table.columns and "kernels" not in table.columns
     # the same table as the records (pandas' own float parser may differ in the last digit)
+    # derived: pandas' float parser may round the last of JSON's 17 digits differently: 1 ulp (2^-52 = 2e-16)
     pd.testing.assert_frame_equal(table, pd.DataFrame(read_metrics(path)), check_exact=False, rtol=1e-12)
     assert table["loss"].notna().all() and table["tokens"].tolist() == [step * 4 * 32 for step in range(1, steps + 1)]
     assert header_file(path).name == layout.METRICS_HEADER_FILE

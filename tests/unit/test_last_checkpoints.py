@@ -176,6 +176,7 @@ def test_one_evaluate_call_scores_the_final_model_and_its_snapshots(cfg, tokens,
     ]
     final = evaluated["results"][run]["results"]
     for row in scores[scores.step == 30].itertuples():
+        # exact up to the CSV's decimal round trip: the same weights through the same evaluation
         assert row.value == pytest.approx(final[row.task][f"{row.metric},{row.filter}"], nan_ok=True)
     # a snapshot scored on the reused tasks is what evaluating it alone gives
     cwd = os.getcwd()
@@ -183,6 +184,7 @@ def test_one_evaluate_call_scores_the_final_model_and_its_snapshots(cfg, tokens,
     try:
         alone = stage.evaluate(cfg["eval"], layout.snapshot_file(run, 20), tokens, tmp_path / "alone")["results"]
         for row in scores[scores.step == 20].itertuples():
+            # exact up to the CSV's decimal round trip: the same weights through the same evaluation
             assert row.value == pytest.approx(alone[row.task][f"{row.metric},{row.filter}"], nan_ok=True)
         assert (scores[scores.step == 20].value.to_numpy() != scores[scores.step == 30].value.to_numpy()).any()
         with pytest.raises(
@@ -218,6 +220,7 @@ def test_the_tables_and_task_snr_take_the_noise_from_the_last_checkpoints(cfg, t
             & (checkpoints["filter"] == row.filter)
             & (checkpoints.metric == row.metric)
         ].value.to_numpy()
+        # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
         assert row.checkpoint_mean == pytest.approx(values.mean(), nan_ok=True)
         assert row.checkpoint_sd == pytest.approx(values.std(), nan_ok=True)
     snr = seeds.task_snr(cfg["train"], benchmarks, checkpoints)
@@ -228,6 +231,7 @@ def test_the_tables_and_task_snr_take_the_noise_from_the_last_checkpoints(cfg, t
         & (checkpoints["filter"] == first["filter"])
         & (checkpoints.metric == first.metric)
     ]
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
     assert first.snr == pytest.approx(stats.task_snr({r: g.value.to_numpy() for r, g in chosen.groupby("run")})["snr"])
     assert list(snr.snr.dropna()) == sorted(snr.snr.dropna(), reverse=True)
     # k = 1 leaves the columns as the final model alone, and a checkpoints.csv of another k is refused
@@ -259,6 +263,7 @@ def test_snr_from_constructed_checkpoint_scores_is_the_references():
         means = np.array([np.mean(v) for v in by_run.values()])
         signal = (means.max() - means.min()) / means.mean()
         noise = np.sqrt(np.mean([np.var(v) for v in by_run.values()])) / np.mean(list(by_run.values()))
+        # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
         assert snr.loc[task, "signal"] == pytest.approx(signal) and snr.loc[task, "noise"] == pytest.approx(noise)
         assert snr.loc[task, "snr"] == pytest.approx(signal / noise)
     assert list(snr.index) == ["clear", "coin"] and snr.loc["clear", "can_rank"] and not snr.loc["coin", "can_rank"]

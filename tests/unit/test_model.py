@@ -76,6 +76,8 @@ def test_ffn_hidden_matches_llama3_8b():
         (dict(block="streamback", stream="bf16", reversible=True), "fp32"),
         (dict(block="baseline", reversible=True), "streamback"),
         (dict(dim=0), "dim"),
+        (dict(embedding_init_std=0.0), "embedding_init_std must be a positive number"),
+        (dict(embedding_init_std=4.0, tied_embeddings=True), "no effect with tied embeddings"),
     ],
 )
 def test_bad_model_args_are_named(kw, words):
@@ -101,6 +103,8 @@ def test_rmsnorm_forward_and_gradient():
     x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
     w = torch.randn(16, dtype=torch.float64, requires_grad=True)
     out = _RMSNormFunction.apply(x, w, 1e-5, torch.float64)
+    # derived: two fp64 evaluations of one formula over 16 terms differ by a few 2^-53; fp64's default rtol 1e-7 holds
+    # them
     torch.testing.assert_close(out, F.rms_norm(x, (16,), w, 1e-5))
     assert torch.autograd.gradcheck(lambda x, w: _RMSNormFunction.apply(x, w, 1e-5, torch.float64), (x, w))
 
@@ -114,6 +118,8 @@ def test_rope_matches_complex_rotation():
     reference = torch.view_as_real(torch.view_as_complex(x.double().unflatten(-1, (-1, 2))) * cis[:, None, :]).flatten(
         -2
     )
+    # derived: fp32 angles (position x frequency <= 9 rad: 2^-24 x 9 = 5e-7) and 3 fp32 roundings of |x| ~ 4: ~2e-6;
+    # 1e-5 holds 5x
     torch.testing.assert_close(apply_rope(x, cos, sin).double(), reference, atol=1e-5, rtol=1e-5)
 
 
@@ -123,11 +129,15 @@ def test_depth_scaled_init_and_seed():
     model.init_weights(seed=3)
     for i, layer in enumerate(model.layers):
         # TorchTitan depth_init: wo, w2, w3 ~ N(0, 0.02 / sqrt(2 (i + 1))); wq, wk, wv, w1 ~ N(0, 0.02)
+        # derived: a sample std of n draws has relative sd 1/sqrt(2n): 0.003 for wo, wq (256 x 256) and w3; 0.0045 for
+        # the
+        # embeddings (97 x 256): 0.02 is 4.4 sd or more (seeded: the same draws on every CPU)
         assert layer.attention.wo.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * (i + 1)), rel=0.02)
         assert layer.feed_forward.w3.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * (i + 1)), rel=0.02)
         assert layer.attention.wq.weight.std().item() == pytest.approx(0.02, rel=0.02)
     assert model.tok_embeddings.weight.std().item() == pytest.approx(1.0, rel=0.02)
     out = model.output.weight
+    # derived: 0.986 is the std of a normal truncated at 3 sd; 97 x 256 draws: relative sd 0.0045, 0.03 is 6.7 sd
     assert out.abs().max().item() <= 3 * 256**-0.5 and out.std().item() == pytest.approx(256**-0.5 * 0.986, rel=0.03)
     assert norm_gain_absmax(model) == {
         **{f"layers.{i}.{n}": 1.0 for i in range(4) for n in ("attention_norm", "ffn_norm")},
@@ -138,6 +148,47 @@ def test_depth_scaled_init_and_seed():
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
     again.init_weights(seed=4)
     assert not torch.equal(model.layers[0].attention.wq.weight, again.layers[0].attention.wq.weight)
+
+
+@pytest.mark.parametrize("block", ["baseline", "streamback"])
+def test_embedding_init_std_scales_the_initial_stream_and_nothing_else(block):
+    """The dose (model.embedding_init_std) multiplies the embedding's draws, so h_0, by its value
+    and leaves every other parameter bit for bit; the first update, read through RMSNorm, stays
+    as it was, so the update-to-stream ratio falls by the same factor."""
+    dose = 32.0  # a power of two: scaling by it is exact in fp32 and bf16, so the checks below are too
+    one, scaled = (Transformer(tiny(block=block, embedding_init_std=s)) for s in (1.0, dose))
+    for model in (one, scaled):
+        model.init_weights(seed=3)
+    a, b = one.state_dict(), scaled.state_dict()
+    assert torch.equal(b["tok_embeddings.weight"], dose * a["tok_embeddings.weight"])
+    assert b["tok_embeddings.weight"].std() / a["tok_embeddings.weight"].std() == dose
+    assert all(torch.equal(a[k], b[k]) for k in a if k != "tok_embeddings.weight")
+    tok = tokens(one.args)
+    with torch.no_grad(), one.capture(("residual", "attention")) as s1, scaled.capture(("residual", "attention")) as s2:
+        one(tok), scaled(tok)
+
+    def rms(x):
+        return x.double().pow(2).mean().sqrt().item()
+
+    assert torch.equal(s2["residual"][0], dose * s1["residual"][0])  # exact: h_0 is the scaled rows, rounded
+    assert rms(s2["residual"][0]) / rms(s1["residual"][0]) == pytest.approx(dose, rel=1e-12)  # fp64 rms of exact x32
+    # RMSNorm's eps (1e-5 against a mean square near 1 at dose 1) and the bf16 rounding of the
+    # normed input move the first update by at most about one bf16 step relative: 2^-8
+    first = rms(s2["attention"][0] - s1["attention"][0]) / rms(s1["attention"][0])
+    assert first <= 2**-8
+    ratio_one = rms(s1["attention"][0]) / rms(s1["residual"][0])
+    ratio_scaled = rms(s2["attention"][0]) / rms(s2["residual"][0])
+    assert ratio_one / ratio_scaled == pytest.approx(dose, rel=2**-8)  # the same one-step bound
+
+
+def test_embedding_init_std_comes_from_the_section_or_the_shape():
+    model_cfg = load_config(DEFAULT_CONFIG)["model"]
+    assert model_cfg["embedding_init_std"] == 1.0  # TorchTitan's
+    assert ModelArgs.from_config(model_cfg, "tiny-medium", 10).embedding_init_std == 1.0
+    shapes = {**model_cfg["shapes"], "dosed": {**model_cfg["shapes"]["tiny-medium"], "embedding_init_std": 16}}
+    cfg = {**model_cfg, "shapes": shapes, "embedding_init_std": 2.0}
+    assert ModelArgs.from_config(cfg, "tiny-medium", 10).embedding_init_std == 2.0
+    assert ModelArgs.from_config(cfg, "dosed", 10).embedding_init_std == 16.0
 
 
 def test_a_model_built_on_the_meta_device_is_the_model_built_on_the_cpu():
@@ -206,6 +257,7 @@ def test_baseline_is_streamback_with_a_bf16_stream():
     tok = tokens(base.args)
     for model in (base, bf16):
         model(tok).logsumexp(-1).mean().backward()
+    # exact
     torch.testing.assert_close(base(tok), bf16(tok), rtol=0, atol=0)
     for p, q in zip(base.parameters(), bf16.parameters()):
         assert torch.equal(p.grad, q.grad)
@@ -271,6 +323,7 @@ def test_the_median_interval_is_the_binomial_one():
         covering = [j for j in range(1, n // 2 + 1) if binom.cdf(n - j, n, 0.5) - binom.cdf(j - 1, n, 0.5) >= 0.95]
         assert got == ((max(covering), n + 1 - max(covering)) if covering else None), n
     assert median_interval([1.0] * 5) is None and median_interval(list(range(1, 11))) == (2, 9)
+    # exact: the median deviation is 0 (approx's 1e-12 absolute only admits -0.0 and fp64 noise)
     assert median_noise([1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 0.8, 1.0, 1.0, 1.0]) == pytest.approx(0.0)
 
 

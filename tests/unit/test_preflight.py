@@ -52,6 +52,7 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     losses = by_name["losses"]["values"]
     assert len(losses["losses"]) == 4 and all(math.isfinite(v) for v in losses["losses"])
     before = losses["before"]  # one micro-batch of 4 windows of 32 next-token targets
+    # derived: the same formula on the same floats (pytest.approx's default 1e-6 relative: a few fp64 roundings)
     assert before["tokens"] == 4 * 32 and losses["threshold"] == pytest.approx(2 * before["sd"] / math.sqrt(128))
     assert losses["drop"] == pytest.approx(before["mean"] - losses["after"]) and losses["drop"] > losses["threshold"]
     assert 1 <= losses["steps_taken"] <= checks.LEARN_STEPS and losses["lr"] == 3e-3
@@ -61,6 +62,7 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     assert f"tokens/s on {kernels}: the run takes" in by_name["speed"]["figure"]
     speed = by_name["speed"]["values"]
     # the projection by hand: 30 steps of 8 x 32 tokens at the measured tokens/s, one process
+    # derived: the same product by hand (approx's 1e-6 relative holds any order of fp64 operations)
     assert speed["projected_hours"] == pytest.approx(30 * 8 * 32 / speed["tokens_per_s"] / 3600)
     disk = by_name["disk"]["values"]
     with torch.device("meta"):
@@ -74,6 +76,7 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     gaps = by_name["shadow"]["values"]["gaps"]
     assert len(gaps) == 3 and gaps[0] == 0 and max(gaps) < 1e-6  # an fp32 stream against its fp64 shadow
     assert by_name["shadow"]["values"]["bounds"][0] == checks.SHADOW_FP32_GAP  # the floor: fp32 rounds by 6e-8
+    # derived: 81 x 2e-7 by hand against shadow_floor's own product (one fp64 rounding)
     assert [checks.shadow_floor(b) for b in (0, 2, 40)] == [1e-6, 1e-6, pytest.approx(81 * 2e-7)]
     assert not layout.preflight_scratch(out).exists() and not layout.preflight_failed_file(out).exists()
     assert out.with_suffix(".pass").read_text() == layout.PASSED  # the verdict the train jobs wait for
@@ -121,8 +124,11 @@ def test_the_speed_is_the_median_of_the_trainer_s_own_records_over_the_timed_ste
     # by hand: a step's seconds are what it added to elapsed_s, its tokens 8 windows of 32
     elapsed = [0.0] + [r["elapsed_s"] for r in records]
     by_hand = [8 * 32 / (b - a) for a, b in itertools.pairwise(elapsed)]
+    # derived: by_hand repeats the trainer's division on the logged stamps (JSON round-trips fp64): what is left is the
+    # fp64 rounding of cumulative seconds, ~1e-13 relative
     assert [r["tokens_per_s"] for r in records] == pytest.approx(by_hand, rel=1e-6)
     timed = sorted(by_hand[2:])  # steps 3..13: 11 of them, after the two that warm up
+    # derived: the same division as by_hand's (fp64 rounding only, ~1e-13 relative)
     assert speed.values["timed_steps"] == 11 and speed.values["tokens_per_s"] == pytest.approx(timed[5], rel=1e-6)
     assert speed.values["tokens_per_s"] == probe.timed_tokens_per_s(records)[0]
     assert "(the median of 11 timed steps)" in speed.figure

@@ -184,6 +184,8 @@ def test_seed_variance_is_each_arm_s_spread_over_its_seeds():
     )
     table = seed_variance(cfg["train"], benchmarks, loss).set_index(["arm", "task"])
     base = table.loc[("micro-baseline", "loss")]
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6); here and
+    # below
     assert (
         base.seeds == 3
         and base["mean"] == pytest.approx(np.mean([3.7, 3.1, 3.2]))

@@ -21,13 +21,16 @@ import pytest
 import torch
 
 from streamback import layout
-from streamback.config import validate_config
+from streamback.config import DEFAULT_CONFIG, load_config, validate_config
 from streamback.errors import StreambackError
+from streamback.model.model import ModelArgs
 from streamback.model.weights import read_model
-from streamback.runs import check_wsd, run_matrix
+from streamback.runs import check_runs, check_wsd, run_matrix
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
+from streamback.train.checkpoint import recipe_fingerprint
+from streamback.train.checkpointing import recipe_identity
 from streamback.train.metrics import MetricsLog, header_file, read_header, read_metrics
 from streamback.train.parallel import StreamDtypeWatch
 from streamback.train.schedule import wsd_lr
@@ -51,6 +54,7 @@ from helpers.train import (  # noqa: F401  (reference: the module's reference ru
 def test_wsd_values_at_the_phase_boundaries():
     lr, total, warmup, decay = 4e-4, 100, 10, 20
     values = {s: wsd_lr(s, lr, total, warmup, decay) for s in (0, 4, 9, 10, 79, 80, 90, 99, 100, 150)}
+    # derived: the schedule's formula by hand (fp64 roundings only, within approx's 1e-6), here and below
     assert values[0] == pytest.approx(lr / 10)  # first update: lr / warmup, not zero
     assert values[4] == pytest.approx(lr * 5 / 10)
     assert (
@@ -113,6 +117,25 @@ def test_run_matrix_names():
     assert len(run_matrix(validate_config({"train": {"runs": two}})["train"])) == 8  # null: every shape
     with pytest.raises(StreambackError, match="stream_shapes names shapes that are not in train.runs.shapes: c"):
         run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": ["c"]}}})["train"])
+
+    # a mapping gives each stream its own shapes (config/dose.yaml); the names are those of a list
+    def matrix(stream_shapes):
+        return run_matrix(validate_config({"train": {"runs": {**two, "stream_shapes": stream_shapes}}})["train"])
+
+    each = matrix({"mxfp8": ["b"], "nvfp4": ["a", "b"]})
+    assert list(each) == [
+        "a-baseline",
+        "a-streamback",
+        "a-streamback-nvfp4",
+        "b-baseline",
+        "b-streamback",
+        "b-streamback-mxfp8",
+        "b-streamback-nvfp4",
+    ]
+    with pytest.raises(StreambackError, match="must name exactly the streams .*missing nvfp4; fp16 not in"):
+        matrix({"mxfp8": ["b"], "fp16": ["a"]})
+    with pytest.raises(StreambackError, match="not in train.runs.shapes: c"):
+        matrix({"mxfp8": ["c"], "nvfp4": []})
 
 
 def test_metrics_log_is_cut_back_to_the_checkpoint(tmp_path):
@@ -214,6 +237,7 @@ def test_run_outputs_and_same_seed_same_metrics(reference, tokens, tmp_path):
         "layers.1.ffn_norm",
         "norm",
     }
+    # derived: the schedule's formula by hand (fp64, then JSON's exact round trip)
     assert records[0]["lr"] == pytest.approx(3e-3 / 4)
     assert records[-1]["lr"] == pytest.approx(
         3e-3 * (1 + math.cos(math.pi * 7 / 8)) / 2
@@ -221,9 +245,11 @@ def test_run_outputs_and_same_seed_same_metrics(reference, tokens, tmp_path):
     assert records[-1]["val_loss"] < records[0]["loss"] - 1.0
     summary = json.loads((reference["root"] / "out" / layout.SUMMARY_FILE).read_text())
     assert (summary["steps"], summary["stream"], summary["final_val_loss"]) == (STEPS, "fp32", records[-1]["val_loss"])
+    assert summary["embedding_init_std"] == 1.0  # the dose, beside the shape (TorchTitan's by default)
     saved = read_model(reference["root"] / "out" / layout.MODEL_FILE)
     assert (
         saved.args.block == "streamback"
+        and saved.args.embedding_init_std == 1.0  # the model file carries the dose with the shape
         and saved.stream == "fp32"
         and all(v.dtype == torch.float32 for v in saved.state.values())
     )
@@ -512,3 +538,27 @@ def test_the_shadow_of_a_compiled_baseline_on_a_gpu(tokens, tmp_path):
         r["shadow_stream"] == "fp32" and r["shadow_gap"][0] == 0 and 0 < max(r["shadow_gap"]) < 0.05 for r in shadows
     )
     assert all(abs(r["shadow_loss"] - r["loss"]) < 0.05 for r in shadows)
+
+
+def test_a_dose_with_tied_embeddings_is_refused_before_any_run():
+    """model.embedding_init_std would be overwritten by the output projection's init when the embeddings are tied."""
+    cfg = validate_config({"model": {"tied_embeddings": True, "embedding_init_std": 4.0}})
+    with pytest.raises(StreambackError, match=r"model.shapes.fat-short: embedding_init_std 4.0 has no effect with"):
+        check_runs(cfg["train"], cfg["model"])
+    tied = validate_config({"model": {"tied_embeddings": True}})
+    check_runs(tied["train"], tied["model"])  # the default dose, 1, is TorchTitan's init and fine
+
+
+def test_the_dose_is_part_of_the_run_s_identity():
+    """Two runs that differ only in model.embedding_init_std are two recipes (their checkpoints never
+    resume one another), as two shapes are."""
+    cfg = load_config(DEFAULT_CONFIG)
+    spec = run_matrix(cfg["train"])["tiny-medium-baseline"]
+    identities = [
+        recipe_identity(
+            spec, ModelArgs.from_config(dose_cfg, "tiny-medium", 961), cfg["train"], {"fingerprint": "f" * 64}
+        )
+        for dose_cfg in (cfg["model"], {**cfg["model"], "embedding_init_std": 256.0})
+    ]
+    assert [i["model_args"]["embedding_init_std"] for i in identities] == [1.0, 256.0]
+    assert recipe_fingerprint(identities[0]) != recipe_fingerprint(identities[1])

@@ -26,7 +26,9 @@ def test_one_item_of_a_hundred_in_each_of_three_seeds_is_not_consistent():
     # each seed: the other run is wrong on one item the baseline gets right, the same difference three times
     groups = [np.array([-1.0] + [0.0] * 99)] * 3
     summary, text = verdict(groups)
+    # derived: means of equal fp64 values, a few roundings (approx's default 1e-6 relative)
     assert summary["sd"] == 0 and summary["low"] == summary["high"] == pytest.approx(-0.01)  # a t interval of no width
+    # exact but for fp64 summation: the seeded bootstrap's quantile is a mean of resampled items, a multiple of 1/300
     assert (summary["boot_low"], summary["boot_high"]) == pytest.approx(
         (-0.07 / 3, 0.0)
     )  # the issue's -2.3 to 0.0 points: it reaches 0
@@ -46,6 +48,7 @@ def test_a_real_effect_of_five_sd_over_five_seeds_is_consistent():
     groups = [m + 0.05 * rng.standard_normal(400) for m in seed_means]  # item noise 0.05 / 20 = sd / 4 per seed
     summary, text = verdict(groups)
     assert text.startswith("consistent across seeds: better by")
+    # exact: the sign-flip p of five positive seeds is 2/32 (approx for fp64 division)
     assert summary["p"] == pytest.approx(2 / 32)  # every seed positive: the exact p is its floor
     # the same seeds with one sign turned are not
     groups[0] = -groups[0]
@@ -55,13 +58,16 @@ def test_a_real_effect_of_five_sd_over_five_seeds_is_consistent():
 def test_sign_flip_p_against_enumeration_and_scipy():
     d = [0.3, -0.1, 0.5, 0.2, 0.4, -0.05]
     sums = [abs(sum(s * x for s, x in zip(signs, d))) for signs in itertools.product([1, -1], repeat=len(d))]
+    # derived: the same enumeration; 1e-12 admits the order of fp64 summation of 6 terms ~0.3 (6 x 2^-53 x 1.5 = 1e-15)
     assert stats.sign_flip_p(d) == pytest.approx(np.mean(np.array(sums) >= abs(sum(d)) - 1e-12))
     want = sps.permutation_test(
         (np.array(d),), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
     ).pvalue
+    # derived: scipy's exact permutation test is the same count of 64 sign patterns (fp64 division only)
     assert stats.sign_flip_p(d) == pytest.approx(want)
     assert stats.sign_flip_p([0.0, 0.0, 0.0]) == 1.0 and stats.sign_flip_p([0.2, 0.2]) == 0.5  # two seeds: 2 of 4
     many = np.full(24, 0.1)
+    # exact: the Monte Carlo floor 1 / (draws + 1) (approx for fp64 division)
     assert stats.sign_flip_p(many, draws=20000) == pytest.approx(1 / 20001)  # Monte Carlo: the floor is its own
 
 
@@ -70,6 +76,8 @@ def test_seed_mde_against_statsmodels_and_a_simulation_of_the_design():
 
     for n in (3, 5, 10):
         want = TTestPower().solve_power(effect_size=None, nobs=n, alpha=0.05, power=0.8, alternative="two-sided")
+        # derived: one noncentral-t power equation, two root finders: their stopping tolerances (1e-8 or finer) are far
+        # below 1e-4
         assert stats.seed_mde(1.0, n) == pytest.approx(want, rel=1e-4)
     # the design: 5 seeds, each difference = effect + seed noise (sd 0.004) + the mean of 200 window
     # differences (sd 0.03 each); the tables measure the per-seed differences' sd and the window noise
@@ -89,8 +97,10 @@ def test_seed_mde_against_statsmodels_and_a_simulation_of_the_design():
         return np.mean(np.abs(t) > critical)
 
     assert power(0.9 * mde) < 0.8 < power(1.1 * mde)  # the simulated 80%-power effect is within 10% of the MDE
+    # derived: a power from 6000 seeded trials has binomial sd sqrt(0.8 x 0.2 / 6000) = 0.005: 0.025 is 4.8 sd
     assert power(mde) == pytest.approx(0.8, abs=0.025)
     # the window noise floors the spread: seeds that agree exactly still leave the items' noise
+    # derived: the same formula on the same floats (fp64 roundings only)
     assert stats.seed_mde(0.0, n, within_se=0.002) == pytest.approx(stats.seed_mde(0.002, n))
     assert math.isnan(stats.seed_mde(0.0, n)) and math.isnan(stats.seed_mde(0.01, 1))
 
@@ -102,11 +112,13 @@ def test_seeds_needed_for_a_band():
     assert n == 6 and stats.seed_mde(0.0013, 6) <= 0.002 < stats.seed_mde(0.0013, 5)
     # the normal approximation ((z_a/2 + z_b) sigma / target)^2 for a large n
     big = stats.seeds_needed(0.01, 0.001)
+    # derived: the t test needs about z^2 / 2 = 2 seeds more than the normal 785, and the ceiling < 1: 0.4%; 0.02 is 5x
     assert big == pytest.approx(((sps.norm.ppf(0.975) + sps.norm.ppf(0.8)) * 10) ** 2, rel=0.02)
     assert math.isnan(stats.seeds_needed(math.nan, 0.001)) and math.isnan(stats.seeds_needed(1.0, 1e-6, most=1000))
 
 
 def test_within_se_by_hand():
+    # derived: the same formula by hand (fp64 roundings only)
     assert stats.within_se([[0.0, 2.0], [1.0, 1.0, 4.0]]) == pytest.approx(math.sqrt((2.0 / 2 + 3.0 / 3) / 2))
 
 
@@ -123,6 +135,7 @@ def test_task_snr_on_constructed_checkpoint_scores_matches_the_reference():
     scores = {"a": [0.50, 0.52, 0.48], "b": [0.60, 0.62, 0.58], "c": [0.55, 0.57, 0.53]}
     out = stats.task_snr(scores)
     sd = math.sqrt(2 * 0.02**2 / 3)
+    # derived: each figure of task_snr by hand on the same floats (fp64 roundings only, here and below)
     assert out["signal"] == pytest.approx(0.10 / 0.55) and out["noise"] == pytest.approx(sd / 0.55)
     assert out["snr"] == pytest.approx(0.10 / sd)  # 6.1
     # the reference with one model's checkpoints as its noise (each model's are alike here, about the same mean)

@@ -4,9 +4,11 @@ run files are read with wandb's own protobuf records from the `.wandb` log (Leve
 32 KiB blocks of records with a 7-byte header, after W&B's 7-byte file header)."""
 
 import json
+import math
 import shutil
 import struct
 import sys
+import time
 
 import pytest
 import torch
@@ -82,36 +84,75 @@ def wandb_records(path):
     return records
 
 
+def start_time(records) -> int:
+    """When the W&B run of a .wandb file's records started (its run record's start_time), in nanoseconds."""
+    (run,) = [record.run for record in records if record.WhichOneof("record_type") == "run"]
+    return run.start_time.ToNanoseconds()
+
+
+class StartClock:
+    """`time` for wandb.init: each run starts `step` seconds after the one before, from a whole second. A step of
+    0.1 s puts two quick attempts in one second, as on a fast machine (the case that once ordered them wrong)."""
+
+    def __init__(self, step: float):
+        self.second, self.step, self.starts = math.floor(time.time()), step, 0
+
+    def time(self) -> float:
+        self.starts += 1
+        return self.second + self.step * self.starts
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
 def test_the_wandb_run_holds_the_metrics_and_a_resume_appends_to_it(tokens, tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
+    from wandb.sdk import wandb_init
+
+    # both attempts start in one second where wandb names the second one's directory "-1" (wandb/wandb#10511);
+    # before that, they would share one, so they start a second apart there
+    suffixed = hasattr(wandb_init._WandbInit, "set_sync_dir_suffix")
+    monkeypatch.setattr(wandb_init, "time", StartClock(0.1 if suffixed else 1.0))
     monkeypatch.setenv("WANDB_SILENT", "true")
     settings = {"project": "streamback-test", "mode": "offline"}
     assert train(tokens, tmp_path, settings) == 0
+    # run.finish() only tells W&B's service that the run is done (inform_finish, not waited for), and a second run
+    # of the same id in this process goes to the same service: end it (waited for), as each attempt's own process
+    # does at exit, before the next attempt starts
+    wandb.teardown()
+    first = read_metrics(tmp_path / "out" / layout.METRICS_FILE)  # the first attempt's steps 1-10
     (recipe,) = layout.recipe_dirs(tmp_path / "ckpt")
     shutil.rmtree(ckpt.checkpoint_dir(recipe, 10))  # the second attempt resumes from step 5 and logs steps 6-10 again
     assert train(tokens, tmp_path, settings) == 0
-
-    attempts = sorted((recipe / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(attempts) == 2
-    ids, logged = set(), {}
-    for path in attempts:  # W&B's sync appends each to the run of its id; a later step replaces an earlier one
-        for record in wandb_records(path):
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                ids.add((record.run.run_id, record.run.project))
-            elif kind == "history":
-                items = {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
-                }
-                logged[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
-    assert ids == {(f"{RUN}-{recipe.name.removeprefix('recipe-')}", "streamback-test")}
+    wandb.teardown()  # every file written whole before it is read
     metrics = read_metrics(tmp_path / "out" / layout.METRICS_FILE)
-    assert sorted(logged) == [r["step"] for r in metrics] == list(range(1, 11))
-    for record in metrics:
-        want = dict(scalars(record))
-        assert logged[record["step"]].keys() == want.keys()
-        assert logged[record["step"]] == want  # the wall-clock fields too: the later attempt's in both
-    assert {"train/loss", "train/val_loss", "stream_absmax/0"} <= set(logged[10])
+
+    # each attempt's W&B file, in the order they started: its run record's start time (nanoseconds), not the
+    # directory's name, whose time has one-second resolution (both started in one second here: W&B adds "-1")
+    names = sorted(path.name[-2:] for path in (recipe / "wandb").glob("offline-run-*"))
+    assert not suffixed or names == ["-1", recipe.name[-2:]]
+    paths = (recipe / "wandb").glob("offline-run-*/run-*.wandb")
+    attempts = sorted((wandb_records(path) for path in paths), key=start_time)
+    assert len(attempts) == 2 and start_time(attempts[0]) < start_time(attempts[1])
+    run_id = f"{RUN}-{recipe.name.removeprefix('recipe-')}"
+    for records, want in zip(attempts, (first, metrics[5:])):  # each file holds its own attempt's records
+        assert {(r.run.run_id, r.run.project) for r in records if r.WhichOneof("record_type") == "run"} == {
+            (run_id, "streamback-test")
+        }
+        assert history(records) == {r["step"]: dict(scalars(r)) for r in want}  # the wall-clock fields too
+    # W&B's sync appends both to the run of their id, a later step replacing an earlier one: metrics.jsonl
+    assert [r["step"] for r in metrics] == list(range(1, 11)) and first[:5] == metrics[:5]
+    assert {"train/loss", "train/val_loss", "stream_absmax/0"} <= set(history(attempts[1])[10])
+
+
+def history(records) -> dict[int, dict]:
+    """{step: {metric: value}} of a .wandb file's history records (W&B's own `_` keys left out)."""
+    logged = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            logged[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+    return logged
 
 
 def test_without_wandb_the_run_stops_in_one_line(tokens, tmp_path, monkeypatch):

@@ -84,6 +84,7 @@ def test_swallow_counts_add_up_over_adds():
     h2, d2 = torch.tensor([600.0, 3.0]).bfloat16(), torch.tensor([1.0, 0.5]).bfloat16()
     pooled = swallow_fractions(swallow_counts(h, d, bf16.add(h, d)) + swallow_counts(h2, d2, bf16.add(h2, d2)))
     together = swallow_stats(torch.cat([h, h2]), torch.cat([d, d2]), bf16.add(torch.cat([h, h2]), torch.cat([d, d2])))
+    # derived: the same fractions of integer counts, pooled or at once: one fp64 division each (1 ulp, 2.2e-16)
     assert pooled == pytest.approx(together, rel=1e-15)
     assert together["swallowed_fraction"] == 3 / 5  # 600 + 1.9, 1 + 0.001, 600 + 1.0; the zero update is not one
 
@@ -140,6 +141,7 @@ def test_spacing_is_the_grid_step_at_the_stream_s_max():
     block = torch.zeros(16)
     block[:2] = torch.tensor([5.0, 3.4])
     top, below = quantize_nvfp4(block)[:2]  # element 6 of the block's scale, and the next value down, element 4
+    # derived: grid values by hand, binary fractions times an fp32 scale (a few fp32 roundings within approx's 1e-6)
     assert below == pytest.approx(float(top) * 4 / 6) and StreamFormat.parse("nvfp4").spacing(
         top
     ).item() == pytest.approx(float(top - below))
@@ -309,6 +311,8 @@ def test_a_loss_spike_fires_and_noise_does_not():
     assert watched(steps(losses, np.ones(300))) == []
     losses[250] = 4.0
     (event,) = watched(steps(losses, np.ones(300)))
+    # derived: 4.0 over the median m of 100 losses 3 + N(0, 0.03) (m's sd ~0.004): (4 - m) / m is 1/3 to 0.0017 per sd
+    # of m; 0.03 is 18 sd
     assert (event["warning"], event["step"], event["layer"]) == ("loss_spike", 251, None) and event[
         "value"
     ] == pytest.approx(1 / 3, abs=0.03)
@@ -354,6 +358,7 @@ def test_a_bf16_stream_pushed_large_fires_the_swallowed_warning(tokens, tmp_path
     assert all(f"[micro-baseline] {e['message']}" in log for e in fired)
     # TensorBoard has the warnings as text and the live signals as scalars
     board, shares = event_scalars(tmp_path, "swallowed_fraction/0")
+    # derived: TensorBoard stores a scalar as fp32 (2^-24 = 6e-8 relative); 1e-6 is 16x
     assert shares == [
         (r["step"], pytest.approx(r["swallowed_fraction"][0], rel=1e-6)) for r in records if "swallowed_fraction" in r
     ]
@@ -405,6 +410,7 @@ def test_tensorboard_shows_every_step_once_across_a_resume(tokens, tmp_path):
         index = {"stream_absmax": 2, "lost_mass_fraction": 1, "norm_gain_absmax": "layers.1.ffn_norm"}.get(key)
         expected = [(r["step"], r[key] if index is None else r[key][index]) for r in records if key in r]
         assert [s for s, _ in seen] == [s for s, _ in expected], tag  # every step once, in order
+        # derived: TensorBoard stores a scalar as fp32 (2^-24 = 6e-8 relative); 1e-6 is 16x
         assert [v for _, v in seen] == pytest.approx([v for _, v in expected], rel=1e-6), tag
     board, speed = event_scalars(tmp_path, "train/tokens_per_s")
     assert len(speed) == 30 and {"train/elapsed_s", "train/tokens"} <= set(board.Tags()["scalars"])

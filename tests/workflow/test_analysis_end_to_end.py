@@ -87,6 +87,8 @@ def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
             (per_seed["shape"] == row.shape) & (per_seed.comparison == row.comparison) & (per_seed.split == row.split)
         ]
         summary = across_seeds(seeds.final_difference.to_numpy(), 0.95)
+        # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6); here
+        # and below
         assert row.seeds == len(seeds) == summary["n"] and row.final_difference == pytest.approx(
             summary["mean"], abs=1e-12
         )
@@ -108,11 +110,13 @@ def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
         for s in ("", "-seed1")
     ]
     row = over[(over["shape"] == "a-short") & (over.comparison == "streamback") & (over.split == "val")].iloc[0]
+    # exact but for the CSV's decimal round trip: the same seeded bootstrap of the same items
     assert (row.boot_low, row.boot_high) == pytest.approx(
         hierarchical_bootstrap(diffs, 0.95, BOOTSTRAP_RESAMPLES)[1:], abs=1e-9
     )
     noise = within_se(diffs)
     sigma = max(np.std([d.mean() for d in diffs], ddof=1), noise)
+    # derived: the same formulas by hand in fp64 (a few 2^-53, far inside 1e-12 and 1e-9)
     assert (row.within_se, row.p_seeds) == pytest.approx((noise, sign_flip_p([d.mean() for d in diffs])), abs=1e-12)
     assert row.mde == pytest.approx(seed_mde(sigma, 2, 0.05, 0.8), rel=1e-9)
     assert (row.seeds_for_band, row.seeds_for_target) == pytest.approx(
@@ -121,6 +125,8 @@ def test_every_kind_through_the_command(matrix, monkeypatch, capsys):
     curves = pd.read_csv(root / layout.table("loss_curves"))
     b, o = (read_metrics(root / layout.metrics_file(f"a-short-{block}")) for block in ("baseline", "streamback"))
     pick = (curves["shape"] == "a-short") & (curves.comparison == "streamback") & (curves.split == "train")
+    # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6); here and
+    # below
     assert curves[pick & (curves.seed == "0")].difference.tolist() == pytest.approx(
         [x["loss"] - y["loss"] for x, y in zip(b, o)], abs=1e-12
     )

@@ -71,12 +71,14 @@ def test_the_default_study_s_depths_through_rule_depth(study):
     loss = pd.read_csv(root / layout.table("loss_difference"))
     over = loss[(loss.seed.astype(str) == "all") & (loss.split == "val")].set_index(["shape", "comparison"])
     for row in table.itertuples():
+        # exact up to the CSV's decimal round trip: the same figure read from two tables
         assert row.val_difference == pytest.approx(over.loc[(row.shape, row.comparison), "final_difference"])
     errors = pd.read_csv(root / layout.table("layer_error"))
     grads = errors[errors.kind == "gradients"].groupby(["run", "variant"]).sign_flips.sum().unstack()
     per_run = grads["fp32"] / grads["bf16"]
     for row in main.itertuples():
         runs = [r for r in per_run.index if re.fullmatch(rf"{row.shape}-(baseline|streamback)(-seed\d+)?", r)]
+        # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
         assert len(runs) == 4 and row.grad_flip_ratio == pytest.approx(per_run[runs].mean())
     ours = trend[trend.comparison == "streamback"].set_index("measure")
     assert set(ours.index) == set(MEASURES) and (ours.depths == 3).all() and ours.slope.notna().all()

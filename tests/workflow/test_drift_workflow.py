@@ -17,11 +17,11 @@ def test_drift_rule_end_to_end(study, run_snakemake, tmp_path):
     root = study.root
     out = root / layout.DRIFT_DIR
     assert (
-        "drift: 7 paths x 3 settings x 2 seeds x 256 coordinates x 4000 steps"
+        "drift: 8 paths x 3 settings x 2 seeds x 256 coordinates x 4000 steps"
         in (root / "logs" / "drift.log").read_text()
     )
     summary = pd.read_csv(out / "summary.csv")
-    assert len(summary) == 3 * 8 * 2
+    assert len(summary) == 3 * 9 * 2  # nine paths, fp8_e4m3's rows not simulated
     assert {"mu", "sigma", "path", "seed", "steps", "coords", "start", "drift", "drift_ratio"} <= set(summary.columns)
     assert_note_findings(summary)
 
@@ -34,7 +34,7 @@ def test_drift_rule_end_to_end(study, run_snakemake, tmp_path):
         .merge(trajectories[trajectories.step == 4000], on=keys)
         .merge(summary, on=keys)
     )
-    assert len(ends) == 3 * 7 * 2 and ((ends.mean_y - ends.mean_x - ends.drift).abs() < 1e-3).all()
+    assert len(ends) == 3 * 8 * 2 and ((ends.mean_y - ends.mean_x - ends.drift).abs() < 1e-3).all()
 
     spacing = pd.read_csv(out / "spacing.csv")
     probe = spacing[(spacing.kind == "probe") & (spacing.format == "bf16") & (spacing.value == 600)]

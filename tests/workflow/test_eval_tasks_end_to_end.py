@@ -64,6 +64,7 @@ def test_the_stage_and_tables_run_real_lm_eval_tasks(long_runs, tokens, monkeypa
             json.loads(line) for line in layout.eval_samples("micro-streamback", row.task).read_text().splitlines()
         ]
         mine = {s["doc_id"]: s[row.metric] for s in samples if s["filter"] == row.filter}
+        # derived: the same formula by hand on the same floats (fp64 roundings only, within approx's default 1e-6)
         assert row.n == len(mine) and row.value == pytest.approx(sum(mine.values()) / len(mine))
         assert row.tests == 4 and row.family == (
             "micro-streamback vs micro-baseline, 4 tests: hellaswag acc; hellaswag acc_norm; "

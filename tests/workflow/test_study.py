@@ -75,11 +75,16 @@ def test_the_page_says_what_was_run_and_what_came_out(study):
     )
     assert f"Within single seeds, of {len(pairs) - len(over)} benchmark comparisons" in text
     assert text.index("Over 2 training seeds, ") < text.index("Within single seeds, of ")  # across seeds first
-    # the answer drawn first: the forest plot, then the verdict table, then the sentences; the inventory below
+    # the answer: the primary test's sentence first, then the forest plot, the primary test's table, the verdict
+    # table and the sentences in detail; the inventory below
     assert (
-        text.index('id="chart')
-        < text.index("<h3>Verdicts over the training seeds</h3>")
-        < text.index("On ")
+        text.index("<h2>The answer</h2>")
+        < text.index("StreamBack&#x27;s final validation loss is")
+        < text.index('id="chart')
+        < text.index("<h3>The primary test</h3>")
+        < text.index("<h3>Verdicts over the training seeds (secondary)</h3>")
+        < text.index("<h3>In detail</h3>")
+        < text.index(f"On {row['shape']}, over 2 training seeds")
         < text.index("<h2>What was run</h2>")
     )
     assert (
@@ -151,6 +156,17 @@ def test_a_finished_study_has_nothing_to_rerun(study, run_snakemake):
     assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
 
 
+def test_the_plan_of_the_study_sizes_every_job_kind(study):
+    """`snakemake plan` (a local rule, run beside the study): one table of every job kind against its need, on
+    both GPUs of plan.gpu_memory_gb; the tiny study asks for enough of everything."""
+    plan = pd.read_csv(study / layout.table(layout.PLAN_TABLE))
+    kinds = {"train", "export_hf", "analyze_layer_error", "analyze_loss_difference", "evaluate", "matrix"}
+    assert kinds <= set(plan.job)
+    assert {"80 GB", "141 GB"} <= set(plan.gpu)
+    assert plan.ok.all(), plan[~plan.ok].to_string()
+    assert "plan: 0 mismatch(es)" in (study / "logs" / "plan.log").read_text()
+
+
 @pytest.mark.slow
 def test_a_stage_that_has_not_run_is_named(study, tmp_path):
     copy = tmp_path / "copy"
@@ -212,12 +228,47 @@ def test_the_page_renders_offline_in_chromium(study):
                 " const s = d.querySelector('svg, canvas'); const r = s.getBoundingClientRect(); return [r.width, "
                 "r.height]; })"
             )
+            # the answer as a reader meets it: its first paragraph one sentence, at most five before any figure
+            opening = page.evaluate(
+                "(() => { const out = []; let e = [...document.querySelectorAll('h2')]"
+                ".find(h => h.textContent === 'The answer').nextElementSibling;"
+                " while (e && e.tagName === 'P') { out.push(e.innerText); e = e.nextElementSibling; }"
+                " return {sentences: out, next: e && e.className}; })()"
+            )
+            forest = page.evaluate(
+                "(() => { const d = document.querySelector('div.chart'); const r = d.querySelector('svg, canvas')"
+                ".getBoundingClientRect(); const y = {}; d.querySelectorAll('svg text').forEach(t => {"
+                " if (!(t.textContent in y)) y[t.textContent] = t.getBoundingClientRect().top; });"
+                " return {right: r.right, width: document.documentElement.scrollWidth, y: y}; })()"
+            )
             shot = ROOT / layout.RESULTS / "study_screenshot.png"
             shot.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
     assert not errors and not outside, (errors, outside)
+    # the first sentence is the primary test's answer, from primary.csv
+    primary = pd.read_csv(study / layout.table(layout.PRIMARY_TABLE)).iloc[0]
+    first = opening["sentences"][0]
+    assert 1 <= len(opening["sentences"]) <= 5 and "chart" in opening["next"].split(), opening
+    assert first.count(". ") == 0 and first.endswith(".")  # one sentence
+    leads = {  # the primary verdict against the paper's band -> the plain words the sentence opens with
+        "different": "On this tier the fp32 stream changes training:",
+        "different, but within": "On this tier the fp32 stream changes training, but by less than the paper's band:",
+        "equivalent within": "On this tier the fp32 stream does not change training beyond the paper's band:",
+        "inconclusive": "This tier cannot tell whether the fp32 stream changes training:",
+    }
+    verdict = primary.verdict_band
+    assert first.startswith(leads[max((k for k in leads if verdict.startswith(k)), key=len)]), first
+    direction = "lower" if primary.estimate > 0 else "higher"
+    assert f"final validation loss is {abs(primary.estimate):.4f} nats {direction} than the baseline's" in first
+    assert f"95% t interval {primary.low:+.4f} to {primary.high:+.4f} nats over {primary.seeds} seeds" in first
+    assert f"exact sign-flip p = {primary.p:.2g}" in first and verdict in first
+    assert primary.seeds == 6 and primary.strata == 3  # the default's three shapes, two seeds each
+    # the forest plot fits the 1,400-pixel viewport, its shapes in the paper's order (the config's)
+    assert forest["right"] <= 1400 and forest["width"] <= 1400, forest
+    shapes = ["tiny-skinny-tall", "tiny-medium", "tiny-fat-short"]
+    assert [forest["y"][s] for s in shapes] == sorted(forest["y"][s] for s in shapes), forest["y"]
     assert count >= 20 and len(sizes) == count and all(w > 100 and h > 50 for w, h in sizes), sizes
 
 

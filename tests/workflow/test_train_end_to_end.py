@@ -142,6 +142,8 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
         assert stop_at == 8 or "resuming from step" in err
         stopped = read_metrics(live / "metrics.jsonl")
         assert ckpt.list_checkpoints(live)[-1][0] == stopped[-1]["step"] < STEPS
+        # measured: 0 (bit for bit) on an AMD EPYC (docstring); derived: two ranks' fp32 sums of two terms are
+        # order-free, and 1e-5 at losses ~6 is ~20 fp32 ulps
         assert np.allclose([r["loss"] for r in stopped], [r["loss"] for r in ref[: len(stopped)]], rtol=0, atol=1e-5)
 
     proc = cli(tokens, tmp_path)
@@ -149,18 +151,23 @@ def test_fsdp2_on_two_gloo_processes_matches_one(reference, tokens, tmp_path):
     assert proc.returncode == 0 and "1 process(es) x 2 micro-batches" in err, err[-3000:]
     records = read_metrics(tmp_path / "out" / layout.METRICS_FILE)
     assert [r["step"] for r in records] == [r["step"] for r in ref]
+    # measured: 0 (bit for bit) there, as above; margin ~20 fp32 ulps at losses ~6
     assert np.allclose([r["loss"] for r in records], [r["loss"] for r in ref], rtol=0, atol=1e-5)
     assert records[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=1e-5)
     # the shadow (fp64 stream; the fp32 StreamBack run's is the shadow's to 1e-6) runs through FSDP2's forward alike
     shadows = [(r["shadow_absmax"], r["shadow_loss"]) for r in stopped if "shadow_loss" in r]
     assert (
         shadows
+        # derived: the fp64 shadow is the fp32 stream's to 1e-6 (one fp32 rounding a layer, docstring); 1e-5 is 10x that
         and np.allclose(shadows[0][0], ref[3]["shadow_absmax"], rtol=1e-5)
         and abs(shadows[0][1] - ref[3]["shadow_loss"]) < 1e-5
     )
+    # derived: an fp32 stream's gap to its fp64 shadow is a few fp32 roundings (2^-24 = 6e-8) per layer; 1e-5 holds 100+
     assert max(g for r in stopped if "shadow_gap" in r for g in r["shadow_gap"]) < 1e-5
     model = final_weights(tmp_path / "out" / layout.MODEL_FILE)
     for key, value in reference["model"].items():
+        # measured: 0 (bit for bit) there; margin: 1e-5 at weights ~0.1 is ~1000 fp32 ulps, far below one step's update
+        # (lr 3e-3)
         assert torch.allclose(model[key], value, rtol=0, atol=1e-5), key
 
 
@@ -172,5 +179,7 @@ def test_activation_checkpointing_and_the_reversible_stream_train_the_same_model
     assert run_inprocess(tokens, tmp_path / "rev", reversible=True, activation_checkpointing=True) == 0
     records = read_metrics(tmp_path / "rev" / "out" / layout.METRICS_FILE)
     assert records[0]["loss"] == ref[0]["loss"]  # the forward pass is the plain one
+    # derived: subtraction rebuilds each fp32 residual to one fp32 ulp; a ulp can flip a bf16 rounding of a delta (2^-8
+    # of it): 1e-3 over 30 steps
     assert np.allclose([r["loss"] for r in records], [r["loss"] for r in ref], rtol=0, atol=1e-3)
     assert read_model(tmp_path / "rev" / "out" / layout.MODEL_FILE).args.reversible

@@ -8,10 +8,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from streamback import layout
 from streamback.config import load_config
+from streamback.model.model import ModelArgs, Transformer, count_params
 from streamback.runs import run_matrix, train_steps
 
 from conftest import ROOT, snakemake_command
@@ -74,6 +76,16 @@ def test_slurm_profile_dry_run(run_snakemake, tmp_path):
     )
     # The Slurm executor needs sbatch only when submitting; a dry run must parse the profile.
     assert result.returncode == 0, result.stderr + result.stdout
+    # export_hf asks for at least what its model needs: the fp32 model read and safetensors' copy of it as it
+    # writes (the model's parameters counted on the meta device, Llama 3's vocabulary: the tier's tokenizer)
+    paper = load_config(ROOT / "config" / "paper.yaml")
+    public = [d for d in paper["analysis"]["public_models"].values() if d]
+    with torch.device("meta"):
+        model = Transformer(ModelArgs.from_config(paper["model"], "skinny-tall", 128256))
+    (job,) = [j for j in (result.stdout + result.stderr).split("\n\n") if "rule export_hf:" in j]
+    assert public == ["results/hf/skinny-tall-baseline"] and "wildcards: run=skinny-tall-baseline" in job
+    mem_mb = int(re.search(r"resources: .*\bmem_mb=(\d+)", job).group(1))
+    assert mem_mb * 10**6 >= 2 * 4 * count_params(model) + 10**9
 
 
 def test_bad_config_stops_before_any_job(run_snakemake, tmp_path):
@@ -400,3 +412,18 @@ def test_the_paper_runs_ignore_the_tiny_shapes_merged_under_them(run_snakemake, 
     change = {"model": {"shapes": {"tiny-medium": {"n_layers": 3, "dim": 96, "n_heads": 4, "n_kv_heads": 1}}}}
     jobs = planned_jobs(run_snakemake, touched, change, *paper)
     assert rules_of(jobs) == {"study_report", "all"}, jobs
+
+
+def test_a_rules_retries_of_0_means_no_retry_whatever_the_profile_says(tmp_path):
+    """What the schema says of train.resources.retries: Snakemake (Rule.restart_times) takes a rule's own
+    `retries` over --retries (the Slurm profile's), so 0 means none; a rule without one takes --retries."""
+    (tmp_path / "Snakefile").write_text(
+        "rule all:\n    input: 'zero.done', 'unset.done'\n\n"
+        "rule zero:\n    output: 'zero.done'\n    retries: 0\n    shell: 'echo x >> zero.tries; exit 1'\n\n"
+        "rule unset:\n    output: 'unset.done'\n    shell: 'echo x >> unset.tries; exit 1'\n"
+    )
+    cmd = [sys.executable, "-m", "snakemake", "-s", "Snakefile", "--cores", "1", "--retries", "2", "--keep-going"]
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode != 0
+    assert (tmp_path / "zero.tries").read_text().count("x") == 1, result.stderr[-2000:]
+    assert (tmp_path / "unset.tries").read_text().count("x") == 3

@@ -1,15 +1,18 @@
 # Analyses of the trained runs (streamback/analysis/): one job per kind over every run of the
 # train.runs matrix (`streamback analyze <kind>`), on one validation batch of the runs' own data.
 # Outputs (streamback/layout.py: ANALYSIS_TABLES, analysis_figures): results/tables/{layer_error,
-# envelope, envelope_training, swallowed, loss_difference, loss_curves}.csv and
+# envelope, envelope_training, swallowed, loss_difference, loss_curves, loss_accumulation}.csv and
 # results/figures/<figure>.{svg,png}: per run layer_error-<run> and envelope_training-<run>, one
 # envelope, per shape swallowed-<shape> and loss_difference-<shape>.
-# Resources from config["analysis"]["resources"]: gpus 0 runs on the CPU, 1 asks Slurm for a GPU.
+# Resources from config["analysis"]["resources"]: gpus 0 runs on the CPU, 1 asks Slurm for a GPU; memory and
+# time limits from each job's size (streamback/sizes.py) where the config leaves them null.
 
 from streamback.config import public_models
 from streamback.runs import comparisons
 
 ANALYSIS_RES = config["analysis"]["resources"]
+# the vocabulary the jobs are sized for (streamback/sizes.py): the corpus's once tokenized
+SIZE_VOCAB = sizes.vocab_of(config)
 ANALYSIS_RUNS = list(RUNS)  # rule train's matrix
 ANALYSIS_SHAPES = list(dict.fromkeys(spec.shape for spec in RUNS.values()))
 COMPARED = comparisons(RUNS)  # (shape, baseline, other)
@@ -46,7 +49,7 @@ for kind, (kind_runs, kind_shapes, metrics) in ANALYSES.items():
             str(layout.timing_file(rule_name)),
         threads: ANALYSIS_RES["threads"]
         resources:
-            **analysis_resources(),
+            **analysis_resources(kind),
         params:
             **analysis_params(kind, kind_runs),
         shell:
@@ -74,9 +77,9 @@ rule export_hf:
     benchmark:
         str(layout.timing_file("export_hf", "{run}")),
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources:  # from the model's size (streamback/sizes.py), or analysis.export_resources
+        mem_mb=lambda wildcards: sizes.export_job(config, RUNS[wildcards.run].shape, SIZE_VOCAB)["mem_mb"],
+        runtime=lambda wildcards: sizes.export_job(config, RUNS[wildcards.run].shape, SIZE_VOCAB)["runtime"],
     wildcard_constraints:
         run="|".join(re.escape(run) for run in RUNS) or "(?!)",
     params:
@@ -101,7 +104,7 @@ rule analyze_public:
         str(layout.timing_file("analyze_public")),
     threads: ANALYSIS_RES["threads"]
     resources:
-        **analysis_resources(),
+        **analysis_resources("public"),
     params:
         **analysis_params("public", []),
     shell:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from snakemake.settings.types import DeploymentMethod
 
-from streamback import jobs, layout
+from streamback import jobs, layout, sizes
 from streamback.runs import run_setting
 
 # Jobs run `streamback <stage> ...`, a shell function for `python -m streamback` with the
@@ -212,6 +212,8 @@ def train_slurm(key):
 ANALYSIS_CAPTIONS = {  # table or figure name (less its run or shape) -> caption file
     "layer_error": "analysis_layer_error", "envelope": "analysis_envelope", "envelope_training": "analysis_envelope_training",
     "swallowed": "analysis_swallowed", "loss_difference": "analysis_loss_difference", "loss_curves": "analysis_loss_curves",
+    "primary": "primary",
+    "loss_accumulation": "analysis_loss_accumulation",
     "public_layer_error": "analysis_public_layer_error", "public_swallowed": "analysis_public_swallowed",
     "public_flip_ratio": "analysis_public_flip_ratio", "public_activations": "analysis_public_activations",
     "public_gradients": "analysis_public_gradients",
@@ -253,11 +255,13 @@ def analysis_params(kind, runs):
     }
 
 
-def analysis_resources():
+def analysis_resources(kind):
+    """An analysis job's resources: memory and time limit from its size (streamback/sizes.py) or the config's."""
     resources = config["analysis"]["resources"]
+    job = sizes.analysis_job(config, kind, RUNS, SIZE_VOCAB)
     return {
-        "mem_mb": resources["mem_mb"],
-        "runtime": resources["runtime"],
+        "mem_mb": job["mem_mb"],
+        "runtime": job["runtime"],
         "gpu": resources["gpus"] or None,
         "cpus_per_gpu": resources["threads"] if resources["gpus"] else None,
     }

@@ -71,7 +71,7 @@ rule evaluate:
         run="|".join(re.escape(run) for run in EVAL_RUNS) or "(?!)",
     threads: EVAL_RES["threads"]
     resources:
-        mem_mb=EVAL_RES["mem_mb"],
+        mem_mb=lambda wildcards: sizes.evaluate_job(config, RUNS[wildcards.run].shape, SIZE_VOCAB)["mem_mb"],
         runtime=EVAL_RES["runtime"],
         gpu=EVAL_RES["gpus"] or None,
         cpus_per_gpu=EVAL_RES["threads"] if EVAL_RES["gpus"] else None,

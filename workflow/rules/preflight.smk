@@ -99,8 +99,11 @@ rule preflight:
     params:
         train=as_json(jobs.preflight_table(config)["train"]),
         gate=lambda wildcards, output: shell_words(["--gate", *output.gate] if output.gate else []),
+        # what the whole matrix's peak disk is made of (streamback/preflight/table.py's matrix_disk)
+        disk=as_json(jobs.preflight_disk(config)),
     shell:
-        "streamback preflight-table --params {params.train} --records {input.records:q} --out {output.table:q} {params.gate} > {log:q} 2>&1 || log_tail {log:q}"
+        "streamback preflight-table --params {params.train} --records {input.records:q} --out {output.table:q} {params.gate} "
+        "--disk-config {params.disk} > {log:q} 2>&1 || log_tail {log:q}"
 
 
 if not MATRIX_BOUNDED:
