@@ -21,10 +21,10 @@ from streamback.train.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     load_newest,
-    lock_run,
     save_checkpoint,
 )
 from streamback.train.processes import Distributed
+from streamback.train.runlock import lock_run
 
 
 def recipe_identity(spec, model_args, cfg: dict, manifest: dict) -> dict:

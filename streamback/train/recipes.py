@@ -21,9 +21,9 @@ from streamback.train.checkpoint import (
     STEP_NAME,
     CorruptCheckpoint,
     list_checkpoints,
-    lock_run,
     read_meta,
 )
+from streamback.train.runlock import lock_run
 
 HELP = "list each run's checkpoints by recipe and how the recipes differ; --prune removes those no longer in use"
 

@@ -27,6 +27,7 @@ from streamback.model.weights import read_model
 from streamback.runs import check_wsd, run_matrix
 from streamback.train import checkpoint as ckpt
 from streamback.train import trainer as train_module
+from streamback.train import runlock
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
 from streamback.train.metrics import MetricsLog, header_file, read_header, read_metrics
 from streamback.train.parallel import StreamDtypeWatch
@@ -388,7 +389,7 @@ def test_a_second_trainer_on_the_run_is_refused_naming_the_first(tokens, tmp_pat
     holder = os.fork()
     if holder == 0:  # the first trainer, as far as the lock goes
         try:
-            handle = ckpt.lock_run(tmp_path / "ckpt")
+            handle = runlock.lock_run(tmp_path / "ckpt")
             os.write(told, b"locked")
             time.sleep(120)
         finally:
@@ -397,16 +398,16 @@ def test_a_second_trainer_on_the_run_is_refused_naming_the_first(tokens, tmp_pat
         assert os.read(ready, 6) == b"locked"
         with pytest.raises(
             StreambackError,
-            match=rf"another trainer is training this run: .*trainer.lock is locked by PID {holder} "
-            rf"on host {socket.gethostname()}",
+            match=rf"another trainer is training this run: .*trainer.lock is held by PID {holder} "
+            rf"on host {socket.gethostname()} \(since .*\) \(its flock is held\)",
         ):
             run_inprocess(tokens, tmp_path)
         assert not layout.recipe_dirs(tmp_path / "ckpt")
     finally:
-        os.kill(holder, signal.SIGKILL)  # no chance to clean up: the kernel releases the lock
+        os.kill(holder, signal.SIGKILL)  # no chance to clean up: its lock file stays, its PID is gone
         os.waitpid(holder, 0)
-    handle = ckpt.lock_run(tmp_path / "ckpt")
-    assert f"PID {os.getpid()}" in (tmp_path / "ckpt" / layout.TRAINER_LOCK).read_text()
+    handle = runlock.lock_run(tmp_path / "ckpt")
+    assert f'"pid": {os.getpid()}' in (tmp_path / "ckpt" / layout.TRAINER_LOCK).read_text()
     handle.close()
 
 
