@@ -96,7 +96,7 @@ rule train:
         cpus_per_task=train_slurm("cpus_per_task"),
         tasks=train_slurm("tasks"),
         mpi=train_slurm("mpi"),
-        slurm_extra=train_slurm("slurm_extra"),
+        slurm_extra=train_slurm_extra,
     params:
         train=train_settings("train"),
         model=train_settings("model"),
