@@ -234,7 +234,7 @@ SIGNAL_MAX_S = 65535  # the largest --signal lead Slurm takes
 
 
 def signal_lead(resources: dict, record: dict | None) -> int:
-    """Seconds before a train job's time limit at which Slurm sends it SIGUSR1: the run's
+    """Seconds before a train job's time limit at which Slurm sends it SIGURG (`--signal=URG@<s>`): the run's
     `resources.signal_lead`, else from its arm's preflight `record` (its resume check's `save_s`
     and `step_s`: SIGNAL_MARGIN x (step + save) + SIGNAL_SLACK_S, rounded up), else
     SIGNAL_UNMEASURED_S."""

@@ -9,10 +9,10 @@ two are on different filesystems).
 
 The exit status is the trainer's own (75: stopped to be requeued, 3: diverged, 2: bad input),
 read from the trainer's `--status-file` where the launcher reports another (torchrun reports a
-failed worker as 1), so a scheduler can tell "requeue me" from "failed". Slurm sends SIGTERM and
-SIGUSR1 to every process of a job: this process and the launcher's shell outlive them (they are
-caught and ignored here; the trainers get them too and save a checkpoint before they stop), so
-the status can still be read and returned.
+failed worker as 1), so a scheduler can tell "requeue me" from "failed". Slurm sends SIGTERM,
+SIGUSR1 or SIGURG (the train rule's `--signal`) to every process of a job: this process and the
+launcher's shell outlive them (they are caught and ignored here; the trainers get them too and
+save a checkpoint before they stop), so the status can still be read and returned.
 
 Before it starts the trainer it waits while another live Slurm job holds the run's lock (a job
 that a restarted Snakemake submitted again: `streamback.train.runlock.wait_for_holder`), so that
@@ -38,7 +38,7 @@ from pathlib import Path
 from streamback.train.runlock import wait_for_holder
 
 HELP = "one attempt of a train job: the trainer under the job's launcher, its history and its exit status"
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGURG)
 EXIT_REQUEUE = 75  # the trainer's (streamback.train.trainer): stopped, to be resumed
 _heard: list[int] = []  # the stop signals this process caught
 

@@ -36,11 +36,12 @@ directory) vouches for, whose files have not changed since this run hashed them.
 
 Exit statuses:
 - 0: done; the final model, metrics and summary are in the output directory.
-- 75 (EX_TEMPFAIL, "try again"): stopped by SIGTERM or SIGUSR1 after saving a checkpoint of the
-  last completed step. Slurm sends SIGTERM at the time limit and on preemption (then SIGKILL
-  after KillWait), and SIGUSR1 ahead of the limit: the train rule asks for it
-  (`--signal=USR1@<seconds>` in its slurm_extra, `streamback.jobs.signal_lead`: from the save and
-  step the arm's preflight timed). The signal is heard from the process's start and acted on at
+- 75 (EX_TEMPFAIL, "try again"): stopped by SIGTERM, SIGURG or SIGUSR1 after saving a checkpoint
+  of the last completed step. Slurm sends SIGTERM at the time limit and on preemption (then
+  SIGKILL after KillWait), and SIGURG ahead of the limit: the train rule asks for it
+  (`--signal=URG@<seconds>` in its slurm_extra, `streamback.jobs.signal_lead`: from the save and
+  step the arm's preflight timed; SIGURG because the job step's Snakemake ignores it, where a
+  SIGUSR1 would kill it and with it the step's processes). The signal is heard from the process's start and acted on at
   the next step boundary (all ranks agree on it in the all-reduce that already averages each
   step's loss), so the lead must cover one step plus one save. The rerun resumes from this
   checkpoint: Slurm's requeue of a preempted job submitted with --requeue (the profile's
@@ -139,6 +140,7 @@ class Trainer:
         env: Distributed,
         tensorboard: Path | None = None,
         snapshot_steps=(),
+        verify_all_shards: bool = True,
     ):
         self.spec, self.cfg, self.env = spec, cfg, env
         self.outdir, self.ckpt_dir = outdir, ckpt_dir
@@ -149,7 +151,8 @@ class Trainer:
         self.steps = train_steps(cfg)
         self.snapshot_steps = snapshot_steps_of(snapshot_steps, self.steps)
 
-        splits = open_splits(Path(data_dir), cfg, self.steps, env, ckpt_dir / layout.VERIFIED_SHARDS, self.say)
+        verified = ckpt_dir / layout.VERIFIED_SHARDS
+        splits = open_splits(Path(data_dir), cfg, self.steps, env, verified, self.say, verify_all_shards)
         self.train_data, self.val_data = splits.train, splits.val
         self.n_train, self.val_windows = splits.n_train, splits.val_windows
 
