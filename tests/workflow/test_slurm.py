@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -234,7 +235,21 @@ def test_the_run_lock_asks_the_cluster_whether_its_holder_still_runs(tmp_path, m
         stop = iter([False, True])
         assert not runlock.wait_for_holder(tmp_path, said.append, poll_s=0.1, stopped=lambda: next(stop))
         assert said and f"scancel {job}" in said[0]
+        # its attempt (the train rule's) waits before it starts anything, until the holder's job ends
+        history = tmp_path / layout.TRAIN_LOG
+        attempt = subprocess.Popen(
+            [sys.executable, "-m", "streamback", "train-attempt", "--launch", "echo", "--checkpoints", tmp_path,
+             "--history", history, "--log", tmp_path / "job.log", "--lock-poll", "0.2", "--", "--run-name", "r"],
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        while f"this run is held by Slurm job {job}" not in (history.read_text() if history.exists() else ""):
+            assert attempt.poll() is None and time.monotonic() < deadline + 60, attempt.communicate()[0]
+            time.sleep(0.2)
+        assert "train --run-name r" not in history.read_text()  # nothing started yet
         subprocess.run(["scancel", job], check=True)
+        assert attempt.wait(timeout=60) == 0, attempt.communicate()[0]
+        story = history.read_text()
+        assert "train --run-name r --checkpoints" in story and "ended with status 0" in story  # then it started
         while runlock.slurm_job_state(job) in runlock.LIVE_STATES:
             assert time.monotonic() < deadline + 60, f"job {job} did not end"
             time.sleep(0.5)
