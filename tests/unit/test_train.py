@@ -383,6 +383,24 @@ def test_verified_shards_are_recorded_and_a_changed_one_is_hashed_again(tokens, 
         run_inprocess(data, tmp_path, **overrides)
 
 
+def test_a_stop_signal_during_the_setup_stops_the_run_after_one_step_with_its_checkpoint(
+    tokens, tmp_path, monkeypatch, capsys
+):
+    """Slurm's SIGURG (the lead before a time limit) while the trainer still sets up (here: as
+    it builds the model) is heard, not fatal: the run takes one step, saves it and exits 75."""
+    build = train_module.Trainer._build_model
+
+    def signalled(self):
+        os.kill(os.getpid(), signal.SIGURG)
+        return build(self)
+
+    monkeypatch.setattr(train_module.Trainer, "_build_model", signalled)
+    assert run_inprocess(tokens, tmp_path) == train_module.EXIT_REQUEUE
+    assert "SIGURG received: saved the checkpoint of step 1; exiting with status 75" in capsys.readouterr().err
+    assert [step for step, _ in ckpt.list_checkpoints(recipe_of(tmp_path))] == [1]
+    assert signal.getsignal(signal.SIGURG) == signal.SIG_DFL  # given back
+
+
 def test_a_second_trainer_on_the_run_is_refused_naming_the_first(tokens, tmp_path):
     (tmp_path / "ckpt").mkdir()
     ready, told = os.pipe()
