@@ -235,8 +235,11 @@ class Preflight:
         )
         # the slowest rank's save and the slowest step: the train job's signal lead (jobs.signal_lead)
         slowest = self.env.all_reduce(
-            torch.tensor([save_s, max(t.tokens_per_step / r["tokens_per_s"] for r in [*records, first, again])],
-                         dtype=torch.float64, device=self.env.device),
+            torch.tensor(
+                [save_s, max(t.tokens_per_step / r["tokens_per_s"] for r in [*records, first, again])],
+                dtype=torch.float64,
+                device=self.env.device,
+            ),
             op=_MAX,
         ).tolist()
         resumed.values.update(save_s=slowest[0], step_s=slowest[1])

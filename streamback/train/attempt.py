@@ -115,7 +115,10 @@ def attempt(
     link_log(history, log)
     job = f", Slurm job {os.environ['SLURM_JOB_ID']}" if os.environ.get("SLURM_JOB_ID") else ""
     _note(history, f"=== attempt started {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {socket.gethostname()}{job}")
-    say = lambda line: _note(history, line)  # noqa: E731
+
+    def say(line):
+        _note(history, line)
+
     if not wait_for_holder(checkpoints, say, poll_s=lock_poll, stopped=lambda: bool(_heard)):
         _note(history, f"=== attempt ended with status {EXIT_REQUEUE} (stopped while it waited for the run's lock)")
         return EXIT_REQUEUE

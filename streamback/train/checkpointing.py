@@ -16,13 +16,7 @@ from streamback.errors import StreambackError
 from streamback.io import writable_dir
 from streamback.model import compute
 from streamback.model.weights import save_model
-from streamback.train.checkpoint import (
-    TrainState,
-    list_checkpoints,
-    load_checkpoint,
-    load_newest,
-    save_checkpoint,
-)
+from streamback.train.checkpoint import TrainState, list_checkpoints, load_checkpoint, load_newest, save_checkpoint
 from streamback.train.processes import Distributed
 from streamback.train.runlock import lock_run
 

@@ -86,7 +86,9 @@ def slurm_job_state(job: str) -> str | None:
     """The job's state as squeue says it; None if Slurm no longer knows it (it ended), UNKNOWN if
     Slurm cannot be asked (no squeue here, the controller not answering)."""
     try:
-        out = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%T"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["squeue", "-h", "-j", str(job), "-o", "%T"], capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return UNKNOWN
     if out.returncode != 0:

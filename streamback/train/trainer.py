@@ -223,9 +223,9 @@ class Trainer:
         step, last_saved = start_step, start_step if start_step else None
         watch = StreamDtypeWatch(self.model)
         try:
-            with contextlib.nullcontext(stop) if stop is not None else StopRequest() as stop:
+            with contextlib.nullcontext(stop) if stop is not None else StopRequest() as heard:
                 while step < self.steps:
-                    record, stop_now = self._step(step, stop, watch)
+                    record, stop_now = self._step(step, heard, watch)
                     watch, step = None, step + 1
                     if step % self.cfg["log"]["val_every"] == 0 or step == self.steps:
                         record["val_loss"] = self.validate(step)
@@ -237,7 +237,7 @@ class Trainer:
                         self._save(step)
                         last_saved = step
                     if stop_now:
-                        self.metrics.write(stop.message(self.spec.name, step, EXIT_REQUEUE))
+                        self.metrics.write(heard.message(self.spec.name, step, EXIT_REQUEUE))
                         return EXIT_REQUEUE
         except Diverged as err:
             self.metrics.write(diverged_message(self.spec.name, err, self.recipe_dir, last_saved))

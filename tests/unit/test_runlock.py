@@ -143,8 +143,9 @@ def test_of_many_processes_that_find_one_stale_lock_exactly_one_takes_it(tmp_pat
             os.write(ready_w, b"r")
             os.read(go_r, 1)
             try:
-                state = lambda job: "RUNNING" if job != "1" else None  # noqa: E731
-                runlock.lock_run(tmp_path, lambda line: None, use_flock=False, job_state=state)
+                runlock.lock_run(
+                    tmp_path, lambda line: None, use_flock=False, job_state=lambda j: "RUNNING" if j != "1" else None
+                )
             except StreambackError:
                 os._exit(1)
             os._exit(0)  # the lock stays: its file outlives this process

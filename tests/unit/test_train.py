@@ -26,8 +26,8 @@ from streamback.errors import StreambackError
 from streamback.model.weights import read_model
 from streamback.runs import check_wsd, run_matrix
 from streamback.train import checkpoint as ckpt
-from streamback.train import trainer as train_module
 from streamback.train import runlock
+from streamback.train import trainer as train_module
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
 from streamback.train.metrics import MetricsLog, header_file, read_header, read_metrics
 from streamback.train.parallel import StreamDtypeWatch

@@ -89,8 +89,10 @@ TORCHRUN = (
                 + TORCHRUN
                 + r'--nproc-per-node 8 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "\$head:29500" '
                 + r'--rdzv-id "\$SLURM_JOB_ID" -m streamback\' ',
-                r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, "
-                r"slurm_extra=--gpus-per-task=8 --signal=URG@300",
+                (
+                    r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, "
+                    r"slurm_extra=--gpus-per-task=8 --signal=URG@300"
+                ),
             ],
         ),
         # on the CPU: `processes` gloo processes per node, threads x processes CPUs
