@@ -19,6 +19,7 @@ Standard library only: the rule files import it.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from streamback.data import hubcache
@@ -275,3 +276,25 @@ def depth(config: dict) -> dict:
         "model": {"shapes": {s: config["model"]["shapes"][s] for s in shapes}},
         "analysis": _pick(config["analysis"], ("confidence", "band")),
     }
+
+
+# ---- a train job's stop signal -----------------------------------------------------------------
+
+SIGNAL_MARGIN = 2  # x the preflight's save and step: measured once, in minutes; a busy file system at hour 47 is slower
+SIGNAL_SLACK_S = 30  # the signal's way through srun, torchrun and the launcher, the metrics' sync, the processes' exit
+SIGNAL_UNMEASURED_S = 300  # a preflight record without the figures (written before they were measured)
+SIGNAL_MAX_S = 65535  # the largest --signal lead Slurm takes
+
+
+def signal_lead(resources: dict, record: dict | None) -> int:
+    """Seconds before a train job's time limit at which Slurm sends it SIGURG (`--signal=URG@<s>`): the run's
+    `resources.signal_lead`, else from its arm's preflight `record` (its resume check's `save_s`
+    and `step_s`: SIGNAL_MARGIN x (step + save) + SIGNAL_SLACK_S, rounded up), else
+    SIGNAL_UNMEASURED_S."""
+    if resources.get("signal_lead") is not None:
+        return resources["signal_lead"]
+    values = next((c["values"] for c in (record or {}).get("checks", []) if c["name"] == "resume"), {})
+    if "save_s" not in values or "step_s" not in values:
+        return SIGNAL_UNMEASURED_S
+    return min(SIGNAL_MAX_S, math.ceil(SIGNAL_MARGIN * (values["save_s"] + values["step_s"])) + SIGNAL_SLACK_S)
+

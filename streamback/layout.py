@@ -137,7 +137,7 @@ def checkpoint_dir(run: str) -> Path:
 
 
 # in a run's checkpoint directory, beside its recipe directories (streamback.train.checkpoint):
-TRAINER_LOCK = "trainer.lock"  # flock'ed by the live trainer; says its PID and host
+TRAINER_LOCK = "trainer.lock"  # the live trainer's: its Slurm job, host and PID (streamback.train.runlock)
 VERIFIED_SHARDS = "verified-shards.json"  # the token shards this run has hashed (streamback.data.shards)
 TRAIN_LOG = "train.log"  # every attempt's log, appended (rule train links logs/train/<run>.log to it)
 

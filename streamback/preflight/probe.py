@@ -6,8 +6,9 @@ In order: the free disk under the run's checkpoint directory (before any step: a
 the preflight there); one micro-batch's forward and backward with the stream captured at every
 layer boundary (`Transformer.capture` with gradients); `train.preflight.steps - 1` training steps
 (the losses; the tokens/s of all but the first two, which warm up, and the peak memory); a
-checkpoint of them; the next step, with the full-precision shadow; the checkpoint loaded and that
-step again, which must match it.
+checkpoint of them (its seconds and the slowest step's go in the resume check's values, `save_s`
+and `step_s`: the train job's signal lead, `streamback.jobs.signal_lead`); the next step, with the
+full-precision shadow; the checkpoint loaded and that step again, which must match it.
 
 The tokens/s is the run's own: each step's `tokens_per_s` is the record `Trainer.train_step`
 returns, the field the run writes to its metrics.jsonl (a step's tokens over the seconds of the
@@ -23,6 +24,7 @@ import math
 import os
 import resource
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -70,8 +72,10 @@ class Preflight:
         self.mem_limit = mem_mb * 2**20 // processes_per_node
         self.rss_start, self.ram_start = _rss_bytes(), _available_ram()
         writable_dir(self.checkpoints, "checkpoint directory")
-        # the run's own checkpoint directory holds the record of the shards hashed: the run then skips them
-        self.trainer = Trainer(spec, cfg, model_cfg, Path(data_dir), self.scratch / "out", self.checkpoints, env)
+        # only the shards its steps read are hashed, each as it is first read (the run hashes every one)
+        self.trainer = Trainer(
+            spec, cfg, model_cfg, Path(data_dir), self.scratch / "out", self.checkpoints, env, verify_all_shards=False
+        )
         self.results: list[checks.Check] = []
         self.records: list[dict] = []  # the records of the training steps (not the one run twice)
 
@@ -203,7 +207,9 @@ class Preflight:
         t, last = self.trainer, self.steps - 1
         if self.env.rank == 0:
             self.scratch.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
         path = t.save(self.scratch, last, keep=1)
+        save_s = time.perf_counter() - started  # what a stop signal's lead must leave room for (jobs.signal_lead)
         size = float(tree_bytes(path)) if self.env.rank == 0 else 0.0  # every rank's files (one filesystem)
         size = self.env.all_reduce(torch.tensor(size, dtype=torch.float64, device=self.env.device)).item()
         self.disk(estimate=False, checkpoint_bytes=int(size))
@@ -220,15 +226,24 @@ class Preflight:
             device=self.env.device,
         )
         total, count = self.env.all_reduce(sums).tolist()
-        self.results.append(
-            checks.resume(
-                abs(first["loss"] - again["loss"]),
-                top,
-                total / count,
-                first["lr"],
-                bitwise=self.env.device.type == "cpu",
-            )
+        resumed = checks.resume(
+            abs(first["loss"] - again["loss"]),
+            top,
+            total / count,
+            first["lr"],
+            bitwise=self.env.device.type == "cpu",
         )
+        # the slowest rank's save and the slowest step: the train job's signal lead (jobs.signal_lead)
+        slowest = self.env.all_reduce(
+            torch.tensor(
+                [save_s, max(t.tokens_per_step / r["tokens_per_s"] for r in [*records, first, again])],
+                dtype=torch.float64,
+                device=self.env.device,
+            ),
+            op=_MAX,
+        ).tolist()
+        resumed.values.update(save_s=slowest[0], step_s=slowest[1])
+        self.results.append(resumed)
         self.results.append(self._shadow(first))
         if self.env.rank == 0:
             remove(self.scratch, self.scratch.parent)

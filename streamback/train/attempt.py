@@ -9,10 +9,16 @@ two are on different filesystems).
 
 The exit status is the trainer's own (75: stopped to be requeued, 3: diverged, 2: bad input),
 read from the trainer's `--status-file` where the launcher reports another (torchrun reports a
-failed worker as 1), so a scheduler can tell "requeue me" from "failed". Slurm sends SIGTERM and
-SIGUSR1 to every process of a job: this process and the launcher's shell outlive them (they are
-caught and ignored here; the trainers get them too and save a checkpoint before they stop), so
-the status can still be read and returned.
+failed worker as 1), so a scheduler can tell "requeue me" from "failed". Slurm sends SIGTERM,
+SIGUSR1 or SIGURG (the train rule's `--signal`) to every process of a job: this process and the
+launcher's shell outlive them (they are caught and ignored here; the trainers get them too and
+save a checkpoint before they stop), so the status can still be read and returned.
+
+Before it starts the trainer it waits while another live Slurm job holds the run's lock (a job
+that a restarted Snakemake submitted again: `streamback.train.runlock.wait_for_holder`), so that
+the duplicate neither fails, using up one of Snakemake's retries, nor trains beside the first;
+once that job ends this one resumes from its newest checkpoint (or, the run done, writes its
+outputs again). Stopped while it waits, it exits 75 having started nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +35,12 @@ import sys
 import time
 from pathlib import Path
 
+from streamback.train.runlock import wait_for_holder
+
 HELP = "one attempt of a train job: the trainer under the job's launcher, its history and its exit status"
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGURG)
+EXIT_REQUEUE = 75  # the trainer's (streamback.train.trainer): stopped, to be resumed
+_heard: list[int] = []  # the stop signals this process caught
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log", type=Path, required=True, help="the job's log: a hard link to the history, else a copy"
     )
     parser.add_argument(
+        "--lock-poll",
+        type=float,
+        default=60,
+        help="seconds between looks at the Slurm job that holds the run's lock, while this attempt waits for it",
+    )
+    parser.add_argument(
         "trainer",
         nargs=argparse.REMAINDER,
         help="`--` and then the arguments of `streamback train` (not --checkpoints or --status-file: added here)",
@@ -58,7 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _ignore(signum, frame) -> None:
-    """A handler, not SIG_IGN: the launcher's processes start with the default and act on the signal."""
+    """A handler, not SIG_IGN: the launcher's processes start with the default and act on the signal.
+    It remembers the signal, which stops a wait for the run's lock."""
+    _heard.append(signum)
 
 
 def link_log(history: Path, log: Path) -> None:
@@ -86,7 +104,9 @@ def _status(launcher: int, status_file: Path) -> int:
     return launcher
 
 
-def attempt(launch: str, trainer_args: list[str], checkpoints: Path, history: Path, log: Path) -> int:
+def attempt(
+    launch: str, trainer_args: list[str], checkpoints: Path, history: Path, log: Path, lock_poll: float = 60
+) -> int:
     """Run one attempt; return its exit status (see the module docstring)."""
     for sig in SIGNALS:
         signal.signal(sig, _ignore)
@@ -95,6 +115,13 @@ def attempt(launch: str, trainer_args: list[str], checkpoints: Path, history: Pa
     link_log(history, log)
     job = f", Slurm job {os.environ['SLURM_JOB_ID']}" if os.environ.get("SLURM_JOB_ID") else ""
     _note(history, f"=== attempt started {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {socket.gethostname()}{job}")
+
+    def say(line):
+        _note(history, line)
+
+    if not wait_for_holder(checkpoints, say, poll_s=lock_poll, stopped=lambda: bool(_heard)):
+        _note(history, f"=== attempt ended with status {EXIT_REQUEUE} (stopped while it waited for the run's lock)")
+        return EXIT_REQUEUE
     status_file = checkpoints / f".exit-status.{os.getpid()}"
     args = [*trainer_args, "--checkpoints", str(checkpoints), "--status-file", str(status_file)]
     # the launcher's shell, too, outlives the signals it is sent; its children start with the default
@@ -121,4 +148,4 @@ def attempt(launch: str, trainer_args: list[str], checkpoints: Path, history: Pa
 
 def run(args: argparse.Namespace) -> int:
     trainer = args.trainer[1:] if args.trainer[:1] == ["--"] else args.trainer
-    return attempt(args.launch, trainer, args.checkpoints, args.history, args.log)
+    return attempt(args.launch, trainer, args.checkpoints, args.history, args.log, args.lock_poll)

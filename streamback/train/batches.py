@@ -112,11 +112,15 @@ class Splits:
     val_windows: np.ndarray
 
 
-def open_splits(data_dir: Path, cfg: dict, steps: int, env, verified: Path, say: Callable[[str], None]) -> Splits:
+def open_splits(
+    data_dir: Path, cfg: dict, steps: int, env, verified: Path, say: Callable[[str], None], verify_all: bool = True
+) -> Splits:
     """The train and val splits of `data_dir` for a run of `steps` steps of the `train` section `cfg`
     on `env` (a `Distributed`), checked against its token budget and val_sequences, and their
     shards verified against the manifest (the ranks share the hashing), bar those the record
-    `verified` vouches for; `say`: a line in the run's log."""
+    `verified` vouches for; `say`: a line in the run's log. `verify_all=False` (the preflight's)
+    hashes none up front: each shard is checked as its tokens are first read (`TokenDataset`), so
+    only the shards that the steps read are hashed."""
     seq_len = cfg["seq_len"]
     train, val = TokenDataset(data_dir, "train"), TokenDataset(data_dir, "val")
     n_train = num_windows(train.num_tokens, seq_len)
@@ -139,5 +143,11 @@ def open_splits(data_dir: Path, cfg: dict, steps: int, env, verified: Path, say:
         raise StreambackError(
             f"{data_dir}: the val split has {val.num_tokens} tokens, too few for one sequence per process"
         )
-    say(verify_datasets([train, val], verified, env.rank, env.world_size, env.gather, torch.get_num_threads()))
+    if verify_all:
+        say(verify_datasets([train, val], verified, env.rank, env.world_size, env.gather, torch.get_num_threads()))
+    else:
+        say(
+            f"token shards: each of the {len(train.paths) + len(val.paths)} in {data_dir} is checked against "
+            "manifest.json (sha256, vocabulary) when its tokens are first read, so only those read are hashed"
+        )
     return Splits(train, val, n_train, windows)

@@ -34,23 +34,17 @@ class, before anything of it runs. As a second line, it refuses a checkpoint who
 any file in it another user owns, or its group or others may write (`check_trusted`), naming it;
 a save writes its checkpoint writable by its owner alone.
 
-`lock_run` takes an exclusive lock on the run's checkpoint directory (`flock` on its
-`trainer.lock`, released by the kernel when the process ends however it ends), so a second
-trainer on the same run is refused with the PID and host of the one that holds it.
+The run's lock (`trainer.lock`, one trainer per run across nodes) is `streamback.train.runlock`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import os
 import re
-import socket
 import stat
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,7 +55,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from streamback import layout
 from streamback.data.shards import file_sha256
 from streamback.errors import DiskFull, StreambackError
 from streamback.io import disk_full, free_bytes, remove, tree_bytes
@@ -398,41 +391,3 @@ def _set_aside(path: Path) -> Path:
         os.replace(path, aside)
     _barrier()
     return aside
-
-
-# ---- the run's lock ---------------------------------------------------------------------------
-
-
-def lock_run(root: str | os.PathLike, say=print):
-    """Hold an exclusive lock on the checkpoint directory `root` for as long as this process
-    lives (keep the returned file open); StreambackError naming the PID and host of the process
-    that holds it. Returns None, after saying so, on a filesystem without flock (e.g. Lustre
-    mounted without -o flock), where only the user can keep two trainers apart."""
-    path = Path(root) / layout.TRAINER_LOCK
-    handle = open(path, "a+")  # noqa: SIM115 (held open: the lock lasts as long as the file is open)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise StreambackError(
-            f"another trainer is training this run: {path} is locked by {holder}. Two trainers on one run would "
-            f"overwrite "
-            "each other's checkpoints. Wait for it or stop it (its lock goes with it), then rerun"
-        ) from None
-    except OSError as err:
-        if err.errno not in (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            handle.close()
-            raise
-        say(
-            f"warning: cannot lock {path} ({err.strerror}): this filesystem has no flock, so nothing stops a second "
-            "trainer on this run; make sure only one runs"
-        )
-        handle.close()
-        return None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"PID {os.getpid()} on host {socket.gethostname()} (since {time.strftime('%Y-%m-%d %H:%M:%S %Z')})\n")
-    handle.flush()
-    return handle

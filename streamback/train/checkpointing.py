@@ -16,15 +16,9 @@ from streamback.errors import StreambackError
 from streamback.io import writable_dir
 from streamback.model import compute
 from streamback.model.weights import save_model
-from streamback.train.checkpoint import (
-    TrainState,
-    list_checkpoints,
-    load_checkpoint,
-    load_newest,
-    lock_run,
-    save_checkpoint,
-)
+from streamback.train.checkpoint import TrainState, list_checkpoints, load_checkpoint, load_newest, save_checkpoint
 from streamback.train.processes import Distributed
+from streamback.train.runlock import lock_run
 
 
 def recipe_identity(spec, model_args, cfg: dict, manifest: dict) -> dict:
@@ -57,8 +51,8 @@ def claim_run(env: Distributed, checkpoints: Path, outdir: Path, say: Callable[[
     """Before a run's first step, found on every rank (StreambackError): the checkpoint directory
     `checkpoints` writable (every rank writes checkpoints), the output directory `outdir` too
     (rank 0 writes the outputs), and the run's lock taken by rank 0 (a second trainer on the run
-    is refused, naming the PID and host of the first). Returns the lock, to close when the run
-    ends (an open file; None on the other ranks)."""
+    is refused, naming the Slurm job, host and PID of the first: `streamback.train.runlock`).
+    Returns the lock, to close when the run ends (a RunLock; None on the other ranks)."""
     env.agree(_error_of(writable_dir, checkpoints, "checkpoint directory"), "the checkpoint directory check")
     env.agree(
         _error_of(writable_dir, outdir, "output directory", keep=False) if env.rank == 0 else None,

@@ -1,7 +1,7 @@
 """A training process's place among the others and how it is asked to stop: `Distributed` (rank,
 number of processes and device from torchrun's environment, with the few collectives the trainer
-uses, each a no-op in a single process) and `StopRequest` (SIGTERM and SIGUSR1 remembered, not
-fatal, for the loop to act on at a step boundary)."""
+uses, each a no-op in a single process) and `StopRequest` (SIGTERM, SIGUSR1 and SIGURG remembered,
+not fatal, for the loop to act on at a step boundary)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import torch.distributed as dist
 
 from streamback.errors import StreambackError
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # Slurm's time limit and preemption; sbatch --signal=USR1@<s>
+# Slurm's time limit and preemption (SIGTERM); the train rule's lead ahead of the limit (sbatch --signal=URG@<s>: a
+# signal that a process without a handler ignores, as the job step's own Snakemake does); SIGUSR1, sent by hand
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGURG)
 
 
 @dataclasses.dataclass
@@ -72,7 +74,7 @@ class Distributed:
 
 
 class StopRequest(contextlib.AbstractContextManager):
-    """Remembers a SIGTERM/SIGUSR1 instead of dying of it; the loop saves and exits at a step boundary."""
+    """Remembers a SIGTERM/SIGUSR1/SIGURG instead of dying of it; the loop saves and exits at a step boundary."""
 
     def __init__(self):
         self.signal: int | None = None

@@ -16,14 +16,8 @@ from pathlib import Path
 from streamback import layout
 from streamback.errors import StreambackError
 from streamback.io import remove, tree_bytes
-from streamback.train.checkpoint import (
-    CORRUPT_PREFIX,
-    STEP_NAME,
-    CorruptCheckpoint,
-    list_checkpoints,
-    lock_run,
-    read_meta,
-)
+from streamback.train.checkpoint import CORRUPT_PREFIX, STEP_NAME, CorruptCheckpoint, list_checkpoints, read_meta
+from streamback.train.runlock import lock_run
 
 HELP = "list each run's checkpoints by recipe and how the recipes differ; --prune removes those no longer in use"
 

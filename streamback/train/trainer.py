@@ -28,23 +28,27 @@ one it is refused before its first step, naming what to delete.
 
 Before the first step, in this order: every run setting is checked (`streamback.runs.check_runs`),
 the output and checkpoint directories are checked for writing, the run's checkpoint directory is
-locked (a second trainer on the run is refused, naming the PID and host of the first), and every
+locked (`streamback.train.runlock`: a second trainer on the run is refused, naming the Slurm job,
+host and PID of the first; the lock is checked again before every save), and every
 token shard is verified against the manifest - sha256 and vocabulary bound, the ranks sharing the
 hashing - except those the run's verification record (`verified-shards.json` in the checkpoint
 directory) vouches for, whose files have not changed since this run hashed them.
 
 Exit statuses:
 - 0: done; the final model, metrics and summary are in the output directory.
-- 75 (EX_TEMPFAIL, "try again"): stopped by SIGTERM or SIGUSR1 after saving a checkpoint of the
-  last completed step. Slurm sends SIGTERM at the time limit and on preemption (then SIGKILL
-  after KillWait), and SIGUSR1 ahead of time with `sbatch --signal=USR1@<seconds>`. The signal is
-  acted on at the next step boundary (all ranks agree on it in the all-reduce that already
-  averages each step's loss), so the grace time must cover one step plus one save. Slurm
-  requeues a preempted job submitted with --requeue (the profile's `slurm-requeue`), Snakemake
-  resubmits a failed one (`retries`), and a site may add 75 to slurm.conf's RequeueExit; each
-  way the rerun resumes from this checkpoint. torchrun reports a worker's failure as 1 whatever
-  its status: with `--status-file` cli.main also writes the status there, and the rule's
-  shell exits with it.
+- 75 (EX_TEMPFAIL, "try again"): stopped by SIGTERM, SIGURG or SIGUSR1 after saving a checkpoint
+  of the last completed step. Slurm sends SIGTERM at the time limit and on preemption (then
+  SIGKILL after KillWait), and SIGURG ahead of the limit: the train rule asks for it
+  (`--signal=URG@<seconds>` in its slurm_extra, `streamback.jobs.signal_lead`: from the save and
+  step the arm's preflight timed; SIGURG because the job step's Snakemake ignores it, where a
+  SIGUSR1 would kill it and with it the step's processes). The signal is heard from the process's start and acted on at
+  the next step boundary (all ranks agree on it in the all-reduce that already averages each
+  step's loss), so the lead must cover one step plus one save. The rerun resumes from this
+  checkpoint: Slurm's requeue of a preempted job submitted with --requeue (the profile's
+  `slurm-requeue`: the same job again), or Snakemake's retry of a job that ended (`retries`; a
+  train job exits with Snakemake's status, not the trainer's, so slurm.conf's RequeueExit never
+  sees 75). torchrun reports a worker's failure as 1 whatever its status: with `--status-file`
+  cli.main also writes the status there, and the rule's shell exits with it.
 - 3: the loss or the gradient norm was NaN or infinite. Nothing of that step is applied or
   saved; the newest checkpoint is the last good state.
 - 2: bad input (config, data, checkpoint), reported before training starts where possible.
@@ -62,6 +66,7 @@ from pathlib import Path
 import torch
 
 from streamback import layout
+from streamback.errors import StreambackError
 from streamback.model import compute
 from streamback.model.model import ModelArgs, Transformer, count_params
 from streamback.runs import RunSpec, check_runs, is_reversible, run_matrix, run_setting, train_steps
@@ -88,6 +93,8 @@ def train(
     `tensorboard`: the run's TensorBoard directory (None: no event files); `snapshot_steps`: the
     earlier steps whose models it also writes (eval.last_checkpoints)."""
     check_runs(train_cfg, model_cfg, processes=int(os.environ.get("WORLD_SIZE", "1")), only=run_name)
+    stop = StopRequest()  # from the start: a signal during the setup is remembered, acted on after one step
+    stop.__enter__()
     env = Distributed.start()
     outdir, checkpoints, lock = Path(outdir), Path(checkpoints), None
     try:
@@ -105,13 +112,14 @@ def train(
             tensorboard=board,
             snapshot_steps=snapshot_steps,
         )
-        status = trainer.fit()
+        status = trainer.fit(stop, lock)
         env.barrier()  # the ranks leave together, as the preflight's do (streamback.preflight.stage)
         return status
     finally:
         if lock is not None:
             lock.close()
         env.close()
+        stop.__exit__(None, None, None)
 
 
 def _say(run_name: str, message: str) -> None:
@@ -132,6 +140,7 @@ class Trainer:
         env: Distributed,
         tensorboard: Path | None = None,
         snapshot_steps=(),
+        verify_all_shards: bool = True,
     ):
         self.spec, self.cfg, self.env = spec, cfg, env
         self.outdir, self.ckpt_dir = outdir, ckpt_dir
@@ -142,7 +151,8 @@ class Trainer:
         self.steps = train_steps(cfg)
         self.snapshot_steps = snapshot_steps_of(snapshot_steps, self.steps)
 
-        splits = open_splits(Path(data_dir), cfg, self.steps, env, ckpt_dir / layout.VERIFIED_SHARDS, self.say)
+        verified = ckpt_dir / layout.VERIFIED_SHARDS
+        splits = open_splits(Path(data_dir), cfg, self.steps, env, verified, self.say, verify_all_shards)
         self.train_data, self.val_data = splits.train, splits.val
         self.n_train, self.val_windows = splits.n_train, splits.val_windows
 
@@ -199,8 +209,11 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------
 
-    def fit(self) -> int:
-        """Train from the newest checkpoint of the recipe to the end or to a stop signal; the exit status."""
+    def fit(self, stop: StopRequest | None = None, lock=None) -> int:
+        """Train from the newest checkpoint of the recipe to the end or to a stop signal (`stop`,
+        already listening, or one of its own); the exit status. `lock`: the run's lock
+        (`streamback.train.runlock.RunLock`, rank 0), checked before every save."""
+        self.lock = lock
         if self.env.rank == 0:
             self.recipe_dir.mkdir(exist_ok=True)
         remove_partial(self.recipe_dir, say=self.say)
@@ -210,9 +223,9 @@ class Trainer:
         step, last_saved = start_step, start_step if start_step else None
         watch = StreamDtypeWatch(self.model)
         try:
-            with StopRequest() as stop:
+            with contextlib.nullcontext(stop) if stop is not None else StopRequest() as heard:
                 while step < self.steps:
-                    record, stop_now = self._step(step, stop, watch)
+                    record, stop_now = self._step(step, heard, watch)
                     watch, step = None, step + 1
                     if step % self.cfg["log"]["val_every"] == 0 or step == self.steps:
                         record["val_loss"] = self.validate(step)
@@ -224,7 +237,7 @@ class Trainer:
                         self._save(step)
                         last_saved = step
                     if stop_now:
-                        self.metrics.write(stop.message(self.spec.name, step, EXIT_REQUEUE))
+                        self.metrics.write(heard.message(self.spec.name, step, EXIT_REQUEUE))
                         return EXIT_REQUEUE
         except Diverged as err:
             self.metrics.write(diverged_message(self.spec.name, err, self.recipe_dir, last_saved))
@@ -368,6 +381,13 @@ class Trainer:
     # ---- checkpoints and outputs -----------------------------------------------------------
 
     def _save(self, step: int) -> None:
+        error = None
+        if getattr(self, "lock", None) is not None:  # another trainer took the run over (this one judged gone)?
+            try:
+                self.lock.check()
+            except StreambackError as err:
+                error = str(err)
+        self.env.agree(error, "the run's lock check")  # then no rank writes anything more
         self.metrics.sync()
         self.save(self.recipe_dir, step, keep=self.cfg["checkpoint"]["keep"])
 

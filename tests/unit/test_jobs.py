@@ -154,3 +154,18 @@ def test_a_preflight_s_runtime_is_its_job_s_resource_not_a_setting_it_checks():
     assert jobs.preflight(validate_config(timed), arm) == jobs.preflight(base, arm)
     longer = validate_config(merge_config(base, {"train": {"preflight": {"steps": 8}}}))
     assert jobs.preflight(longer, arm)["train"]["preflight"] == {"steps": 8}
+
+
+def test_a_train_job_s_signal_lead_is_twice_its_preflight_s_step_and_save_plus_the_slack():
+    record = {
+        "checks": [
+            {"name": "speed", "values": {"tokens_per_s": 1.0}},
+            {"name": "resume", "values": {"loss_diff": 0.0, "save_s": 41.2, "step_s": 3.9}},
+        ]
+    }
+    # by hand: 2 x (41.2 + 3.9) = 90.2 s, rounded up to 91, plus the 30 s of slack
+    assert jobs.signal_lead({"signal_lead": None}, record) == 121
+    assert jobs.signal_lead({"signal_lead": 600}, record) == 600  # the config's own
+    assert jobs.signal_lead({}, None) == jobs.signal_lead({}, {"checks": [{"name": "resume", "values": {}}]}) == 300
+    huge = {"checks": [{"name": "resume", "values": {"save_s": 1e6, "step_s": 1.0}}]}
+    assert jobs.signal_lead({}, huge) == 65535  # the most sbatch --signal takes

@@ -44,11 +44,12 @@ def test_a_micro_run_passes_every_check_with_its_figures(tokens, tmp_path, capsy
     assert record["software"]["torch"] == torch.__version__ and record["device"] and record["processes"] == 1
     dtype = by_name["stream_dtype"]["values"]
     assert dtype["forward"] == dtype["gradients"] == ["torch.float32"] * 3  # the embedding and both blocks' outputs
-    assert by_name["resume"]["values"] == {
-        "loss_diff": 0.0,
-        "max_weight_diff": 0.0,
-        "mean_weight_diff": 0.0,
-    }  # bitwise on the CPU
+    resume = by_name["resume"]["values"]
+    timed = {key: resume.pop(key) for key in ("save_s", "step_s")}  # the train job's signal lead (jobs.signal_lead)
+    assert resume == {"loss_diff": 0.0, "max_weight_diff": 0.0, "mean_weight_diff": 0.0}  # bitwise on the CPU
+    # the slowest step is no faster than the speed check's median step (the same records' tokens over seconds)
+    median_step_s = 8 * 32 / by_name["speed"]["values"]["tokens_per_s"]  # a batch of 8 windows of 32
+    assert 0 < timed["save_s"] and median_step_s <= timed["step_s"] * (1 + 1e-9)  # 1e-9: the float division's rounding
     losses = by_name["losses"]["values"]
     assert len(losses["losses"]) == 4 and all(math.isfinite(v) for v in losses["losses"])
     before = losses["before"]  # one micro-batch of 4 windows of 32 next-token targets
@@ -461,3 +462,42 @@ def test_the_preflight_uses_only_the_trainer_s_public_names():
     public = {"train_step", "save", "restore", "first_micro_batch"}
     used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert public <= used and all(callable(getattr(Trainer, name)) for name in public)
+
+
+def test_the_preflight_hashes_only_the_shards_its_steps_read(tokens, tmp_path, capsys, monkeypatch):
+    """A shard that none of the preflight's steps reads is not hashed (a changed one goes unseen
+    here; the run itself hashes every shard), and one that they read is checked when first read."""
+    import shutil
+
+    from streamback.data import shards
+    from streamback.errors import StreambackError
+
+    data = tmp_path / "tokens"
+    shutil.copytree(tokens, data)
+    monkeypatch.setattr(shards, "_VERIFIED", {})
+    status, _ = run_preflight(data, tmp_path / "first")
+    assert status == 0, capsys.readouterr().err
+    assert "is checked against manifest.json (sha256, vocabulary) when its tokens are first read" in (
+        capsys.readouterr().err
+    )
+    every = sorted(str(p.resolve()) for p in data.glob("*.bin"))
+    read = sorted(k for k in shards._VERIFIED if k.startswith(str(data.resolve())))
+    assert read and set(read) < set(every), (read, every)  # some shards read, not all
+    unread = min(set(every) - set(read))
+    with open(unread, "r+b") as f:  # one token id changed, past the header: its sha256 no longer matches
+        f.seek(shards.HEADER_BYTES + 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    monkeypatch.setattr(shards, "_VERIFIED", {})
+    status, _ = run_preflight(data, tmp_path / "second")
+    assert status == 0, capsys.readouterr().err
+    assert unread not in shards._VERIFIED
+    with open(read[0], "r+b") as f:
+        f.seek(shards.HEADER_BYTES + 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    monkeypatch.setattr(shards, "_VERIFIED", {})
+    with pytest.raises(StreambackError, match=rf"shard {read[0]}: the sha256 of its tokens"):
+        run_preflight(data, tmp_path / "third")

@@ -27,6 +27,7 @@ from streamback.model.model import ModelArgs
 from streamback.model.weights import read_model
 from streamback.runs import check_runs, check_wsd, run_matrix
 from streamback.train import checkpoint as ckpt
+from streamback.train import runlock
 from streamback.train import trainer as train_module
 from streamback.train.batches import num_windows, permute, rank_micro_batches, train_windows, val_windows
 from streamback.train.checkpoint import recipe_fingerprint
@@ -408,13 +409,31 @@ def test_verified_shards_are_recorded_and_a_changed_one_is_hashed_again(tokens, 
         run_inprocess(data, tmp_path, **overrides)
 
 
+def test_a_stop_signal_during_the_setup_stops_the_run_after_one_step_with_its_checkpoint(
+    tokens, tmp_path, monkeypatch, capsys
+):
+    """Slurm's SIGURG (the lead before a time limit) while the trainer still sets up (here: as
+    it builds the model) is heard, not fatal: the run takes one step, saves it and exits 75."""
+    build = train_module.Trainer._build_model
+
+    def signalled(self):
+        os.kill(os.getpid(), signal.SIGURG)
+        return build(self)
+
+    monkeypatch.setattr(train_module.Trainer, "_build_model", signalled)
+    assert run_inprocess(tokens, tmp_path) == train_module.EXIT_REQUEUE
+    assert "SIGURG received: saved the checkpoint of step 1; exiting with status 75" in capsys.readouterr().err
+    assert [step for step, _ in ckpt.list_checkpoints(recipe_of(tmp_path))] == [1]
+    assert signal.getsignal(signal.SIGURG) == signal.SIG_DFL  # given back
+
+
 def test_a_second_trainer_on_the_run_is_refused_naming_the_first(tokens, tmp_path):
     (tmp_path / "ckpt").mkdir()
     ready, told = os.pipe()
     holder = os.fork()
     if holder == 0:  # the first trainer, as far as the lock goes
         try:
-            handle = ckpt.lock_run(tmp_path / "ckpt")
+            handle = runlock.lock_run(tmp_path / "ckpt")
             os.write(told, b"locked")
             time.sleep(120)
         finally:
@@ -423,16 +442,16 @@ def test_a_second_trainer_on_the_run_is_refused_naming_the_first(tokens, tmp_pat
         assert os.read(ready, 6) == b"locked"
         with pytest.raises(
             StreambackError,
-            match=rf"another trainer is training this run: .*trainer.lock is locked by PID {holder} "
-            rf"on host {socket.gethostname()}",
+            match=rf"another trainer is training this run: .*trainer.lock is held by PID {holder} "
+            rf"on host {socket.gethostname()} \(since .*\) \(its flock is held\)",
         ):
             run_inprocess(tokens, tmp_path)
         assert not layout.recipe_dirs(tmp_path / "ckpt")
     finally:
-        os.kill(holder, signal.SIGKILL)  # no chance to clean up: the kernel releases the lock
+        os.kill(holder, signal.SIGKILL)  # no chance to clean up: its lock file stays, its PID is gone
         os.waitpid(holder, 0)
-    handle = ckpt.lock_run(tmp_path / "ckpt")
-    assert f"PID {os.getpid()}" in (tmp_path / "ckpt" / layout.TRAINER_LOCK).read_text()
+    handle = runlock.lock_run(tmp_path / "ckpt")
+    assert f'"pid": {os.getpid()}' in (tmp_path / "ckpt" / layout.TRAINER_LOCK).read_text()
     handle.close()
 
 

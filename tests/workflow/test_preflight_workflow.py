@@ -10,6 +10,7 @@ import yaml
 
 from streamback import layout
 from streamback.config import load_config
+from streamback.jobs import SIGNAL_UNMEASURED_S
 
 from conftest import ROOT
 
@@ -68,6 +69,10 @@ def test_every_train_job_has_a_preflight_ahead_on_the_same_resources(run_snakema
         )
         # the same GPUs, nodes, memory and partition (slurm_extra); its own runtime, sized from its steps
         train_resources, preflight_resources = (resources_of(j) for j in (train, preflights[arm]))
+        # the train job's own: the stop signal ahead of its time limit (an unmeasured run's lead: no preflight yet)
+        own = train_resources.pop("slurm_extra").removesuffix(f"--signal=URG@{SIGNAL_UNMEASURED_S}").strip()
+        if own:
+            train_resources["slurm_extra"] = own
         assert int(preflight_resources.pop("runtime")) == min(
             int(train_resources.pop("runtime")), 15 + 2 * PREFLIGHT_STEPS
         ), arm

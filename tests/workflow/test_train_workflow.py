@@ -89,7 +89,10 @@ TORCHRUN = (
                 + TORCHRUN
                 + r'--nproc-per-node 8 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "\$head:29500" '
                 + r'--rdzv-id "\$SLURM_JOB_ID" -m streamback\' ',
-                r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, slurm_extra=--gpus-per-task=8",
+                (
+                    r"resources: .*nodes=2, cpus_per_task=64, tasks=2, mpi=srun, "
+                    r"slurm_extra=--gpus-per-task=8 --signal=URG@300"
+                ),
             ],
         ),
         # on the CPU: `processes` gloo processes per node, threads x processes CPUs
@@ -108,7 +111,8 @@ TORCHRUN = (
                 + r"OMP_NUM_THREADS=3 "
                 + TORCHRUN
                 + r"--nproc-per-node 2 --nnodes 2 --rdzv-backend c10d",
-                r"resources: .*nodes=2, cpus_per_task=6, tasks=2, mpi=srun\n",
+                # no sbatch options of its own: the stop signal's alone (an unmeasured run's lead: no preflight yet)
+                r"resources: .*nodes=2, cpus_per_task=6, tasks=2, mpi=srun, slurm_extra=--signal=URG@300\n",
             ],
         ),
         ({"gpus": 0, "threads": 2}, [r"""--launch 'OMP_NUM_THREADS=2 "\$STREAMBACK_PYTHON" -m streamback' """]),

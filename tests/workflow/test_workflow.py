@@ -415,8 +415,9 @@ def test_the_paper_runs_ignore_the_tiny_shapes_merged_under_them(run_snakemake, 
 
 
 def test_a_rules_retries_of_0_means_no_retry_whatever_the_profile_says(tmp_path):
-    """What the schema says of train.resources.retries: Snakemake (Rule.restart_times) takes a rule's own
-    `retries` over --retries (the Slurm profile's), so 0 means none; a rule without one takes --retries."""
+    """Why train.smk passes train.resources.retries 0 as no `retries` at all (the schema's "0: the profile's"):
+    Snakemake (Rule.restart_times) takes a rule's own `retries` over --retries (the Slurm profile's), so a
+    rule's 0 means none; a rule without one takes --retries."""
     (tmp_path / "Snakefile").write_text(
         "rule all:\n    input: 'zero.done', 'unset.done'\n\n"
         "rule zero:\n    output: 'zero.done'\n    retries: 0\n    shell: 'echo x >> zero.tries; exit 1'\n\n"

@@ -207,6 +207,19 @@ def train_slurm(key):
     return get
 
 
+def train_slurm_extra(wildcards):
+    """A train job's extra sbatch options: the run's, and `--signal=URG@<seconds>`, the lead before
+    its time limit at which Slurm signals it to save and stop (jobs.signal_lead: from its arm's
+    preflight record; before that preflight passed, as in a dry run of a new study, the lead of an
+    unmeasured run: Snakemake evaluates a job's resources again when it is about to submit it,
+    the preflight then done). SIGURG, not SIGUSR1: Slurm sends it to every process of the job's
+    steps, the Snakemake process that runs the rule among them, which a SIGUSR1 would kill (its
+    default action) and SIGURG leaves alone (ignored by default)."""
+    record = layout.preflight_file(RUNS[wildcards.run].arm)
+    lead = jobs.signal_lead(train_resources(wildcards.run), json.loads(record.read_text()) if record.exists() else None)
+    return " ".join(filter(None, [train_slurm("slurm_extra")(wildcards), f"--signal=URG@{lead}"]))
+
+
 # ---- analyses ----------------------------------------------------------------------------------
 
 ANALYSIS_CAPTIONS = {  # table or figure name (less its run or shape) -> caption file

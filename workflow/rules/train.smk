@@ -28,7 +28,9 @@
 # train.log, kept with the checkpoints; logs/train/{run}.log is a hard link to it) and exits with
 # the trainer's own status (75: stopped to be requeued, 3: diverged, 2: bad input) where torchrun
 # reports another. The rule's shell outlives the SIGTERM/SIGUSR1 that Slurm sends every process
-# of a job (`trap :`), as the attempt does, so the status reaches Snakemake.
+# of a job (`trap :`), as the attempt does, so the status reaches Snakemake. Slurm sends SIGURG
+# `signal_lead` seconds before the time limit (slurm_extra's --signal=URG@<s>: train_slurm_extra
+# in common.smk), which every process but the trainers ignores; the trainers save and stop on it.
 
 import re
 from pathlib import Path
@@ -86,7 +88,7 @@ rule train:
     wildcard_constraints:
         run="|".join(re.escape(run) for run in RUNS) or "(?!)",
     threads: train_threads
-    retries: TRAIN["resources"]["retries"]
+    retries: TRAIN["resources"]["retries"] or None  # 0: Snakemake's --retries (a rule's 0 would mean none)
     resources:
         runtime=lambda wildcards: train_resources(wildcards.run)["runtime"],
         mem_mb=lambda wildcards: train_resources(wildcards.run)["mem_mb"],
@@ -96,7 +98,7 @@ rule train:
         cpus_per_task=train_slurm("cpus_per_task"),
         tasks=train_slurm("tasks"),
         mpi=train_slurm("mpi"),
-        slurm_extra=train_slurm("slurm_extra"),
+        slurm_extra=train_slurm_extra,
     params:
         train=train_settings("train"),
         model=train_settings("model"),
