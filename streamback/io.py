@@ -210,3 +210,13 @@ def read_json(path: str | os.PathLike, remedy: str):
         raise StreambackError(f"{path} does not exist: {remedy}") from None
     except json.JSONDecodeError as err:
         raise StreambackError(f"{path} is not valid JSON ({err}): {remedy}") from None
+
+
+def read_json_record(path: str | os.PathLike):
+    """The JSON document at `path`, or None where the file does not exist or does not read as JSON
+    (an empty file `snakemake --touch` made): for what the DAG sizes from a record an earlier job
+    writes (a tokens manifest, a preflight record), which falls back on the config without one."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

@@ -203,9 +203,13 @@ def preflight_disk(config: dict) -> dict:
     matrix and its checkpoints, the shapes, the data's size and place, the snapshots, the exports and the
     vocabulary the sizes assume."""
     data = {k: config["data"][k] for k in ("corpus", "dir", "train_tokens", "val_tokens", "tokenizer")}
+    # the shapes the matrix trains alone (train.runs.stream_shapes lies within them): a shape no run uses, such as
+    # the default's tiny ones under a GPU tier, changes no disk
+    used = set(config["train"]["runs"]["shapes"])
+    model = {**config["model"], "shapes": {k: v for k, v in config["model"]["shapes"].items() if k in used}}
     return {
         "train": {**_matrix(config), "checkpoint": config["train"]["checkpoint"]},
-        "model": config["model"],
+        "model": model,
         "data": data,
         "eval": {"last_checkpoints": config["eval"]["last_checkpoints"]},
         "analysis": {"public_models": config["analysis"]["public_models"]},

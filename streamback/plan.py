@@ -26,7 +26,7 @@ import pandas as pd
 from streamback import layout, sizes
 from streamback.check import read_files, resolve
 from streamback.config import public_models
-from streamback.io import write_csv
+from streamback.io import read_json_record, write_csv
 from streamback.preflight.table import matrix_disk, matrix_disk_needs
 from streamback.runs import comparisons, run_matrix, run_processes, run_setting
 
@@ -78,9 +78,9 @@ def preflight_records(config: dict) -> dict[str, dict]:
     """arm -> its passed preflight record (results/preflight/<arm>.json) where one exists."""
     records = {}
     for spec in run_matrix(config["train"]).values():
-        path = layout.preflight_file(spec.arm)
-        if spec.arm not in records and path.is_file():
-            records[spec.arm] = json.loads(path.read_text())
+        record = None if spec.arm in records else read_json_record(layout.preflight_file(spec.arm))
+        if record is not None:
+            records[spec.arm] = record
     return records
 
 

@@ -20,11 +20,11 @@ files). Standard library only: the rule files import it.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
 from streamback import layout
+from streamback.io import read_json_record
 from streamback.runs import comparisons
 
 GIB = 2**30
@@ -275,9 +275,9 @@ CPU_RUNTIME_MIN = 60  # an analysis on the CPU: no rate to derive a time from
 
 
 def tokens_manifest(data: dict) -> dict | None:
-    """The tokenized corpus's manifest (results/tokens/<corpus>/manifest.json, or data.dir's) where it exists."""
-    path = layout.tokens_dir(data) / "manifest.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    """The tokenized corpus's manifest (results/tokens/<corpus>/manifest.json, or data.dir's) where it exists and
+    reads as JSON: the sizes fall back on the config where it does not (an empty file `snakemake --touch` made)."""
+    return read_json_record(layout.tokens_dir(data) / "manifest.json")
 
 
 def vocab_of(config: dict) -> int:

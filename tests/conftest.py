@@ -277,7 +277,8 @@ def _study_build(request, tmp_path_factory):
         start_slurm()
     how = ["--profile", "slurm", *SLURM_SITE] if slurm else ["--cores", "2"]
     # and the plan (a local rule of seconds): test_study.py reads its table
-    cmd = snakemake_command(*how, "--directory", root, "--configfile", root / "small.yaml", "all", "plan")
+    # (the targets first: --configfile and --default-resources take every word after them)
+    cmd = snakemake_command("all", "plan", *how, "--directory", root, "--configfile", root / "small.yaml")
     with open(root / "snakemake.out", "w") as out:
         workflow = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
 

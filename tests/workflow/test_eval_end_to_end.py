@@ -241,7 +241,8 @@ def test_a_hub_task_offline_stops_before_scoring_naming_task_and_dataset(runs, t
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "task arc_easy: cannot load its dataset allenai/ai2_arc (ARC-Easy)" in proc.stderr, proc.stderr[-2000:]
-    assert "Hugging Face Hub" in proc.stderr and not (tmp_path / "out" / "results.json").exists()
+    assert "offline, a hub dataset is read from the datasets cache" in proc.stderr, proc.stderr[-2000:]
+    assert "`snakemake fetch`" in proc.stderr and not (tmp_path / "out" / "results.json").exists()
 
 
 @pytest.mark.slow

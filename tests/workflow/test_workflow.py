@@ -393,9 +393,19 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it(run_snakemake, touched_d
 @pytest.mark.slow
 def test_last_checkpoints_reruns_the_runs_for_their_earlier_models_and_no_preflight(run_snakemake, touched_default):
     """eval.last_checkpoints 3: every train job has two outputs more (its earlier models), so it
-    reruns (resuming from a checkpoint before them) and everything after it; no preflight reads an eval key."""
+    reruns (resuming from a checkpoint before them) and everything after it; no preflight run reads an eval key.
+    The preflight table (rule preflight) does: its check of the matrix's disk counts those earlier models."""
     jobs = planned_jobs(run_snakemake, touched_default, {"eval": {"last_checkpoints": 3, "checkpoint_spacing": 5}})
-    assert rules_of(jobs) == {"train", "evaluate", *DOWNSTREAM_OF_TRAIN, *PUBLIC_OF_TRAIN, "study_report", "all"}
+    assert rules_of(jobs) == {
+        "train",
+        "evaluate",
+        "preflight",
+        *DOWNSTREAM_OF_TRAIN,
+        *PUBLIC_OF_TRAIN,
+        "study_report",
+        "all",
+    }
+    assert jobs[("preflight", None)].startswith("Params have changed"), jobs[("preflight", None)]
     earliest = train_steps(load_config(ROOT / "config" / "config.yaml")["train"]) - 2 * 5  # (k - 1) x spacing back
     for (rule, run), reason in jobs.items():
         if rule == "train":

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from snakemake.settings.types import DeploymentMethod
 
 from streamback import jobs, layout, sizes
+from streamback.io import read_json_record
 from streamback.runs import run_setting
 
 # Jobs run `streamback <stage> ...`, a shell function for `python -m streamback` with the
@@ -215,8 +216,8 @@ def train_slurm_extra(wildcards):
     the preflight then done). SIGURG, not SIGUSR1: Slurm sends it to every process of the job's
     steps, the Snakemake process that runs the rule among them, which a SIGUSR1 would kill (its
     default action) and SIGURG leaves alone (ignored by default)."""
-    record = layout.preflight_file(RUNS[wildcards.run].arm)
-    lead = jobs.signal_lead(train_resources(wildcards.run), json.loads(record.read_text()) if record.exists() else None)
+    record = read_json_record(layout.preflight_file(RUNS[wildcards.run].arm))
+    lead = jobs.signal_lead(train_resources(wildcards.run), record)
     return " ".join(filter(None, [train_slurm("slurm_extra")(wildcards), f"--signal=URG@{lead}"]))
 
 
