@@ -191,7 +191,17 @@ def test_the_whole_default_study_runs_through_slurm(study):
     # every job but the local rules: `all`, which has nothing to run, the gate and recipe files, the task files, and
     # the tables, figures and page made from what the jobs wrote
     local = re.findall(r"^localrule (\w+):", study.output, re.MULTILINE)
-    tables = {"preflight", "eval_tasks", "benchmark_table", "training_curves", "seed_variance", "depth", "study_report"}
+    # and the plan (rule plan: `streamback plan` of the config, seconds), which the study asks for beside `all`
+    tables = {
+        "preflight",
+        "eval_tasks",
+        "benchmark_table",
+        "training_curves",
+        "seed_variance",
+        "depth",
+        "study_report",
+        "plan",
+    }
     assert {"all", "train_recipe", *tables} <= set(local) <= {"all", "train_recipe", "preflight_unbounded", *tables}
     assert not {"corpus", "tokenize", "train", "evaluate", "analyze_layer_error", "drift"} & set(local)
     assert len(set(submitted)) == steps - len(local), (len(submitted), steps, len(local))
